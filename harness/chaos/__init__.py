@@ -1,0 +1,1 @@
+"""Chaos and failover scenarios (a later issue)."""

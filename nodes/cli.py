@@ -1,0 +1,65 @@
+"""The `pdbus` console script: dispatches to `nodes.commands.<name>` lazily.
+
+Contract: `main(argv) -> int`. Each entry of `SUBCOMMANDS` names the module implementing it
+(see `nodes.commands`) and a one-line help; modules are imported only when their command runs.
+Common flags (`--config`, `--log-format`, `--log-level`) are parsed here for every command.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+from bus.log import configure_logging
+from nodes.settings import SettingsError
+
+SUBCOMMANDS: dict[str, tuple[str, str]] = {
+    "broker": ("nodes.commands.broker", "run the ZeroMQ broker (ROUTER) that nodes register with"),
+    "node": ("nodes.commands.node", "run a bus node (for now: an idle node that registers and heartbeats)"),
+    "model": ("nodes.commands.model", "prepare or inspect the model (`pdbus model prepare`)"),
+    "generate": ("nodes.commands.generate", "generate locally with the built-in engine (no cluster)"),
+}
+
+
+def _common_flags() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--config", help="cluster config TOML (default: config/local.toml)")
+    common.add_argument("--log-format", choices=["json", "console"], help="log output format")
+    common.add_argument("--log-level", choices=["debug", "info", "warning", "error"])
+    return common
+
+
+def build_parser(selected: str | None) -> argparse.ArgumentParser:
+    """The top-level parser; only `selected`'s module is imported to add its flags."""
+    parser = argparse.ArgumentParser(prog="pdbus", description="prefill/decode disaggregated LLM serving")
+    subparsers = parser.add_subparsers(dest="command", metavar="COMMAND")
+    common = _common_flags()
+    for name, (module_name, help_text) in SUBCOMMANDS.items():
+        sub = subparsers.add_parser(name, help=help_text, parents=[common])
+        if name == selected:
+            importlib.import_module(module_name).add_arguments(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    selected = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(selected if selected in SUBCOMMANDS else None)
+    args = parser.parse_args(argv)
+    if not args.command:
+        parser.print_help()
+        return 2
+    configure_logging(args.log_format, args.log_level)
+    module = importlib.import_module(SUBCOMMANDS[args.command][0])
+    try:
+        return int(module.main(args) or 0)
+    except SettingsError as exc:
+        print(f"pdbus: configuration error: {exc}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""pdbus scheduler: plain data structures for routing (no zmq, no torch)."""
