@@ -3,6 +3,7 @@
 Contract: `LlamaConfig` is the one description of a model that the loader produces and the runner
 consumes (frozen, hashable, no torch). `LlamaConfig.from_hf_dict` / `to_hf_dict` translate to and from
 a Hugging Face `config.json` so a cached model folder also loads in transformers and vLLM.
+`weight_shapes(config)` lists every Hugging Face Llama weight name with its shape.
 """
 
 from __future__ import annotations
@@ -101,3 +102,28 @@ class LlamaConfig:
             "eos_token_id": eos,
             "torch_dtype": torch_dtype,
         }
+
+
+def weight_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
+    """Every Hugging Face Llama weight name with its [out_features, in_features] shape."""
+    q_size = config.num_heads * config.head_dim
+    kv_size = config.num_kv_heads * config.head_dim
+    hidden, inter = config.hidden_size, config.intermediate_size
+    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, hidden)}
+    for i in range(config.num_layers):
+        prefix = f"model.layers.{i}"
+        shapes |= {
+            f"{prefix}.input_layernorm.weight": (hidden,),
+            f"{prefix}.self_attn.q_proj.weight": (q_size, hidden),
+            f"{prefix}.self_attn.k_proj.weight": (kv_size, hidden),
+            f"{prefix}.self_attn.v_proj.weight": (kv_size, hidden),
+            f"{prefix}.self_attn.o_proj.weight": (hidden, q_size),
+            f"{prefix}.post_attention_layernorm.weight": (hidden,),
+            f"{prefix}.mlp.gate_proj.weight": (inter, hidden),
+            f"{prefix}.mlp.up_proj.weight": (inter, hidden),
+            f"{prefix}.mlp.down_proj.weight": (hidden, inter),
+        }
+    shapes["model.norm.weight"] = (hidden,)
+    if not config.tie_word_embeddings:
+        shapes["lm_head.weight"] = (config.vocab_size, hidden)
+    return shapes

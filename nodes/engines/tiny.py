@@ -13,7 +13,7 @@ import torch
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
-from nodes.engines.model_config import LlamaConfig
+from nodes.engines.model_config import LlamaConfig, weight_shapes
 from nodes.engines.tokenizer import Tokenizer
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
@@ -54,31 +54,6 @@ def tiny_tokenizer(vocab_size: int) -> Tokenizer:
                      special_tokens={"bos_token": SPECIAL_TOKENS[BOS_TOKEN_ID],
                                      "eos_token": SPECIAL_TOKENS[EOS_TOKEN_ID],
                                      "unk_token": SPECIAL_TOKENS[0], "pad_token": SPECIAL_TOKENS[EOS_TOKEN_ID]})
-
-
-def weight_shapes(config: LlamaConfig) -> dict[str, tuple[int, ...]]:
-    """Every Hugging Face Llama weight name with its [out_features, in_features] shape."""
-    q_size = config.num_heads * config.head_dim
-    kv_size = config.num_kv_heads * config.head_dim
-    hidden, inter = config.hidden_size, config.intermediate_size
-    shapes: dict[str, tuple[int, ...]] = {"model.embed_tokens.weight": (config.vocab_size, hidden)}
-    for i in range(config.num_layers):
-        prefix = f"model.layers.{i}"
-        shapes |= {
-            f"{prefix}.input_layernorm.weight": (hidden,),
-            f"{prefix}.self_attn.q_proj.weight": (q_size, hidden),
-            f"{prefix}.self_attn.k_proj.weight": (kv_size, hidden),
-            f"{prefix}.self_attn.v_proj.weight": (kv_size, hidden),
-            f"{prefix}.self_attn.o_proj.weight": (hidden, q_size),
-            f"{prefix}.post_attention_layernorm.weight": (hidden,),
-            f"{prefix}.mlp.gate_proj.weight": (inter, hidden),
-            f"{prefix}.mlp.up_proj.weight": (inter, hidden),
-            f"{prefix}.mlp.down_proj.weight": (hidden, inter),
-        }
-    shapes["model.norm.weight"] = (hidden,)
-    if not config.tie_word_embeddings:
-        shapes["lm_head.weight"] = (config.vocab_size, hidden)
-    return shapes
 
 
 def random_llama_weights(config: LlamaConfig, seed: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:

@@ -5,6 +5,9 @@ Contract:
   `tokenizers.Tokenizer`; `encode`, `decode`, `apply_chat_template` and `new_detokenizer` are what
   engines and nodes call. `vocab_size` counts the tokenizer's ids (it may be below the model's
   embedding rows, which are padded).
+- `Tokenizer.from_folder(folder)` / `save(folder)` read and write the Hugging Face files
+  (`tokenizer.json`, `tokenizer_config.json` with the chat template, `special_tokens_map.json`) so a
+  saved folder also loads in transformers; a bad folder raises `TokenizerLoadError`.
 - `IncrementalDetokenizer.push(token_id)` returns only text that is final: it holds back while the
   decoded tail is an incomplete UTF-8 sequence, so a stream never shows a half character; `flush()`
   returns whatever is held. The concatenation of every `push` and the final `flush` equals
@@ -13,13 +16,21 @@ Contract:
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from tokenizers import Tokenizer as BackendTokenizer
 
 from nodes.engines.chat_template import ChatTemplate
 
 REPLACEMENT_CHAR = "\ufffd"
+SPECIAL_TOKEN_NAMES = ("bos_token", "eos_token", "unk_token", "pad_token")
+
+
+class TokenizerLoadError(ValueError):
+    """A tokenizer folder is missing files or holds files that do not parse."""
 
 
 class Tokenizer:
@@ -52,6 +63,75 @@ class Tokenizer:
 
     def new_detokenizer(self, *, skip_special_tokens: bool = True) -> IncrementalDetokenizer:
         return IncrementalDetokenizer(self, skip_special_tokens=skip_special_tokens)
+
+    def save(self, folder: Path, *, model_max_length: int) -> None:
+        self.backend.save(str(folder / "tokenizer.json"))
+        special = {k: v for k, v in self.special_tokens.items() if v is not None}
+        added = [t.content for t in self.backend.get_added_tokens_decoder().values() if t.special]
+        config = {
+            "tokenizer_class": "PreTrainedTokenizerFast",
+            **special,
+            "additional_special_tokens": [t for t in added if t not in special.values()],
+            "add_bos_token": False,
+            "add_prefix_space": False,
+            "clean_up_tokenization_spaces": False,
+            "model_max_length": model_max_length,
+            "chat_template": self.chat_template_source,
+        }
+        _write_json(folder / "tokenizer_config.json", config)
+        _write_json(folder / "special_tokens_map.json", special)
+
+    @classmethod
+    def from_folder(cls, folder: Path, *, bos_token_id: int | None = None,
+                    eos_token_ids: Sequence[int] = ()) -> Tokenizer:
+        """Load `tokenizer.json` (+ `tokenizer_config.json`); ids not given come from the token strings."""
+        path = folder / "tokenizer.json"
+        if not path.is_file():
+            raise TokenizerLoadError(f"{path} is missing (pdbus needs a fast tokenizer's tokenizer.json)")
+        try:
+            backend = BackendTokenizer.from_file(str(path))
+        except Exception as exc:  # the Rust side raises plain Exception on malformed JSON
+            raise TokenizerLoadError(f"{path} does not parse: {exc}") from exc
+        config = _read_json(folder / "tokenizer_config.json")
+        special = {name: _token_content(config.get(name)) for name in SPECIAL_TOKEN_NAMES}
+        if bos_token_id is None and special["bos_token"]:
+            bos_token_id = backend.token_to_id(special["bos_token"])
+        if not eos_token_ids and special["eos_token"] and backend.token_to_id(special["eos_token"]) is not None:
+            eos_token_ids = (backend.token_to_id(special["eos_token"]),)
+        return cls(backend, bos_token_id=bos_token_id, eos_token_ids=eos_token_ids,
+                   chat_template=_chat_template(folder, config), special_tokens=special)
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    if not path.is_file():
+        return {}
+    try:
+        value = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise TokenizerLoadError(f"{path} is not valid JSON: {exc}") from exc
+    if not isinstance(value, dict):
+        raise TokenizerLoadError(f"{path} must hold a JSON object")
+    return value
+
+
+def _write_json(path: Path, value: dict[str, Any]) -> None:
+    path.write_text(json.dumps(value, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def _token_content(value: Any) -> str | None:
+    # tokenizer_config.json spells a special token as a string or as an AddedToken dict.
+    return value.get("content") if isinstance(value, dict) else value
+
+
+def _chat_template(folder: Path, config: dict[str, Any]) -> str | None:
+    template = config.get("chat_template")
+    if isinstance(template, list):  # named templates: [{"name": "default", "template": ...}, ...]
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    jinja_file = folder / "chat_template.jinja"  # where transformers 5 saves it
+    if template is None and jinja_file.is_file():
+        template = jinja_file.read_text(encoding="utf-8")
+    return template
 
 
 class IncrementalDetokenizer:
