@@ -1,0 +1,121 @@
+"""The broker process: a ROUTER socket, `BrokerCore` and a `RouterReactor` on uvloop.
+
+Contract:
+- `Broker(endpoint, heartbeat=, policy=, max_message_bytes=)`; `await broker.serve()` binds and
+  serves until `broker.stop()` (then DISCONNECTs every node). `bound_endpoint` is the endpoint
+  actually bound (a `tcp://host:0` endpoint gets a free port). `broker.core` exposes the
+  registry (`nodes_by_id`), the routes and `metrics` (a Counter) for tests and the scheduler.
+- `add_listener(callback)`: `callback(event)` for every NodeJoined / NodeLeft /
+  CapacityChanged / PeerRejected, on the broker's loop, after the core has handled it.
+- `run_broker(...)`: the `pdbus broker` process: uvloop, SIGINT/SIGTERM stop it cleanly.
+Every event is logged (structlog, JSON in production): node_joined, node_left (reason,
+silent_for_s, lost requests), capacity_changed, message_rejected.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections.abc import Callable
+
+import uvloop
+import zmq
+
+from bus import constants as c
+from bus.broker_core import BrokerCore
+from bus.liveness import HeartbeatConfig
+from bus.log import get_logger
+from bus.reactor import RouterReactor
+from bus.registry import BrokerEvent, CapacityChanged, NodeJoined, NodeLeft, PeerRejected
+from bus.routing import RoutingPolicy
+
+_HWM = 100_000
+
+
+class Broker:
+    def __init__(self, endpoint: str = c.DEFAULT_ENDPOINT, *, heartbeat: HeartbeatConfig | None = None,
+                 policy: RoutingPolicy | None = None,
+                 max_message_bytes: int = c.DEFAULT_MAX_MESSAGE_BYTES,
+                 context: zmq.Context | None = None) -> None:
+        self.endpoint = endpoint
+        self.core = BrokerCore(heartbeat, policy, max_message_bytes)
+        self.bound_endpoint: str | None = None
+        self.log = get_logger("broker")
+        self._context = context or zmq.Context.instance()
+        self._listeners: list[Callable[[BrokerEvent], None]] = []
+        self._reactor: RouterReactor | None = None
+        self._bound = asyncio.Event()
+
+    def add_listener(self, callback: Callable[[BrokerEvent], None]) -> None:
+        self._listeners.append(callback)
+
+    async def wait_bound(self) -> str:
+        await self._bound.wait()
+        return self.bound_endpoint
+
+    async def serve(self) -> None:
+        socket = self._bind()
+        self._reactor = RouterReactor(socket, self.core, self.core.heartbeat.tick_s,
+                                      after_batch=self._publish_events)
+        self.log.info("broker_started", endpoint=self.bound_endpoint,
+                      heartbeat_ms=self.core.heartbeat.interval_s * 1000,
+                      liveness=self.core.heartbeat.liveness)
+        self._bound.set()
+        try:
+            await self._reactor.run()
+        finally:
+            self.core.shutdown(time.monotonic())
+            self._reactor.flush()
+            socket.close(linger=200)
+            self.log.info("broker_stopped", metrics=dict(self.core.metrics))
+
+    def stop(self) -> None:
+        if self._reactor is not None:
+            self._reactor.stop()
+
+    def _bind(self) -> zmq.Socket:
+        socket = self._context.socket(zmq.ROUTER)
+        for option, value in ((zmq.ROUTER_MANDATORY, 1), (zmq.SNDHWM, _HWM), (zmq.RCVHWM, _HWM),
+                              (zmq.LINGER, 0), (zmq.MAXMSGSIZE, self.core.max_message_bytes)):
+            socket.setsockopt(option, value)
+        socket.bind(self.endpoint)
+        self.bound_endpoint = socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        return socket
+
+    def _publish_events(self) -> None:
+        if not self.core.events:
+            return
+        for event in self.core.take_events():
+            self._log_event(event)
+            for listener in self._listeners:
+                listener(event)
+
+    def _log_event(self, event: BrokerEvent) -> None:
+        if isinstance(event, NodeJoined):
+            self.log.info("node_joined", node_id=event.node_id, role=event.role,
+                          capacity=event.capacity, data_endpoint=event.data_endpoint,
+                          num_inflight=event.num_inflight)
+        elif isinstance(event, NodeLeft):
+            self.log.warning("node_left", node_id=event.node_id, role=event.role, reason=event.reason,
+                             silent_for_s=round(event.silent_for_s, 3),
+                             lost_request_ids=list(event.lost_request_ids))
+        elif isinstance(event, CapacityChanged):
+            self.log.debug("capacity_changed", node_id=event.node_id, capacity=event.capacity)
+        elif isinstance(event, PeerRejected):
+            self.log.warning("message_rejected", reason=event.reason, detail=event.detail,
+                             node_id=event.node_id, identity=event.identity.hex())
+
+
+def run_broker(endpoint: str, heartbeat: HeartbeatConfig,
+               max_message_bytes: int = c.DEFAULT_MAX_MESSAGE_BYTES) -> int:
+    """Serve in the foreground until SIGINT/SIGTERM; the process exit code."""
+    async def main() -> None:
+        broker = Broker(endpoint, heartbeat=heartbeat, max_message_bytes=max_message_bytes)
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            loop.add_signal_handler(sig, broker.stop)
+        await broker.serve()
+
+    uvloop.run(main())
+    return 0

@@ -1,0 +1,221 @@
+"""The broker's protocol logic, sans I/O: frames and the time in, frames and events out.
+
+Contract:
+- `on_frames(identity, frames, now)`: one message received on the ROUTER socket (identity
+  stripped). `tick(now)`: run the timers (expire silent nodes, heartbeat idle links, fail
+  requests orphaned by a restart). `shutdown(now)`: DISCONNECT everyone.
+- Results accumulate in `outbox` (lists `[identity, *frames]` to send as they are) and `events`
+  (`bus.registry` events for logs and listeners); the shell takes them with `take_outbox()` /
+  `take_events()`. `metrics` counts routed and dropped messages and joins/leaves.
+- Routed messages (REQUEST, PARTIAL, FINAL, ERROR, DIRECT, CANCEL) are forwarded on their
+  header and routing frames only; body and payload frames pass through untouched (zero copy).
+- Never raises on peer input: bad input is dropped, counted under `dropped.<reason>` and
+  answered with an ERROR (request-scoped) or a DISCONNECT; everyone else keeps being served.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from bus import codec
+from bus import constants as c
+from bus.broker_routes import RouteTable
+from bus.codec import HEADERS, ProtocolError
+from bus.constants import Command, DisconnectReason, DropReason, LeaveReason
+from bus.liveness import HeartbeatConfig, LinkTimers
+from bus.messages import Disconnect, Error, Ready
+from bus.registry import BrokerEvent, CapacityChanged, Node, NodeJoined, NodeLeft, PeerRejected
+from bus.routing import LeastOutstandingPolicy, RoutingPolicy
+
+_HEARTBEAT = [HEADERS[Command.HEARTBEAT]]
+# Where the request id sits in each request-scoped command, for request-scoped error replies.
+_REQUEST_ID_FRAME = {Command.REQUEST: 2, Command.PARTIAL: 1, Command.FINAL: 1, Command.ERROR: 1,
+                     Command.CANCEL: 1}
+
+
+class BrokerCore(RouteTable):
+    def __init__(self, heartbeat: HeartbeatConfig | None = None, policy: RoutingPolicy | None = None,
+                 max_message_bytes: int = c.DEFAULT_MAX_MESSAGE_BYTES,
+                 orphan_grace_s: float | None = None) -> None:
+        self.heartbeat = heartbeat or HeartbeatConfig()
+        self.policy: RoutingPolicy = policy or LeastOutstandingPolicy()
+        self.max_message_bytes = max_message_bytes
+        self.nodes_by_identity: dict[bytes, Node] = {}
+        self.nodes_by_id: dict[str, Node] = {}
+        self.outbox: list[list] = []
+        self.events: list[BrokerEvent] = []
+        self.metrics: Counter[str] = Counter()
+        self.now = 0.0   # time of the input being handled, for paths that send without a `now`
+        # Nodes re-register within about one liveness window of a broker restart; give the
+        # other end of a re-announced request two windows before declaring it lost.
+        RouteTable.__init__(self, orphan_grace_s if orphan_grace_s is not None else 2 * self.heartbeat.expiry_s)
+        self._handlers = {
+            Command.READY: self._on_ready, Command.HEARTBEAT: self._on_heartbeat,
+            Command.DISCONNECT: self._on_disconnect, Command.CAPACITY: self._on_capacity,
+            Command.REQUEST: self.on_request, Command.PARTIAL: self.on_reply,
+            Command.FINAL: self.on_reply, Command.ERROR: self.on_reply,
+            Command.DIRECT: self.on_direct, Command.CANCEL: self.on_cancel,
+        }
+
+    # -- input ---------------------------------------------------------------------------
+
+    def on_frames(self, identity: bytes, frames: list, now: float) -> None:
+        self.now = now
+        try:
+            command = self._validate(frames)
+        except ProtocolError as exc:
+            self._reject(identity, exc, frames)
+            return
+        node = self.nodes_by_identity.get(identity)
+        if node is None:
+            self._on_unregistered(identity, command, frames, now)
+            return
+        node.timers.last_seen = now
+        self._handlers[command](node, command, frames, now)
+
+    def _validate(self, frames: list) -> Command:
+        if not frames:
+            raise ProtocolError(DropReason.MALFORMED, "empty message")
+        command = codec.parse_header(frames[0])
+        codec.check_frames(command, len(frames))
+        if sum(map(len, frames)) > self.max_message_bytes:
+            index = _REQUEST_ID_FRAME.get(command)
+            request_id = bytes(frames[index]).decode(errors="replace") if index else None
+            raise ProtocolError(DropReason.OVERSIZED, f"message over {self.max_message_bytes} bytes",
+                                request_id)
+        return command
+
+    def _on_unregistered(self, identity: bytes, command: Command, frames: list, now: float) -> None:
+        if command is Command.READY:
+            self._on_ready(None, command, frames, now, identity)
+        elif command is not Command.DISCONNECT:
+            # 7/MDP: anything but READY from an unknown peer gets DISCONNECT, which makes a node
+            # that outlived a broker restart register again at once.
+            self._reject(identity, ProtocolError(DropReason.NOT_REGISTERED, "send READY first"), frames)
+
+    # -- registration --------------------------------------------------------------------
+
+    def _on_ready(self, node: Node | None, command: Command, frames: list, now: float,
+                  identity: bytes | None = None) -> None:
+        try:
+            ready = codec.decode(frames)
+        except ProtocolError as exc:
+            self._reject(identity or node.identity, exc, frames)
+            return
+        assert isinstance(ready, Ready)
+        identity = identity or node.identity
+        if node is not None:   # READY again on the same socket: start afresh, keep its requests
+            self._unlist(node)
+        new = Node(identity=identity, node_id=ready.node_id, role=ready.role,
+                   capacity=dict(ready.capacity), data_endpoint=ready.data_endpoint,
+                   timers=LinkTimers(last_seen=now, last_sent=now), joined_at=now,
+                   node_id_frame=ready.node_id.encode())
+        previous = self.nodes_by_id.get(ready.node_id)
+        self._list(new)
+        self.adopt_requests(new, ready, node or previous, now)
+        if node is not None:
+            self._forget(node, None, now)
+        if previous is not None and previous is not node:
+            self._forget(previous, LeaveReason.REPLACED, now)
+        self.metrics["nodes.joined"] += 1
+        self.events.append(NodeJoined(new.node_id, new.role, dict(new.capacity), new.data_endpoint,
+                                      len(ready.inflight)))
+        self.policy.on_join(new)
+        self.send(new, list(_HEARTBEAT), now)   # acknowledges the registration
+
+    def _list(self, node: Node) -> None:
+        self.nodes_by_identity[node.identity] = node
+        self.nodes_by_id[node.node_id] = node
+        for service in node.services:
+            self.by_service[service.encode()] = (*self.by_service.get(service.encode(), ()), node)
+
+    def _unlist(self, node: Node) -> None:
+        if self.nodes_by_identity.get(node.identity) is node:
+            del self.nodes_by_identity[node.identity]
+        if self.nodes_by_id.get(node.node_id) is node:
+            del self.nodes_by_id[node.node_id]
+        for service in node.services:
+            key = service.encode()
+            remaining = tuple(n for n in self.by_service.get(key, ()) if n is not node)
+            if remaining:
+                self.by_service[key] = remaining
+            else:
+                self.by_service.pop(key, None)
+
+    def _forget(self, node: Node, reason: str | None, now: float) -> None:
+        """Drop `node`; fail what it was serving, cancel what it asked for. `reason` None: it
+        re-registered on the same socket, which is not a leave."""
+        self._unlist(node)
+        if reason is not None:
+            self.policy.on_leave(node, reason)
+        lost = self.fail_node_requests(node, now)
+        if reason is not None:
+            self.metrics["nodes.left"] += 1
+            self.metrics[f"nodes.left.{reason}"] += 1
+            self.events.append(NodeLeft(node.node_id, node.role, reason, lost,
+                                        now - node.timers.last_seen))
+
+    def _on_heartbeat(self, node: Node, command: Command, frames: list, now: float) -> None:
+        pass   # on_frames already counted it as life
+
+    def _on_disconnect(self, node: Node, command: Command, frames: list, now: float) -> None:
+        self._forget(node, LeaveReason.DISCONNECTED, now)
+
+    def _on_capacity(self, node: Node, command: Command, frames: list, now: float) -> None:
+        try:
+            update = codec.decode(frames)
+        except ProtocolError as exc:
+            self._reject(node.identity, exc, frames)
+            return
+        node.capacity = dict(update.capacity)
+        self.policy.on_capacity(node)
+        self.events.append(CapacityChanged(node.node_id, dict(node.capacity)))
+
+    # -- timers --------------------------------------------------------------------------
+
+    def tick(self, now: float) -> None:
+        """Expire silent nodes, heartbeat idle links, fail orphaned requests."""
+        self.now = now
+        config = self.heartbeat
+        for node in list(self.nodes_by_identity.values()):
+            if node.timers.is_expired(now, config):
+                self._forget(node, LeaveReason.EXPIRED, now)
+            elif node.timers.heartbeat_due(now, config):
+                self.send(node, list(_HEARTBEAT), now)
+        self.expire_orphans(now)
+
+    def shutdown(self, now: float) -> None:
+        for node in list(self.nodes_by_identity.values()):
+            self.send(node, codec.encode(Disconnect(DisconnectReason.SHUTDOWN, "broker stopping")), now)
+
+    # -- output --------------------------------------------------------------------------
+
+    def send(self, node: Node, frames: list, now: float) -> None:
+        node.timers.last_sent = now
+        self.outbox.append([node.identity, *frames])
+
+    def send_error(self, identity: bytes, request_id: str, code: str, message: str, **details) -> None:
+        self.outbox.append([identity, *codec.encode(Error(request_id, code, message, details))])
+
+    def _reject(self, identity: bytes, exc: ProtocolError, frames: list) -> None:
+        self.metrics[f"dropped.{exc.reason}"] += 1
+        node = self.nodes_by_identity.get(identity)
+        self.events.append(PeerRejected(exc.reason, exc.detail, node.node_id if node else None, identity))
+        if exc.request_id is not None:
+            self.fail_rejected_request(identity, node, exc)
+            return
+        self.outbox.append([identity, *codec.encode(Disconnect(exc.reason, exc.detail))])
+        if node is not None:
+            self._forget(node, LeaveReason.PROTOCOL_ERROR, self.now)
+
+    def take_outbox(self) -> list[list]:
+        outbox, self.outbox = self.outbox, []
+        return outbox
+
+    def take_events(self) -> list[BrokerEvent]:
+        events, self.events = self.events, []
+        return events
+
+    def unroutable(self, identity: bytes) -> None:
+        """The shell could not deliver to `identity` (socket gone or queue full)."""
+        self.metrics[f"dropped.{DropReason.UNROUTABLE}"] += 1

@@ -1,0 +1,207 @@
+"""The request-routing half of the sans-I/O broker: REQUEST -> a node, replies -> the client.
+
+Contract: a base class of `BrokerCore` sharing its tables (`routes`, `by_service`) and output
+(`outbox`, `metrics`). Handlers read only the header and routing frames; body and payload frames
+are forwarded as received. A route lives from REQUEST until FINAL, ERROR or CANCEL, or until
+either end leaves: the client then gets ERROR `node_lost` (details: node_id, num_replies
+forwarded so far) and the serving node gets CANCEL `client_lost`.
+After a broker restart, routes are rebuilt from READY.inflight (server side) and READY.pending
+(client side); a route whose other end does not re-register within `orphan_grace_s` fails with
+ERROR `request_lost` / CANCEL `client_lost`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from bus import codec
+from bus import constants as c
+from bus.codec import ProtocolError
+from bus.constants import CancelReason, Command, ErrorCode
+from bus.messages import Cancel, Ready
+from bus.registry import Node, Route
+
+if TYPE_CHECKING:
+    from collections import Counter
+    from collections.abc import Callable
+
+    from bus.routing import RoutingPolicy
+
+
+def _raw(frame) -> bytes:
+    return frame if type(frame) is bytes else bytes(frame)
+
+
+class RouteTable:
+    outbox: list[list]
+    metrics: Counter[str]
+    policy: RoutingPolicy
+    nodes_by_id: dict[str, Node]
+    send_error: Callable[..., None]
+
+    def __init__(self, orphan_grace_s: float = 1.5) -> None:
+        self.by_service: dict[bytes, tuple[Node, ...]] = {}
+        self.routes: dict[bytes, Route] = {}
+        self.orphans: dict[bytes, Route] = {}
+        self.orphan_grace_s = orphan_grace_s
+
+    # -- the hot path --------------------------------------------------------------------
+
+    def on_request(self, node: Node, command: Command, frames: list, now: float) -> None:
+        request_id = _raw(frames[2])
+        if not 0 < len(request_id) <= c.MAX_ID_BYTES:
+            self.metrics["dropped.malformed"] += 1
+            self.send_error(node.identity, "", ErrorCode.MALFORMED, "request_id must be 1..128 bytes")
+            return
+        if request_id in self.routes:
+            self._refuse(node, request_id, ErrorCode.DUPLICATE_REQUEST, "request id already in flight")
+            return
+        service = _raw(frames[1])
+        candidates = self.by_service.get(service)
+        target = candidates and self.policy.choose(
+            service.decode(errors="replace"), _raw(frames[4]).decode(errors="replace"),
+            request_id.decode(errors="replace"), candidates)
+        if not target:
+            self._refuse(node, request_id, ErrorCode.NO_NODE, f"no live node serves {service.decode(errors='replace')!r}")
+            return
+        self.routes[request_id] = Route(request_id, service.decode(errors="replace"), node, target, now)
+        node.waiting.add(request_id)
+        target.serving.add(request_id)
+        target.num_assigned += 1
+        target.timers.last_sent = now
+        self.outbox.append([target.identity, frames[0], frames[1], frames[2], node.node_id_frame,
+                            *frames[4:]])
+        self.metrics["routed.request"] += 1
+
+    def on_reply(self, node: Node, command: Command, frames: list, now: float) -> None:
+        """PARTIAL, FINAL or ERROR from the node serving the request."""
+        route = self.routes.get(_raw(frames[1]))
+        if route is None or route.server is not node or route.client is None:
+            self.metrics["dropped.unknown_request"] += 1
+            if route is not None and route.server is node and command is not Command.PARTIAL:
+                self.finish(route)
+            return
+        route.num_replies += 1
+        if command is not Command.PARTIAL:
+            self.finish(route)
+        route.client.timers.last_sent = now
+        self.outbox.append([route.client.identity, *frames])
+        self.metrics["routed.reply"] += 1
+
+    def on_direct(self, node: Node, command: Command, frames: list, now: float) -> None:
+        peer = _raw(frames[1]).decode(errors="replace")
+        target = self.nodes_by_id.get(peer)
+        if target is None:
+            self.metrics["rejected.unknown_node"] += 1
+            self.send_error(node.identity, "", ErrorCode.UNKNOWN_NODE, f"no node {peer!r}", peer=peer)
+            return
+        target.timers.last_sent = now
+        self.outbox.append([target.identity, frames[0], node.node_id_frame, *frames[2:]])
+        self.metrics["routed.direct"] += 1
+
+    def on_cancel(self, node: Node, command: Command, frames: list, now: float) -> None:
+        route = self.routes.get(_raw(frames[1]))
+        if route is None or route.client is not node:
+            self.metrics["dropped.unknown_request"] += 1
+            return
+        self.finish(route)
+        if route.server is not None:
+            route.server.timers.last_sent = now
+            self.outbox.append([route.server.identity, *frames])
+        self.metrics["routed.cancel"] += 1
+
+    # -- route lifecycle -----------------------------------------------------------------
+
+    def finish(self, route: Route) -> None:
+        self.routes.pop(route.request_id, None)
+        self.orphans.pop(route.request_id, None)
+        if route.client is not None:
+            route.client.waiting.discard(route.request_id)
+        if route.server is not None:
+            route.server.serving.discard(route.request_id)
+
+    def _refuse(self, node: Node, request_id: bytes, code: str, message: str) -> None:
+        self.metrics[f"rejected.{code}"] += 1
+        self.send_error(node.identity, request_id.decode(errors="replace"), code, message)
+
+    def adopt_requests(self, new: Node, ready: Ready, old: Node | None, now: float) -> None:
+        """Attach the requests a (re-)registering node announces; see the module docstring."""
+        for request_id in ready.inflight:
+            route = self._route_for(request_id.encode(), new.role, now)
+            if route.server is None or route.server is old:
+                if route.server is not None:
+                    route.server.serving.discard(route.request_id)
+                route.server = new
+                new.serving.add(route.request_id)
+            self._settle(route)
+        for request_id in ready.pending:
+            route = self._route_for(request_id.encode(), "", now)
+            if route.client is None or route.client is old:
+                if route.client is not None:
+                    route.client.waiting.discard(route.request_id)
+                route.client = new
+                new.waiting.add(route.request_id)
+            self._settle(route)
+
+    def _route_for(self, request_id: bytes, service: str, now: float) -> Route:
+        route = self.routes.get(request_id)
+        if route is None:
+            route = self.routes[request_id] = self.orphans[request_id] = Route(
+                request_id, service, None, None, now)
+            self.metrics["routes.adopted"] += 1
+        return route
+
+    def _settle(self, route: Route) -> None:
+        if route.client is not None and route.server is not None:
+            self.orphans.pop(route.request_id, None)
+
+    def fail_node_requests(self, node: Node, now: float) -> tuple[str, ...]:
+        """`node` is gone: its clients get ERROR node_lost, its servers get CANCEL client_lost."""
+        lost = []
+        for request_id in list(node.serving):
+            route = self.routes.get(request_id)
+            if route is None or route.server is not node:
+                continue
+            self.finish(route)
+            lost.append(request_id.decode(errors="replace"))
+            if route.client is not None:
+                self.metrics["failed.node_lost"] += 1
+                route.client.timers.last_sent = now
+                self.send_error(route.client.identity, lost[-1], ErrorCode.NODE_LOST,
+                                f"node {node.node_id} left", node_id=node.node_id,
+                                num_replies=route.num_replies)
+        for request_id in list(node.waiting):
+            route = self.routes.get(request_id)
+            if route is not None and route.client is node:
+                self.finish(route)
+                self._cancel_server(route, now)
+        return tuple(lost)
+
+    def _cancel_server(self, route: Route, now: float) -> None:
+        if route.server is not None:
+            self.metrics["cancelled.client_lost"] += 1
+            route.server.timers.last_sent = now
+            cancel = Cancel(route.request_id.decode(errors="replace"), CancelReason.CLIENT_LOST)
+            self.outbox.append([route.server.identity, *codec.encode(cancel)])
+
+    def expire_orphans(self, now: float) -> None:
+        for route in list(self.orphans.values()):
+            if now - route.created_at <= self.orphan_grace_s:
+                continue
+            self.finish(route)
+            self.metrics["failed.request_lost"] += 1
+            if route.client is not None:
+                self.send_error(route.client.identity, route.request_id.decode(errors="replace"),
+                                ErrorCode.REQUEST_LOST, "no node re-announced this request")
+            self._cancel_server(route, now)
+
+    def fail_rejected_request(self, identity: bytes, node: Node | None, exc: ProtocolError) -> None:
+        """A request-scoped message was refused: ERROR to its sender; if it was a serving
+        node's reply, the client's stream is broken too, so end it for both."""
+        route = self.routes.get(exc.request_id.encode())
+        if node is not None and route is not None and route.server is node:
+            self.finish(route)
+            if route.client is not None:
+                self.send_error(route.client.identity, exc.request_id, exc.reason,
+                                f"reply refused by the broker: {exc.detail}")
+        self.send_error(identity, exc.request_id, exc.reason, exc.detail)

@@ -1,0 +1,235 @@
+"""Messages <-> ZeroMQ frames for the control plane; the only bus module that imports msgpack.
+
+Contract:
+- `encode(message) -> list` of frames (header first). Payload frames are passed through
+  untouched so the caller can send them with copy=False.
+- `decode(frames) -> Message` validates everything and raises `ProtocolError(reason, detail,
+  request_id)` on malformed, truncated or wrong-version input; never any other exception.
+- `parse_header(frame) -> Command` is the cheap check the broker's hot path uses, so it can route
+  on the header and the routing frames and pass body and payload frames through undecoded.
+Frame layouts (after the ROUTER identity): see docs/PROTOCOL.md part 1 and `_LAYOUT` below.
+"""
+
+from __future__ import annotations
+
+import struct
+from typing import Any
+
+import msgpack
+
+from bus import constants as c
+from bus.constants import Command
+from bus.messages import (
+    Cancel,
+    CapacityUpdate,
+    Direct,
+    Disconnect,
+    Error,
+    Final,
+    Heartbeat,
+    Message,
+    Partial,
+    Ready,
+    Request,
+)
+
+HEADERS: dict[Command, bytes] = {cmd: c.SIGNATURE + bytes((c.VERSION, cmd)) for cmd in Command}
+_COMMANDS = {int(cmd): cmd for cmd in Command}
+_SEQ = struct.Struct(">Q")
+# Minimum number of frames (header included) per command; payload frames may follow the last.
+MIN_FRAMES = {Command.READY: 2, Command.HEARTBEAT: 1, Command.DISCONNECT: 2, Command.CAPACITY: 2,
+              Command.REQUEST: 6, Command.PARTIAL: 4, Command.FINAL: 4, Command.ERROR: 3,
+              Command.DIRECT: 3, Command.CANCEL: 3}
+_HAS_PAYLOAD = {Command.REQUEST, Command.PARTIAL, Command.FINAL, Command.DIRECT}
+
+
+class ProtocolError(ValueError):
+    """Input we refuse. `reason` is a DropReason value; `request_id` is set when the message
+    could be tied to a request, so the sender can get a request-scoped ERROR."""
+
+    def __init__(self, reason: str, detail: str, request_id: str | None = None) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+        self.request_id = request_id
+
+
+def pack(value: Any) -> bytes:
+    return msgpack.packb(value, use_bin_type=True)
+
+
+def unpack(data: Any) -> Any:
+    try:
+        return msgpack.unpackb(data, raw=False)
+    except Exception as exc:  # msgpack raises several unrelated types on bad input
+        raise ProtocolError(c.DropReason.MALFORMED, f"body is not msgpack: {exc}") from None
+
+
+def parse_header(frame: Any) -> Command:
+    """The command byte of a header frame, after checking signature and version."""
+    header = frame if type(frame) is bytes else bytes(frame)
+    if len(header) != c.HEADER_SIZE or header[:3] != c.SIGNATURE:
+        raise ProtocolError(c.DropReason.MALFORMED, "not a pdbus header")
+    if header[3] != c.VERSION:
+        raise ProtocolError(c.DropReason.BAD_VERSION, f"version {header[3]}, expected {c.VERSION}")
+    command = _COMMANDS.get(header[4])
+    if command is None:
+        raise ProtocolError(c.DropReason.MALFORMED, f"unknown command 0x{header[4]:02x}")
+    return command
+
+
+def check_frames(command: Command, num_frames: int) -> None:
+    if num_frames < MIN_FRAMES[command] or (num_frames > MIN_FRAMES[command]
+                                            and command not in _HAS_PAYLOAD):
+        raise ProtocolError(c.DropReason.MALFORMED,
+                            f"{command.name} with {num_frames} frames, expected {MIN_FRAMES[command]}")
+
+
+def text(frame: Any, what: str, *, allow_empty: bool = False) -> str:
+    """A short utf-8 routing frame (id, service, key) as str, validated."""
+    raw = frame if type(frame) is bytes else bytes(frame)
+    if len(raw) > c.MAX_ID_BYTES or (not raw and not allow_empty):
+        raise ProtocolError(c.DropReason.MALFORMED, f"{what} must be 1..{c.MAX_ID_BYTES} bytes")
+    try:
+        return raw.decode()
+    except UnicodeDecodeError:
+        raise ProtocolError(c.DropReason.MALFORMED, f"{what} is not utf-8") from None
+
+
+def encode_seq(seq: int) -> bytes:
+    return _SEQ.pack(seq)
+
+
+def decode_seq(frame: Any) -> int:
+    raw = bytes(frame)
+    if len(raw) != _SEQ.size:
+        raise ProtocolError(c.DropReason.MALFORMED, "seq must be 8 bytes")
+    return _SEQ.unpack(raw)[0]
+
+
+def encode(message: Message) -> list[Any]:
+    """Frames for `message`, header first; payload frames are appended as given."""
+    return _ENCODERS[type(message)](message)
+
+
+def decode(frames: list[Any]) -> Message:
+    """The message in `frames` (header first, no ROUTER identity)."""
+    if not frames:
+        raise ProtocolError(c.DropReason.MALFORMED, "empty message")
+    command = parse_header(frames[0])
+    check_frames(command, len(frames))
+    return _DECODERS[command](frames)
+
+
+def _encode_request(m: Request) -> list[Any]:
+    return [HEADERS[Command.REQUEST], m.service.encode(), m.request_id.encode(), m.peer.encode(),
+            m.key.encode(), pack(m.body), *m.payload]
+
+
+def _encode_reply(command: Command, m: Partial | Final) -> list[Any]:
+    return [HEADERS[command], m.request_id.encode(), _SEQ.pack(m.seq), pack(m.body), *m.payload]
+
+
+_ENCODERS = {
+    Ready: lambda m: [HEADERS[Command.READY], pack({
+        "role": m.role, "node_id": m.node_id, "capacity": dict(m.capacity),
+        "data_endpoint": m.data_endpoint, "inflight": list(m.inflight), "pending": list(m.pending)})],
+    Heartbeat: lambda m: [HEADERS[Command.HEARTBEAT]],
+    Disconnect: lambda m: [HEADERS[Command.DISCONNECT], pack({"reason": m.reason, "detail": m.detail})],
+    CapacityUpdate: lambda m: [HEADERS[Command.CAPACITY], pack({"capacity": dict(m.capacity)})],
+    Request: _encode_request,
+    Partial: lambda m: _encode_reply(Command.PARTIAL, m),
+    Final: lambda m: _encode_reply(Command.FINAL, m),
+    Error: lambda m: [HEADERS[Command.ERROR], m.request_id.encode(), pack({
+        "code": m.code, "message": m.message, "details": dict(m.details)})],
+    Direct: lambda m: [HEADERS[Command.DIRECT], m.peer.encode(), pack(m.body), *m.payload],
+    Cancel: lambda m: [HEADERS[Command.CANCEL], m.request_id.encode(), pack({"reason": m.reason})],
+}
+
+
+def _map(frame: Any, what: str) -> dict[str, Any]:
+    value = unpack(frame)
+    if not isinstance(value, dict):
+        raise ProtocolError(c.DropReason.MALFORMED, f"{what} body must be a map")
+    return value
+
+
+def _field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], default: Any = None) -> Any:
+    value = body.get(name, default)
+    if not isinstance(value, kind):
+        raise ProtocolError(c.DropReason.MALFORMED, f"field {name!r} has the wrong type")
+    return value
+
+
+def _ids(body: dict[str, Any], name: str) -> tuple[str, ...]:
+    values = _field(body, name, list, [])
+    if not all(isinstance(v, str) and 0 < len(v.encode()) <= c.MAX_ID_BYTES for v in values):
+        raise ProtocolError(c.DropReason.MALFORMED, f"{name} must be a list of request ids")
+    return tuple(values)
+
+
+def capacity_of(value: Any) -> dict[str, float]:
+    """A capacity mapping, validated: str keys, int/float values."""
+    if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
+            for k, v in value.items()):
+        raise ProtocolError(c.DropReason.MALFORMED, "capacity must map names to numbers")
+    return value
+
+
+def _decode_ready(frames: list[Any]) -> Ready:
+    body = _map(frames[1], "READY")
+    role = _field(body, "role", str)
+    if role not in c.ROLES:
+        raise ProtocolError(c.DropReason.MALFORMED, f"unknown role {role!r}")
+    node_id = _field(body, "node_id", str)
+    if not 0 < len(node_id.encode()) <= c.MAX_ID_BYTES:
+        raise ProtocolError(c.DropReason.MALFORMED, "node_id must be 1..128 bytes")
+    return Ready(role=role, node_id=node_id, capacity=capacity_of(body.get("capacity", {})),
+                 data_endpoint=_field(body, "data_endpoint", str, ""),
+                 inflight=_ids(body, "inflight"), pending=_ids(body, "pending"))
+
+
+def _decode_request(frames: list[Any]) -> Request:
+    request_id = text(frames[2], "request_id")
+    try:
+        return Request(service=text(frames[1], "service"), request_id=request_id,
+                       peer=text(frames[3], "peer", allow_empty=True),
+                       key=text(frames[4], "key", allow_empty=True),
+                       body=unpack(frames[5]), payload=tuple(frames[6:]))
+    except ProtocolError as exc:
+        exc.request_id = request_id
+        raise
+
+
+def _decode_reply(kind: type[Partial] | type[Final], frames: list[Any]) -> Partial | Final:
+    request_id = text(frames[1], "request_id")
+    try:
+        return kind(request_id=request_id, seq=decode_seq(frames[2]), body=unpack(frames[3]),
+                    payload=tuple(frames[4:]))
+    except ProtocolError as exc:
+        exc.request_id = request_id
+        raise
+
+
+def _decode_error(frames: list[Any]) -> Error:
+    request_id = text(frames[1], "request_id", allow_empty=True)  # "" = not request-scoped
+    body = _map(frames[2], "ERROR")
+    return Error(request_id=request_id, code=_field(body, "code", str),
+                 message=_field(body, "message", str, ""), details=_field(body, "details", dict, {}))
+
+
+_DECODERS = {
+    Command.READY: _decode_ready,
+    Command.HEARTBEAT: lambda f: Heartbeat(),
+    Command.DISCONNECT: lambda f: Disconnect(reason=_field(_map(f[1], "DISCONNECT"), "reason", str),
+                                             detail=str(_map(f[1], "DISCONNECT").get("detail", ""))),
+    Command.CAPACITY: lambda f: CapacityUpdate(capacity=capacity_of(_map(f[1], "CAPACITY").get("capacity"))),
+    Command.REQUEST: _decode_request,
+    Command.PARTIAL: lambda f: _decode_reply(Partial, f),
+    Command.FINAL: lambda f: _decode_reply(Final, f),
+    Command.ERROR: _decode_error,
+    Command.DIRECT: lambda f: Direct(peer=text(f[1], "peer"), body=unpack(f[2]), payload=tuple(f[3:])),
+    Command.CANCEL: lambda f: Cancel(request_id=text(f[1], "request_id"),
+                                     reason=str(_map(f[2], "CANCEL").get("reason", ""))),
+}

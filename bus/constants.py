@@ -1,0 +1,104 @@
+"""Control-plane protocol constants: header, command bytes, roles, reasons, error codes, defaults.
+
+Contract: every other bus module takes its wire constants from here; docs/PROTOCOL.md part 1
+documents the same values. Changing a value that travels on the wire means bumping VERSION.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+# Header frame: 3-byte signature, 1-byte version, 1-byte command (5 bytes, fixed size, so a
+# peer validates it with one length check and two byte comparisons before reading anything else).
+SIGNATURE = b"PDB"
+VERSION = 1
+HEADER_SIZE = 5
+
+
+class Command(IntEnum):
+    """One byte on the wire, after the signature and version."""
+
+    READY = 0x01
+    HEARTBEAT = 0x02
+    DISCONNECT = 0x03
+    CAPACITY = 0x04
+    REQUEST = 0x05
+    PARTIAL = 0x06
+    FINAL = 0x07
+    ERROR = 0x08
+    DIRECT = 0x09
+    CANCEL = 0x0A
+
+
+# Roles a node announces in READY, and the services (request targets) each role serves.
+# A colocated `both` node serves prefill and decode; a gateway serves nothing by default.
+ROLES = ("prefill", "decode", "both", "gateway")
+SERVICES_BY_ROLE: dict[str, tuple[str, ...]] = {
+    "prefill": ("prefill",),
+    "decode": ("decode",),
+    "both": ("prefill", "decode", "both"),
+    "gateway": ("gateway",),
+}
+
+# Capacity keys, by role (values are numbers; unknown keys are kept and passed to the policy).
+DECODE_CAPACITY_KEYS = ("kv_blocks_total", "kv_blocks_free", "max_running")
+PREFILL_CAPACITY_KEYS = ("max_batch_tokens", "queued_tokens")
+
+
+class LeaveReason:
+    """Why a node left the registry (NodeLeft.reason)."""
+
+    EXPIRED = "expired"            # no traffic for a whole liveness window
+    DISCONNECTED = "disconnected"  # it said DISCONNECT
+    REPLACED = "replaced"          # the same node_id registered again from a new socket
+    PROTOCOL_ERROR = "protocol_error"  # it sent something we could not accept (bad version, ...)
+
+
+class DisconnectReason:
+    """DISCONNECT.reason values (both directions)."""
+
+    NOT_REGISTERED = "not_registered"  # broker -> peer: send READY first (e.g. broker restarted)
+    BAD_VERSION = "bad_version"
+    MALFORMED = "malformed"
+    OVERSIZED = "oversized"
+    SHUTDOWN = "shutdown"             # node or broker is stopping cleanly
+
+
+class ErrorCode:
+    """ERROR.code values the bus itself produces; nodes may send their own codes too."""
+
+    NO_NODE = "no_node"                  # no live node serves that service
+    NODE_LOST = "node_lost"              # the node serving the request died or left
+    REQUEST_LOST = "request_lost"        # after a broker restart nobody re-announced it
+    UNKNOWN_NODE = "unknown_node"        # DIRECT to a node id that is not registered
+    DUPLICATE_REQUEST = "duplicate_request"
+    MALFORMED = "malformed"
+    OVERSIZED = "oversized"
+    CANCELLED = "cancelled"
+
+
+class CancelReason:
+    CLIENT = "client"            # the requesting client asked for it
+    CLIENT_LOST = "client_lost"  # the requesting client died or left
+
+
+# Drop counters (BrokerCore.metrics keys are "dropped.<reason>").
+class DropReason:
+    MALFORMED = "malformed"
+    BAD_VERSION = "bad_version"
+    OVERSIZED = "oversized"
+    NOT_REGISTERED = "not_registered"
+    UNKNOWN_REQUEST = "unknown_request"  # a reply/cancel for a request the broker does not know
+    UNROUTABLE = "unroutable"            # the destination socket vanished or its queue is full
+
+
+# Defaults: 250 ms x 3 missed beats -> a dead or frozen peer is declared dead after 750 ms,
+# plus at most one tick (interval / 5), so under 1 s.
+DEFAULT_HEARTBEAT_INTERVAL_S = 0.25
+DEFAULT_LIVENESS = 3
+DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
+# Whole-message limit (all frames). KV caches travel on the data plane, not through the broker.
+DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+MAX_ID_BYTES = 128          # request ids, node ids, service names, routing keys
+# Reconnect back-off (node side): first retry after one interval, doubling, capped, jittered.
+DEFAULT_BACKOFF_CAP_S = 4.0

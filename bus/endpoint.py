@@ -1,0 +1,236 @@
+"""A node's connection to the broker: a DEALER socket driven by `EndpointCore` on an asyncio
+(uvloop) loop in a dedicated thread, so compute on the node's own threads never delays a
+heartbeat (torch and numpy release the GIL; pure Python is preempted every switch interval).
+
+Contract (every method is thread-safe and returns at once unless it says it waits):
+- lifecycle: `start()`, `wait_registered(timeout) -> bool`, `stop()`; usable as a context
+  manager. `registered` tells whether the broker has acknowledged us right now.
+- serving side: `receive(timeout)` / `await receive_async()` return the next `Request`,
+  `Direct`, `Cancel` or un-scoped `Error`; answer a Request with `reply(...)` (PARTIAL),
+  `reply_final(...)` (FINAL) or `reply_error(...)` (ERROR). Sequence numbers are ours to keep.
+- client side: `request(service, body, payload, key=..., request_id=..., timeout=...)` returns a
+  `ReplyStream` (async or blocking iterator, PARTIAL... then FINAL, BusError on ERROR);
+  `cancel(request_id)`.
+- `send_direct(node_id, body, payload)`, `update_capacity(mapping)`.
+Payload items are sent zero-copy (bytes, memoryview, numpy buffers, zmq.Frame); received
+payload items are zmq.Frame objects (use `memoryview(frame)` or `frame.bytes`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import threading
+import time
+import uuid
+from collections.abc import Mapping
+from typing import Any
+
+import uvloop
+import zmq
+
+from bus import constants as c
+from bus.endpoint_core import EndpointCore, LinkDown, LinkUp
+from bus.liveness import HeartbeatConfig
+from bus.log import get_logger
+from bus.mailbox import Mailbox, ReplyStream
+from bus.messages import Direct, Error, Final, Partial, Request
+
+_BATCH = 256
+_HWM = 100_000
+
+
+class Endpoint:
+    def __init__(self, broker_endpoint: str, role: str, node_id: str | None = None, *,
+                 capacity: Mapping[str, float] | None = None, data_endpoint: str = "",
+                 heartbeat: HeartbeatConfig | None = None,
+                 max_message_bytes: int = c.DEFAULT_MAX_MESSAGE_BYTES,
+                 context: zmq.Context | None = None) -> None:
+        self.broker_endpoint = broker_endpoint
+        self.node_id = node_id or f"{role}-{uuid.uuid4().hex[:8]}"
+        self.core = EndpointCore(role, self.node_id, capacity, data_endpoint, heartbeat)
+        self.heartbeat = self.core.heartbeat
+        self.max_message_bytes = max_message_bytes
+        self.inbox = Mailbox()
+        self.log = get_logger("endpoint", node_id=self.node_id, role=role)
+        self._context = context or zmq.Context.instance()
+        self._streams: dict[str, ReplyStream] = {}
+        self._registered = threading.Event()
+        self._started = threading.Event()
+        self._stopping = False
+        self._thread: threading.Thread | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._socket: zmq.Socket | None = None
+        self._wake: asyncio.Event | None = None
+
+    # -- lifecycle -----------------------------------------------------------------------
+
+    def start(self) -> Endpoint:
+        self._thread = threading.Thread(target=self._run, name=f"bus-{self.node_id}", daemon=True)
+        self._thread.start()
+        self._started.wait()
+        return self
+
+    def wait_registered(self, timeout: float | None = None) -> bool:
+        return self._registered.wait(timeout)
+
+    @property
+    def registered(self) -> bool:
+        return self._registered.is_set()
+
+    def stop(self, timeout: float = 2.0) -> None:
+        """DISCONNECT from the broker, close the socket and end the I/O thread."""
+        if self._thread is None or self._loop is None:
+            return
+        self._stopping = True
+        with contextlib.suppress(RuntimeError):   # the loop already closed
+            self._loop.call_soon_threadsafe(self._wake.set)
+        self._thread.join(timeout)
+
+    def __enter__(self) -> Endpoint:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- serving side --------------------------------------------------------------------
+
+    def receive(self, timeout: float | None = None) -> Request | Direct | Any:
+        return self.inbox.get(timeout)
+
+    async def receive_async(self) -> Request | Direct | Any:
+        return await self.inbox.get_async()
+
+    def reply(self, request_id: str, body: Any = None, payload: tuple = ()) -> None:
+        self._call(self.core.reply, request_id, body, tuple(payload), False)
+
+    def reply_final(self, request_id: str, body: Any = None, payload: tuple = ()) -> None:
+        self._call(self.core.reply, request_id, body, tuple(payload), True)
+
+    def reply_error(self, request_id: str, code: str, message: str = "", **details: Any) -> None:
+        self._call(self.core.reply_error, request_id, code, message, details)
+
+    # -- client side ---------------------------------------------------------------------
+
+    def request(self, service: str, body: Any = None, payload: tuple = (), *, key: str = "",
+                request_id: str | None = None, timeout: float | None = None) -> ReplyStream:
+        request_id = request_id or uuid.uuid4().hex
+        stream = ReplyStream(request_id, self.cancel, timeout)
+        self._streams[request_id] = stream   # before sending: the reply may come back at once
+        self._call(self.core.request, Request(service, request_id, body, tuple(payload), "", key))
+        return stream
+
+    def cancel(self, request_id: str) -> None:
+        self._streams.pop(request_id, None)
+        self._call(self.core.cancel, request_id)
+
+    def send_direct(self, node_id: str, body: Any = None, payload: tuple = ()) -> None:
+        self._call(self.core.direct, Direct(node_id, body, tuple(payload)))
+
+    def update_capacity(self, capacity: Mapping[str, float]) -> None:
+        self._call(self.core.update_capacity, dict(capacity))
+
+    def metrics(self) -> dict[str, int]:
+        return dict(self.core.metrics)
+
+    # -- the I/O thread ------------------------------------------------------------------
+
+    def _call(self, method: Any, *args: Any) -> None:
+        """Run `method(*args, now)` on the I/O thread, then send what it queued."""
+        if self._loop is None:
+            raise RuntimeError("endpoint not started")
+        self._loop.call_soon_threadsafe(self._apply, method, args)
+
+    def _apply(self, method: Any, args: tuple) -> None:
+        method(*args, time.monotonic())
+        self._flush()
+
+    def _run(self) -> None:
+        loop = uvloop.new_event_loop()
+        asyncio.set_event_loop(loop)
+        self._loop = loop
+        try:
+            loop.run_until_complete(self._main())
+        finally:
+            loop.close()
+
+    async def _main(self) -> None:
+        self._wake = asyncio.Event()
+        self._open_socket()
+        self._started.set()
+        while not self._stopping:
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), self.heartbeat.tick_s)
+            self._drain()   # read what arrived before judging the broker silent
+            if self.core.tick(time.monotonic()) and not self._stopping:
+                self._open_socket()
+            self._dispatch()
+            self._flush()
+        self.core.close(time.monotonic())
+        self._flush()
+        self._close_socket(linger_ms=200)
+
+    def _open_socket(self) -> None:
+        self._close_socket(linger_ms=0)   # drop whatever the lost session still had queued
+        socket = self._context.socket(zmq.DEALER)
+        for option, value in ((zmq.LINGER, 0), (zmq.SNDHWM, _HWM), (zmq.RCVHWM, _HWM),
+                              (zmq.RECONNECT_IVL, 100), (zmq.MAXMSGSIZE, self.max_message_bytes)):
+            socket.setsockopt(option, value)
+        socket.connect(self.broker_endpoint)
+        self._socket = socket
+        asyncio.get_running_loop().add_reader(socket.getsockopt(zmq.FD), self._drain)
+        self.core.on_socket_opened(time.monotonic())
+        self._flush()
+
+    def _close_socket(self, linger_ms: int) -> None:
+        if self._socket is None:
+            return
+        asyncio.get_running_loop().remove_reader(self._socket.getsockopt(zmq.FD))
+        self._socket.close(linger=linger_ms)
+        self._socket = None
+
+    def _drain(self) -> None:
+        socket = self._socket
+        if socket is None:
+            return
+        now = time.monotonic()
+        for _ in range(_BATCH):
+            try:
+                frames = socket.recv_multipart(zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                break
+            self.core.on_frames(frames, now)
+        else:
+            self._loop.call_soon(self._drain)   # more waiting: let timers and calls run first
+        self._dispatch()
+        self._flush()
+
+    def _flush(self) -> None:
+        socket = self._socket
+        outbox = self.core.take_outbox()
+        if socket is None or not outbox:
+            return
+        for frames in outbox:
+            try:
+                socket.send_multipart(frames, zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                self.core.metrics["dropped.send_queue_full"] += 1
+        # A send can consume the edge-triggered read notification: look again.
+        if socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
+            self._loop.call_soon(self._drain)
+
+    def _dispatch(self) -> None:
+        for event in self.core.take_events():
+            if isinstance(event, Partial | Final | Error) and event.request_id in self._streams:
+                stream = self._streams[event.request_id]
+                if not isinstance(event, Partial):
+                    del self._streams[event.request_id]
+                stream.mailbox.put(event)
+            elif isinstance(event, LinkUp):
+                self._registered.set()
+                self.log.info("registered", broker=self.broker_endpoint)
+            elif isinstance(event, LinkDown):
+                self._registered.clear()
+                self.log.warning("broker_lost", reason=event.reason)
+            else:
+                self.inbox.put(event)

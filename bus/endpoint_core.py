@@ -1,0 +1,250 @@
+"""A node's side of the control plane, sans I/O: registration, heartbeats, reconnect decisions,
+reply sequence numbers and stream checking. Driven by `(frames, now)`; no sockets, no threads.
+
+Contract for the shell (bus.endpoint):
+- `on_socket_opened(now)` after connecting a fresh DEALER socket (queues READY);
+  `on_frames(frames, now)` per message received; `tick(now) -> bool` every tick, True meaning
+  "close the socket and open a new one now" (broker lost, or registration not acknowledged in
+  time); then send everything `take_outbox()` returns and dispatch `take_events()`.
+- Events: the received `Request`, `Direct`, `Cancel` (for node code), `Partial`/`Final`/`Error`
+  (for the reply stream of a request this node sent), and `LinkUp` / `LinkDown`.
+- App calls (`request`, `reply`, `reply_error`, `direct`, `cancel`, `update_capacity`) queue
+  frames; while unregistered they wait in a bounded backlog that is flushed on registration.
+Liveness (6/PPP, improved): any message from the broker counts as life; HEARTBEAT only after an
+idle interval; broker silent for interval*liveness -> LinkDown, new socket, READY again (with the
+requests in flight), each new attempt after a jittered, doubling, capped back-off.
+"""
+
+from __future__ import annotations
+
+import random
+from collections import Counter, deque
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from bus import codec
+from bus import constants as c
+from bus.codec import ProtocolError
+from bus.liveness import Backoff, HeartbeatConfig, LinkTimers
+from bus.messages import (
+    Cancel,
+    CapacityUpdate,
+    Direct,
+    Disconnect,
+    Error,
+    Final,
+    Heartbeat,
+    Partial,
+    Ready,
+    Request,
+)
+
+
+@dataclass(frozen=True, slots=True)
+class LinkUp:
+    """The broker acknowledged our READY."""
+
+
+@dataclass(frozen=True, slots=True)
+class LinkDown:
+    reason: str   # "expired" (broker silent) or the DISCONNECT reason it sent
+
+
+class EndpointCore:
+    def __init__(self, role: str, node_id: str, capacity: Mapping[str, float] | None = None,
+                 data_endpoint: str = "", heartbeat: HeartbeatConfig | None = None,
+                 rng: random.Random | None = None, max_backlog: int = 100_000) -> None:
+        if role not in c.ROLES:
+            raise ValueError(f"role must be one of {c.ROLES}, got {role!r}")
+        self.role, self.node_id, self.data_endpoint = role, node_id, data_endpoint
+        self.capacity = dict(capacity or {})
+        self.heartbeat = heartbeat or HeartbeatConfig()
+        self.backoff = Backoff(self.heartbeat.interval_s, self.heartbeat.backoff_cap_s, rng)
+        self.timers = LinkTimers(last_seen=0.0, last_sent=0.0)
+        self.registered = False
+        self.retry_at = 0.0
+        self.serving: dict[str, int] = {}    # request id -> next seq of our reply stream
+        self.streams: dict[str, int] = {}    # request id we sent -> next seq we expect
+        self.backlog: deque[list] = deque(maxlen=max_backlog)
+        self.outbox: list[list] = []
+        self.events: list[Any] = []
+        self.metrics: Counter[str] = Counter()
+
+    # -- link ----------------------------------------------------------------------------
+
+    def on_socket_opened(self, now: float) -> None:
+        self.registered = False
+        self.timers = LinkTimers(last_seen=now, last_sent=now)
+        # Hold this socket at least one liveness window: libzmq keeps re-dialling underneath
+        # and delivers the queued READY the moment a broker appears.
+        self.retry_at = now + max(self.heartbeat.expiry_s, self.backoff.next_delay())
+        self.metrics["link.attempts"] += 1
+        self._send_now(codec.encode(self.ready_message()), now)
+
+    def ready_message(self) -> Ready:
+        return Ready(role=self.role, node_id=self.node_id, capacity=dict(self.capacity),
+                     data_endpoint=self.data_endpoint, inflight=tuple(self.serving),
+                     pending=tuple(self.streams))
+
+    def tick(self, now: float) -> bool:
+        """Run the timers; True asks the shell for a fresh socket (then `on_socket_opened`)."""
+        if not self.registered:
+            return now >= self.retry_at
+        if self.timers.is_expired(now, self.heartbeat):
+            self._link_down("expired")
+            return True
+        if self.timers.heartbeat_due(now, self.heartbeat):
+            self._send_now(codec.encode(Heartbeat()), now)
+        return False
+
+    def close(self, now: float) -> None:
+        """Say goodbye (the shell flushes, then closes the socket)."""
+        if self.registered:
+            self._send_now(codec.encode(Disconnect(c.DisconnectReason.SHUTDOWN, "node stopping")), now)
+        self.registered = False
+
+    def _link_down(self, reason: str) -> None:
+        self.registered = False
+        self.metrics["link.lost"] += 1
+        self.events.append(LinkDown(reason))
+
+    def _link_up(self) -> None:
+        self.registered = True
+        self.backoff.reset()
+        self.metrics["link.registered"] += 1
+        self.events.append(LinkUp())
+        self.outbox.extend(self.backlog)
+        self.backlog.clear()
+
+    # -- input ---------------------------------------------------------------------------
+
+    def on_frames(self, frames: list, now: float) -> None:
+        self.timers.last_seen = now
+        try:
+            message = codec.decode(frames)
+        except ProtocolError as exc:
+            self._on_bad_input(exc)
+            return
+        if isinstance(message, Disconnect):
+            self._on_disconnect(message, now)
+            return
+        if not self.registered:
+            self._link_up()
+        handler = _HANDLERS.get(type(message))
+        if handler is not None:
+            handler(self, message)
+
+    def _on_bad_input(self, exc: ProtocolError) -> None:
+        self.metrics[f"dropped.{exc.reason}"] += 1
+        if exc.request_id is not None and self.streams.pop(exc.request_id, None) is not None:
+            self.events.append(Error(exc.request_id, exc.reason, f"unreadable reply: {exc.detail}"))
+
+    def _on_disconnect(self, message: Disconnect, now: float) -> None:
+        # The broker forgot us (restart, expiry after a freeze) or refuses us: register again,
+        # on a fresh socket, after the back-off.
+        self.metrics[f"disconnect.{message.reason}"] += 1
+        if self.registered:
+            self._link_down(message.reason)
+        self.retry_at = min(self.retry_at, now + self.backoff.next_delay())
+
+    def _on_request(self, message: Request) -> None:
+        self.serving[message.request_id] = 0
+        self.events.append(message)
+
+    def _on_cancel(self, message: Cancel) -> None:
+        if self.serving.pop(message.request_id, None) is not None:
+            self.events.append(message)
+
+    def _on_reply(self, message: Partial | Final | Error) -> None:
+        expected = self.streams.get(message.request_id)
+        if expected is None:
+            if isinstance(message, Error) and (not message.request_id
+                                               or self.serving.pop(message.request_id, None) is not None):
+                # Not tied to a stream of ours: about a DIRECT (unknown_node) or about a reply
+                # we sent that the broker refused; node code gets it with the requests.
+                self.events.append(message)
+                return
+            self.metrics["dropped.unknown_request"] += 1
+            return
+        if isinstance(message, Error):
+            del self.streams[message.request_id]
+            self.events.append(message)
+            return
+        if message.seq < expected:
+            self.metrics["dropped.duplicate"] += 1
+            return
+        if message.seq > expected:
+            self.metrics["stream.gaps"] += message.seq - expected
+        self.streams[message.request_id] = message.seq + 1
+        if isinstance(message, Final):
+            del self.streams[message.request_id]
+        self.events.append(message)
+
+    # -- app calls -----------------------------------------------------------------------
+
+    def request(self, message: Request, now: float) -> None:
+        self.streams[message.request_id] = 0
+        self._send_app(codec.encode(message), now)
+
+    def reply(self, request_id: str, body: Any, payload: tuple, final: bool, now: float) -> bool:
+        """Queue the next PARTIAL (or the FINAL); False if the request is not ours any more."""
+        seq = self.serving.get(request_id)
+        if seq is None:
+            self.metrics["dropped.reply_to_unknown_request"] += 1
+            return False
+        if final:
+            del self.serving[request_id]
+            self._send_app(codec.encode(Final(request_id, seq, body, payload)), now)
+        else:
+            self.serving[request_id] = seq + 1
+            self._send_app(codec.encode(Partial(request_id, seq, body, payload)), now)
+        return True
+
+    def reply_error(self, request_id: str, code: str, message: str, details: Mapping, now: float) -> bool:
+        if self.serving.pop(request_id, None) is None:
+            self.metrics["dropped.reply_to_unknown_request"] += 1
+            return False
+        self._send_app(codec.encode(Error(request_id, code, message, dict(details))), now)
+        return True
+
+    def direct(self, message: Direct, now: float) -> None:
+        self._send_app(codec.encode(message), now)
+
+    def cancel(self, request_id: str, now: float) -> None:
+        if self.streams.pop(request_id, None) is not None:
+            self._send_app(codec.encode(Cancel(request_id, c.CancelReason.CLIENT)), now)
+
+    def update_capacity(self, capacity: Mapping[str, float], now: float) -> None:
+        self.capacity = dict(capacity)
+        if self.registered:   # otherwise the next READY carries it
+            self._send_now(codec.encode(CapacityUpdate(self.capacity)), now)
+
+    # -- output --------------------------------------------------------------------------
+
+    def _send_now(self, frames: list, now: float) -> None:
+        self.timers.last_sent = now
+        self.outbox.append(frames)
+
+    def _send_app(self, frames: list, now: float) -> None:
+        if self.registered:
+            self._send_now(frames, now)
+            return
+        if len(self.backlog) == self.backlog.maxlen:
+            self.metrics["dropped.backlog_full"] += 1
+        self.backlog.append(frames)
+
+    def take_outbox(self) -> list[list]:
+        outbox, self.outbox = self.outbox, []
+        return outbox
+
+    def take_events(self) -> list[Any]:
+        events, self.events = self.events, []
+        return events
+
+
+_HANDLERS = {
+    Request: EndpointCore._on_request, Cancel: EndpointCore._on_cancel,
+    Direct: lambda core, message: core.events.append(message),
+    Partial: EndpointCore._on_reply, Final: EndpointCore._on_reply, Error: EndpointCore._on_reply,
+}

@@ -1,0 +1,46 @@
+"""The broker's pluggable routing policy: which live node serves a request for a service.
+
+Contract (the seam the cluster scheduler plugs into the broker):
+- `on_join(node)`, `on_leave(node, reason)`, `on_capacity(node)`: registry changes, called by
+  `BrokerCore` synchronously, after its own tables are updated (on_leave: before the node's
+  requests are failed).
+- `choose(service, key, request_id, candidates) -> Node | None`: pick a node for a REQUEST;
+  `candidates` are the live nodes whose role serves `service` (never empty); `key` is the
+  request's opaque routing key (e.g. a session id, "" when absent). None -> the client gets
+  ERROR `no_node`. Called on the broker's hot path: keep it O(candidates) or better.
+Nodes are `bus.registry.Node` objects owned by the broker: read them, never mutate them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Protocol
+
+from bus.registry import Node
+
+
+class RoutingPolicy(Protocol):
+    def on_join(self, node: Node) -> None: ...
+
+    def on_leave(self, node: Node, reason: str) -> None: ...
+
+    def on_capacity(self, node: Node) -> None: ...
+
+    def choose(self, service: str, key: str, request_id: str, candidates: Sequence[Node]) -> Node | None: ...
+
+
+class LeastOutstandingPolicy:
+    """The default: the candidate with the fewest unfinished requests; ties go to the one that
+    was given the fewest requests overall, which spreads a burst round-robin."""
+
+    def on_join(self, node: Node) -> None:
+        pass
+
+    def on_leave(self, node: Node, reason: str) -> None:
+        pass
+
+    def on_capacity(self, node: Node) -> None:
+        pass
+
+    def choose(self, service: str, key: str, request_id: str, candidates: Sequence[Node]) -> Node | None:
+        return min(candidates, key=lambda n: (len(n.serving), n.num_assigned))
