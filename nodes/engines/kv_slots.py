@@ -1,0 +1,79 @@
+"""The decode side's KV storage: one tensor of per-request slots, grown on demand.
+
+Contract: `SlotCache` holds `[layers, slots, 2, kv_heads, capacity, head_dim]`. Running requests
+occupy slots 0..n-1 (the engine keeps them dense by moving the last one into a freed slot), so one
+batched attention call covers every decode token with no gathering. `layout_after(slots, tokens)`
+says, without allocating, what shape the cache would grow to (the engine charges that padded size
+against the KV budget at admission, so growth never runs out of memory); `ensure` grows it (copying
+the contents), `release` frees it when nothing runs. `write`/`read`/`move` copy whole prefixes in the
+export layout [layers, 2, kv_heads, tokens, head_dim].
+"""
+
+from __future__ import annotations
+
+import torch
+
+from nodes.engines.model_config import LlamaConfig
+
+SLOT_GROWTH = 8          # grow by this many slots: few reallocations, little padding
+CAPACITY_GROWTH = 256    # and capacity by this many tokens
+
+
+def _round_up(value: int, step: int) -> int:
+    return -(-value // step) * step
+
+
+class SlotCache:
+    def __init__(self, config: LlamaConfig, *, dtype: torch.dtype, device: torch.device,
+                 max_slots: int, max_len: int, budget_tokens: int) -> None:
+        self._config = config
+        self._dtype = dtype
+        self._device = device
+        self.max_slots = max_slots
+        self.max_len = max_len
+        self.budget_tokens = budget_tokens
+        self.tensor: torch.Tensor | None = None
+
+    @property
+    def num_slots(self) -> int:
+        return 0 if self.tensor is None else self.tensor.shape[1]
+
+    @property
+    def capacity(self) -> int:
+        return 0 if self.tensor is None else self.tensor.shape[4]
+
+    def layout_after(self, num_slots: int, num_tokens: int) -> tuple[int, int]:
+        capacity = max(self.capacity, min(_round_up(num_tokens, CAPACITY_GROWTH), self.max_len))
+        # Spare slots save reallocations, but never at the price of going over the budget.
+        spare = max(num_slots, self.budget_tokens // capacity)
+        slots = max(self.num_slots, num_slots, min(_round_up(num_slots, SLOT_GROWTH), self.max_slots, spare))
+        return slots, capacity
+
+    def ensure(self, num_slots: int, num_tokens: int) -> None:
+        slots, capacity = self.layout_after(num_slots, num_tokens)
+        if (slots, capacity) == (self.num_slots, self.capacity):
+            return
+        c = self._config
+        # Zeros, not empty: masked-out keys still enter the softmax @ V product, and 0 * NaN = NaN.
+        grown = torch.zeros(c.num_layers, slots, 2, c.num_kv_heads, capacity, c.head_dim,
+                            dtype=self._dtype, device=self._device)
+        if self.tensor is not None:
+            grown[:, :self.num_slots, :, :, :self.capacity] = self.tensor
+        self.tensor = grown
+
+    def release(self) -> None:
+        self.tensor = None
+
+    def view(self, slot: int) -> torch.Tensor:
+        assert self.tensor is not None
+        return self.tensor[:, slot]
+
+    def write(self, slot: int, kv: torch.Tensor) -> None:
+        num_tokens = kv.shape[3]
+        self.view(slot)[:, :, :, :num_tokens] = kv.to(device=self._device, dtype=self._dtype)
+
+    def read(self, slot: int, num_tokens: int) -> torch.Tensor:
+        return self.view(slot)[:, :, :, :num_tokens].clone()
+
+    def move(self, source: int, target: int, num_tokens: int) -> None:
+        self.view(target)[:, :, :, :num_tokens] = self.view(source)[:, :, :, :num_tokens]

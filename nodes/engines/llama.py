@@ -1,0 +1,190 @@
+"""The built-in Llama runner: one forward pass over a packed batch of prefill chunks and decode tokens.
+
+Contract: `LlamaRunner(model, dtype=, device=)` prepares the weights (q/k/v and gate/up fused so a
+layer is four matmuls) and `forward(batch) -> logits [num_sampled, vocab] float32`, computing
+logits only for the rows in `batch.sample_rows` (a prompt's last token, each decode token).
+
+All tokens of the step are packed into one [tokens, hidden] matrix, so the linear layers run once
+for the whole batch whatever mix of prompts and decode steps it holds. Attention reads and writes
+KV caches laid out [layers, 2 (K, V), kv_heads, capacity, head_dim]:
+- `PrefillSpan`: a run of a sequence's tokens against its own cache view (causal within the span,
+  full over the `start` tokens already cached), one SDPA call per span;
+- `DecodeGroup`: one new token for each of several decode slots of a `[layers, slots, 2, kv_heads,
+  capacity, head_dim]` slot cache, attended in ONE batched SDPA call over the slots with a length
+  mask (no gathering of KV: the slots are views of one tensor).
+Math follows Hugging Face's LlamaForCausalLM (RMSNorm in float32, rotate-half RoPE, SwiGLU).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn.functional as F
+
+from nodes.engines.model_config import LlamaConfig
+from nodes.engines.rope import rope_tables
+
+
+@dataclass(slots=True)
+class PrefillSpan:
+    row: int                 # first row of the span in the packed batch
+    num_tokens: int
+    start: int               # tokens already in `kv` before this span
+    kv: torch.Tensor         # [layers, 2, kv_heads, capacity, head_dim]
+
+
+@dataclass(slots=True)
+class DecodeGroup:
+    rows: torch.Tensor       # rows in the packed batch, one per decode token
+    slots: torch.Tensor      # slot of each row
+    positions: torch.Tensor  # position of each row's token (= tokens already cached)
+    cache: torch.Tensor      # [layers, slots, 2, kv_heads, capacity, head_dim]
+    num_slots: int           # attend over slots [0, num_slots)
+    mask: torch.Tensor       # [num_slots, 1, 1, max_len] True where a key may be attended
+    dense: bool              # rows/slots are exactly 0..num_slots-1 (no scatter needed)
+
+
+@dataclass(slots=True)
+class ForwardBatch:
+    token_ids: torch.Tensor      # [tokens] int64
+    positions: torch.Tensor      # [tokens] int64
+    sample_rows: torch.Tensor    # rows whose logits are wanted
+    spans: list[PrefillSpan] = field(default_factory=list)
+    decode: DecodeGroup | None = None
+
+
+@dataclass(slots=True)
+class LayerWeights:
+    input_norm: torch.Tensor
+    qkv: torch.Tensor
+    o: torch.Tensor
+    post_norm: torch.Tensor
+    gate_up: torch.Tensor
+    down: torch.Tensor
+
+
+class LlamaRunner:
+    def __init__(self, config: LlamaConfig, weights: dict[str, torch.Tensor], *,
+                 dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
+                 max_len: int | None = None) -> None:
+        self.config = config
+        self.dtype = dtype
+        self.device = torch.device(device)
+
+        def get(name: str) -> torch.Tensor:
+            return weights[name].to(device=self.device, dtype=dtype).contiguous()
+
+        self.layers = [self._layer(get, f"model.layers.{i}") for i in range(config.num_layers)]
+        self.embed = get("model.embed_tokens.weight")
+        self.lm_head = self.embed if config.tie_word_embeddings else get("lm_head.weight")
+        self.norm = get("model.norm.weight")
+        self.max_len = max_len or config.max_position_embeddings
+        cos, sin = rope_tables(config, self.max_len)
+        self.cos, self.sin = cos.to(self.device, dtype), sin.to(self.device, dtype)
+        self.q_size = config.num_heads * config.head_dim
+        self.kv_size = config.num_kv_heads * config.head_dim
+
+    @staticmethod
+    def _layer(get, prefix: str) -> LayerWeights:
+        return LayerWeights(
+            input_norm=get(f"{prefix}.input_layernorm.weight"),
+            qkv=torch.cat([get(f"{prefix}.self_attn.{p}_proj.weight") for p in "qkv"]),
+            o=get(f"{prefix}.self_attn.o_proj.weight"),
+            post_norm=get(f"{prefix}.post_attention_layernorm.weight"),
+            gate_up=torch.cat([get(f"{prefix}.mlp.gate_proj.weight"), get(f"{prefix}.mlp.up_proj.weight")]),
+            down=get(f"{prefix}.mlp.down_proj.weight"),
+        )
+
+    @property
+    def num_weight_bytes(self) -> int:
+        tensors = [self.embed, self.norm] + [t for layer in self.layers for t in (
+            layer.input_norm, layer.qkv, layer.o, layer.post_norm, layer.gate_up, layer.down)]
+        if self.lm_head is not self.embed:
+            tensors.append(self.lm_head)
+        return sum(t.numel() * t.element_size() for t in tensors)
+
+    def new_kv(self, capacity: int) -> torch.Tensor:
+        """A per-sequence cache [layers, 2, kv_heads, capacity, head_dim] (the export layout)."""
+        c = self.config
+        return torch.empty(c.num_layers, 2, c.num_kv_heads, capacity, c.head_dim,
+                           dtype=self.dtype, device=self.device)
+
+    @torch.inference_mode()
+    def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        c = self.config
+        x = self.embed[batch.token_ids]
+        cos = self.cos[batch.positions][:, None, :]
+        sin = self.sin[batch.positions][:, None, :]
+        num_tokens = x.shape[0]
+        for index, layer in enumerate(self.layers):
+            h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
+            q, k, v = F.linear(h, layer.qkv).split([self.q_size, self.kv_size, self.kv_size], dim=-1)
+            q = apply_rope(q.view(num_tokens, c.num_heads, c.head_dim), cos, sin)
+            k = apply_rope(k.view(num_tokens, c.num_kv_heads, c.head_dim), cos, sin)
+            v = v.view(num_tokens, c.num_kv_heads, c.head_dim)
+            x = x + F.linear(self._attention(index, q, k, v, batch), layer.o)
+            gate, up = F.linear(rms_norm(x, layer.post_norm, c.rms_norm_eps), layer.gate_up).chunk(2, dim=-1)
+            x = x + F.linear(F.silu(gate) * up, layer.down)
+        last = rms_norm(x[batch.sample_rows], self.norm, c.rms_norm_eps)
+        return F.linear(last, self.lm_head).float()
+
+    def _attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                   batch: ForwardBatch) -> torch.Tensor:
+        out = torch.empty(q.shape[0], self.q_size, dtype=q.dtype, device=q.device)
+        for span in batch.spans:
+            rows = slice(span.row, span.row + span.num_tokens)
+            out[rows] = self._span_attention(layer, q[rows], k[rows], v[rows], span)
+        if batch.decode is not None:
+            out[batch.decode.rows] = self._decode_attention(layer, q, k, v, batch.decode)
+        return out
+
+    def _span_attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        span: PrefillSpan) -> torch.Tensor:
+        start, end = span.start, span.start + span.num_tokens
+        cache = span.kv[layer]
+        cache[0, :, start:end] = k.transpose(0, 1)
+        cache[1, :, start:end] = v.transpose(0, 1)
+        mask = None
+        if start and span.num_tokens > 1:
+            # Query i (absolute position start + i) sees keys 0..start + i.
+            keys = torch.arange(end, device=q.device)
+            mask = keys[None, :] <= (start + torch.arange(span.num_tokens, device=q.device))[:, None]
+        attn = F.scaled_dot_product_attention(
+            q.transpose(0, 1), cache[0, :, :end], cache[1, :, :end], attn_mask=mask,
+            is_causal=(start == 0 and span.num_tokens > 1), enable_gqa=True)
+        return attn.transpose(0, 1).reshape(span.num_tokens, self.q_size)
+
+    def _decode_attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                          group: DecodeGroup) -> torch.Tensor:
+        c = self.config
+        k_cache, v_cache = group.cache[layer, :group.num_slots, 0], group.cache[layer, :group.num_slots, 1]
+        k_cache[group.slots, :, group.positions] = k[group.rows]
+        v_cache[group.slots, :, group.positions] = v[group.rows]
+        # GQA without copying KV: the query heads sharing a KV head act as that head's query rows.
+        groups = c.num_heads // c.num_kv_heads
+        q_rows = q[group.rows].view(-1, c.num_kv_heads, groups, c.head_dim)
+        if group.dense:
+            q_slots = q_rows
+        else:
+            q_slots = q_rows.new_zeros(group.num_slots, c.num_kv_heads, groups, c.head_dim)
+            q_slots[group.slots] = q_rows
+        max_len = group.mask.shape[-1]
+        attn = F.scaled_dot_product_attention(q_slots, k_cache[:, :, :max_len], v_cache[:, :, :max_len],
+                                              attn_mask=group.mask)
+        if not group.dense:
+            attn = attn[group.slots]
+        return attn.reshape(-1, self.q_size)
+
+
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    # In float32 whatever the model dtype, as Hugging Face does (bf16 variance loses too much).
+    x32 = x.float()
+    x32 = x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + eps)
+    return weight * x32.to(x.dtype)
+
+
+def apply_rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos + rotated * sin

@@ -1,0 +1,135 @@
+"""Prefill side: run a batch of prompts, return each one's first token and KV export.
+
+Contract: `run_prefill(runner, tokenizer, requests, max_batch_tokens=..., ...) -> list[PrefillResult]`
+in request order. Prompts are packed into forward passes of at most `max_batch_tokens` tokens (a
+longer prompt runs alone); each prompt writes its KV straight into its own exact-size export
+tensor [layers, 2, kv_heads, prompt_tokens, head_dim], so exporting costs no copy. Only each
+prompt's last position gets logits.
+
+`PrefillBatcher` is the plain-data batching policy a prefill node runs: a batch is ready when the
+queued prompts reach `max_batch_tokens`, or when the oldest has waited `max_wait_s`.
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from collections.abc import Sequence
+
+import torch
+
+from nodes.engines.base import PrefillRequest, PrefillResult
+from nodes.engines.llama import ForwardBatch, LlamaRunner, PrefillSpan
+from nodes.engines.output import OutputTracker
+from nodes.engines.sampling import new_generator, sample
+
+
+def run_prefill(runner: LlamaRunner, tokenizer, requests: Sequence[PrefillRequest], *,
+                max_batch_tokens: int, max_model_len: int, eos_token_ids: tuple[int, ...]) -> list[PrefillResult]:
+    for request in requests:
+        _validate(request, max_model_len, runner.config.vocab_size)
+    results: list[PrefillResult] = []
+    for group in _pack(requests, max_batch_tokens):
+        results.extend(_prefill_group(runner, tokenizer, group, eos_token_ids))
+    return results
+
+
+def _validate(request: PrefillRequest, max_model_len: int, vocab_size: int) -> None:
+    num_tokens = len(request.prompt_token_ids)
+    if num_tokens == 0:
+        raise ValueError(f"request {request.request_id}: empty prompt")
+    if num_tokens >= max_model_len:
+        raise ValueError(f"request {request.request_id}: prompt of {num_tokens} tokens leaves no room "
+                         f"in the model's context of {max_model_len}")
+    if min(request.prompt_token_ids) < 0 or max(request.prompt_token_ids) >= vocab_size:
+        raise ValueError(f"request {request.request_id}: token id outside the vocabulary (0..{vocab_size - 1})")
+
+
+def _pack(requests: Sequence[PrefillRequest], max_batch_tokens: int) -> list[list[PrefillRequest]]:
+    groups: list[list[PrefillRequest]] = []
+    num_tokens = max_batch_tokens
+    for request in requests:
+        size = len(request.prompt_token_ids)
+        if num_tokens + size > max_batch_tokens:
+            groups.append([])
+            num_tokens = 0
+        groups[-1].append(request)
+        num_tokens += size
+    return groups
+
+
+def _prefill_group(runner: LlamaRunner, tokenizer, group: list[PrefillRequest],
+                   eos_token_ids: tuple[int, ...]) -> list[PrefillResult]:
+    device = runner.device
+    spans, token_ids, positions, last_rows = [], [], [], []
+    for request in group:
+        num_tokens = len(request.prompt_token_ids)
+        spans.append(PrefillSpan(row=len(token_ids), num_tokens=num_tokens, start=0, kv=runner.new_kv(num_tokens)))
+        token_ids.extend(request.prompt_token_ids)
+        positions.extend(range(num_tokens))
+        last_rows.append(len(token_ids) - 1)
+    batch = ForwardBatch(token_ids=torch.tensor(token_ids, device=device),
+                         positions=torch.tensor(positions, device=device),
+                         sample_rows=torch.tensor(last_rows, device=device), spans=spans)
+    logits = runner.forward(batch).cpu()
+    params = [r.sampling for r in group]
+    firsts = sample(logits, params, [new_generator(p.seed) for p in params])
+    results = []
+    for request, span, first in zip(group, spans, firsts, strict=True):
+        tracker = OutputTracker(tokenizer, request.sampling, eos_token_ids)
+        text, finish_reason = tracker.push(first)
+        results.append(PrefillResult(request.request_id, first, text, span.kv,
+                                     len(request.prompt_token_ids), finish_reason))
+    return results
+
+
+class PrefillBatcher:
+    """Queue of prompts waiting for a prefill pass (plain data; the node supplies `now`)."""
+
+    def __init__(self, *, max_batch_tokens: int, max_wait_s: float) -> None:
+        self.max_batch_tokens = max_batch_tokens
+        self.max_wait_s = max_wait_s
+        self._queue: deque[tuple[PrefillRequest, float]] = deque()
+        self._num_tokens = 0
+
+    def __len__(self) -> int:
+        return len(self._queue)
+
+    @property
+    def num_queued_tokens(self) -> int:
+        return self._num_tokens
+
+    def add(self, request: PrefillRequest, now: float) -> None:
+        self._queue.append((request, now))
+        self._num_tokens += len(request.prompt_token_ids)
+
+    def remove(self, request_id: str) -> bool:
+        """Drop a queued request (abort before its prefill ran)."""
+        for item in self._queue:
+            if item[0].request_id == request_id:
+                self._queue.remove(item)
+                self._num_tokens -= len(item[0].prompt_token_ids)
+                return True
+        return False
+
+    def deadline(self) -> float | None:
+        """When the oldest queued prompt must run at the latest (None when empty)."""
+        return self._queue[0][1] + self.max_wait_s if self._queue else None
+
+    def is_ready(self, now: float) -> bool:
+        deadline = self.deadline()
+        return deadline is not None and (self._num_tokens >= self.max_batch_tokens or now >= deadline)
+
+    def next_batch(self, now: float) -> list[PrefillRequest]:
+        """The prompts for the next pass (FIFO, up to the token budget; at least one), or []."""
+        if not self.is_ready(now):
+            return []
+        batch: list[PrefillRequest] = []
+        num_tokens = 0
+        while self._queue:
+            size = len(self._queue[0][0].prompt_token_ids)
+            if batch and num_tokens + size > self.max_batch_tokens:
+                break
+            batch.append(self._queue.popleft()[0])
+            num_tokens += size
+        self._num_tokens -= num_tokens
+        return batch

@@ -1,0 +1,65 @@
+"""Token sampling for a batch: greedy, temperature, top-k, top-p, per-request seeds.
+
+Contract: `sample(logits, params, generators) -> list[int]`, one token per row of `logits`
+[batch, vocab]. Greedy rows (temperature 0 or top_k 1) take the argmax. The other rows are
+filtered and normalised together (vectorised); each then draws one uniform number from its own
+generator, so a seeded request samples the same tokens whatever else shares its batch.
+`new_generator(seed)` makes that generator (None = the process-wide default stream).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import torch
+
+from nodes.engines.base import SamplingParams
+
+
+def new_generator(seed: int | None) -> torch.Generator | None:
+    return None if seed is None else torch.Generator().manual_seed(seed)
+
+
+def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
+           generators: Sequence[torch.Generator | None]) -> list[int]:
+    tokens = logits.argmax(dim=-1).tolist()
+    random_rows = [i for i, p in enumerate(params) if not p.is_greedy]
+    if random_rows:
+        chosen = _sample_random(logits[random_rows].float(), [params[i] for i in random_rows],
+                                [generators[i] for i in random_rows])
+        for row, token in zip(random_rows, chosen, strict=True):
+            tokens[row] = token
+    return tokens
+
+
+def _sample_random(logits: torch.Tensor, params: list[SamplingParams],
+                   generators: list[torch.Generator | None]) -> list[int]:
+    temperatures = torch.tensor([p.temperature for p in params], dtype=logits.dtype)
+    logits = logits / temperatures[:, None]
+    if any(p.top_k for p in params):
+        logits = _apply_top_k(logits, [p.top_k for p in params])
+    if any(p.top_p < 1.0 for p in params):
+        logits = _apply_top_p(logits, [p.top_p for p in params])
+    cdf = torch.softmax(logits, dim=-1).cumsum(dim=-1)
+    uniforms = torch.cat([torch.rand(1, generator=g) for g in generators])
+    # Scale by the last cdf entry so float rounding in the cumsum never points past the end.
+    picks = torch.searchsorted(cdf, (uniforms * cdf[:, -1])[:, None]).squeeze(1)
+    return picks.clamp_(max=logits.shape[-1] - 1).tolist()
+
+
+def _apply_top_k(logits: torch.Tensor, top_ks: list[int]) -> torch.Tensor:
+    vocab = logits.shape[-1]
+    ks = torch.tensor([k if 0 < k < vocab else vocab for k in top_ks])
+    top_values = logits.topk(int(ks.max()), dim=-1).values
+    thresholds = top_values.gather(1, (ks - 1)[:, None])
+    return logits.masked_fill(logits < thresholds, float("-inf"))
+
+
+def _apply_top_p(logits: torch.Tensor, top_ps: list[float]) -> torch.Tensor:
+    sorted_logits, order = logits.sort(dim=-1, descending=True)
+    probs = sorted_logits.softmax(dim=-1)
+    mass_before = probs.cumsum(dim=-1) - probs
+    # Keep the smallest prefix whose mass reaches top_p (the first token always survives).
+    drop = mass_before >= torch.tensor(top_ps, dtype=probs.dtype)[:, None]
+    sorted_logits = sorted_logits.masked_fill(drop, float("-inf"))
+    return torch.empty_like(logits).scatter_(1, order, sorted_logits)
