@@ -1,0 +1,105 @@
+"""One chunk end to end, without I/O: quantize -> checksum -> compress, and back with verification.
+
+Contract: `ChunkEncoder(kv, ...)` plans the chunks of one transfer and `encode(index, attempt, outs)`
+returns the CHUNK header and wire payload frames of chunk `index`, writing into the caller's reusable
+`outs` buffers (the sender keeps them untouched until the chunk is acknowledged).
+`verify_and_decode(chunk, payload, quantizer, dst)` decompresses, checks the checksum and only then
+writes the chunk into `dst`; it raises KVChecksumError / KVFrameError and writes nothing on error.
+The checksum (xxh3_64) covers the raw payload bytes, so it also catches a compressor that
+"succeeds" on corrupt input.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import xxhash
+
+from bus.kv.compress import COMPRESSION_MODES, AutoCompression, compress_frame, decompress_frame
+from bus.kv.errors import KVChecksumError, KVValueError
+from bus.kv.frames import Chunk, FrameInfo
+from bus.kv.layout import DEFAULT_CHUNK_BYTES, KVInfo, plan_chunks
+from bus.kv.quant import MODES, Quantizer, max_payload_sizes
+
+
+def payload_checksum(frames: list[Any]) -> int:
+    hasher = xxhash.xxh3_64()
+    for frame in frames:
+        hasher.update(frame)
+    return hasher.intdigest()
+
+
+def transfer_digest(checksums: np.ndarray) -> int:
+    """The whole-transfer checksum: xxh3_64 of the chunk checksums (uint64 LE) in chunk order."""
+    return xxhash.xxh3_64_intdigest(np.ascontiguousarray(checksums, dtype="<u8").tobytes())
+
+
+class ChunkEncoder:
+    """Encodes the chunks of one KV source for one transfer."""
+
+    def __init__(self, kv: Any, quantizer: Quantizer, *, transfer_id: str, request_id: str,
+                 mode: str = "int8", compression: str = "auto", chunk_bytes: int = DEFAULT_CHUNK_BYTES,
+                 auto: AutoCompression | None = None, token_offset: int = 0, dtype: str | None = None) -> None:
+        if mode not in MODES:
+            raise KVValueError(f"unknown quantization mode {mode!r}; expected one of {MODES}")
+        if compression not in COMPRESSION_MODES:
+            raise KVValueError(f"unknown compression {compression!r}; expected one of {COMPRESSION_MODES}")
+        if compression == "auto" and auto is None:
+            raise KVValueError("compression='auto' needs an AutoCompression (the link speed)")
+        self.kv, self.quantizer = kv, quantizer
+        self.info: KVInfo = quantizer.kv_info(kv, dtype)
+        self.specs = plan_chunks(self.info, chunk_bytes)
+        self.transfer_id, self.request_id, self.token_offset = transfer_id, request_id, token_offset
+        self.mode, self.compression, self.auto = mode, compression, auto
+        self.checksums = np.zeros(len(self.specs), np.uint64)
+
+    @property
+    def num_chunks(self) -> int:
+        return len(self.specs)
+
+    def buffer_sizes(self) -> list[int]:
+        """Capacity of the `outs` buffers one in-flight chunk needs."""
+        return max_payload_sizes(self.mode, max(s.num_rows for s in self.specs), self.info)
+
+    def encode(self, index: int, outs: list[np.ndarray]) -> tuple[Chunk, list[Any]]:
+        spec = self.specs[index]
+        payload = self.quantizer.encode(self.kv, self.info, spec, self.mode, outs)
+        frames = [memoryview(f).cast("B") for f in payload.frames]
+        checksum = payload_checksum(frames)
+        self.checksums[index] = checksum
+        infos, wire = [], []
+        for slot, frame in enumerate(frames):
+            codec, shuffle = self._choose(slot, frame)
+            data = compress_frame(frame, codec, shuffle)
+            infos.append(FrameInfo(codec, shuffle, len(frame), len(memoryview(data).cast("B"))))
+            wire.append(data)
+        header = Chunk(self.transfer_id, self.request_id, self.info.shape, self.info.dtype, self.mode,
+                       self.token_offset, len(self.specs), index, spec.plane_start, spec.plane_stop,
+                       spec.token_start, spec.token_stop, payload.scale_dtype, tuple(infos), checksum, 0)
+        return header, wire
+
+    def _choose(self, slot: int, frame: memoryview) -> tuple[str, int]:
+        itemsize = self._itemsize(slot)
+        if self.compression == "auto":
+            choice = self.auto.choose((self.mode, self.info.dtype, slot), frame, itemsize)  # type: ignore[union-attr]
+            return choice.codec, choice.shuffle
+        return self.compression, 0
+
+    def _itemsize(self, slot: int) -> int:
+        if slot == 0 and self.mode == "raw":
+            return self.info.itemsize
+        return 2 if (slot == 0 and self.mode == "bf16") else 1
+
+    def digest(self) -> int:
+        return transfer_digest(self.checksums)
+
+
+def verify_and_decode(chunk: Chunk, payload: list[Any], quantizer: Quantizer, dst: Any) -> int:
+    """Verify one received chunk and write it into dst; returns the wire bytes it carried."""
+    raw = [decompress_frame(frame, f.codec, f.shuffle, f.raw_len) for f, frame in zip(chunk.frames, payload, strict=True)]
+    if payload_checksum(raw) != chunk.checksum:
+        raise KVChecksumError(f"chunk {chunk.index} of transfer {chunk.transfer_id}: checksum mismatch")
+    arrays = [np.frombuffer(r, np.uint8) for r in raw]
+    quantizer.decode(arrays, chunk.info, chunk.spec, chunk.mode, chunk.scale_dtype, dst)
+    return sum(f.wire_len for f in chunk.frames)

@@ -1,0 +1,152 @@
+"""KV layout, dtypes and chunk planning (pure, numpy only).
+
+The engine's KV cache of one request is an array `layers x 2 (K, V) x kv_heads x tokens x head_dim`.
+The codec views it as `planes x tokens x head_dim` where plane `p = (layer * 2 + kv) * kv_heads + head`:
+one plane is one head's K (or V) for every token, contiguous in the engine's layout.
+
+A chunk is a plane range x token range. Chunks take whole planes (whole layers when they fit,
+so a chunk is one contiguous slice of the engine's memory: raw mode sends it without a copy and the
+receiver writes one contiguous region); only when one plane alone exceeds the chunk size are tokens
+split. `plan_chunks` is deterministic: sender and receiver derive the same plan from the header.
+
+bfloat16 has no numpy dtype: it travels as uint16 bit patterns, and the helpers here convert.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from bus.kv.errors import KVValueError
+
+# dtype name -> (numpy storage dtype, bytes per value)
+DTYPES: dict[str, np.dtype] = {
+    "float32": np.dtype(np.float32),
+    "float16": np.dtype(np.float16),
+    "bfloat16": np.dtype(np.uint16),
+}
+DEFAULT_CHUNK_BYTES = 2 * 1024 * 1024
+
+
+@dataclass(frozen=True, slots=True)
+class KVInfo:
+    """Shape (layers, 2, kv_heads, tokens, head_dim) and dtype name of one request's KV."""
+
+    shape: tuple[int, int, int, int, int]
+    dtype: str
+
+    def __post_init__(self) -> None:
+        if len(self.shape) != 5 or self.shape[1] != 2 or min(self.shape) < 1:
+            raise KVValueError(f"KV shape must be (layers, 2, kv_heads, tokens, head_dim), got {self.shape}")
+        if self.dtype not in DTYPES:
+            raise KVValueError(f"unsupported KV dtype {self.dtype!r}; expected one of {sorted(DTYPES)}")
+
+    @property
+    def num_planes(self) -> int:
+        return self.shape[0] * 2 * self.shape[2]
+
+    @property
+    def num_tokens(self) -> int:
+        return self.shape[3]
+
+    @property
+    def head_dim(self) -> int:
+        return self.shape[4]
+
+    @property
+    def itemsize(self) -> int:
+        return DTYPES[self.dtype].itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return math.prod(self.shape) * self.itemsize
+
+
+@dataclass(frozen=True, slots=True)
+class ChunkSpec:
+    """One chunk: planes [plane_start, plane_stop) x tokens [token_start, token_stop)."""
+
+    index: int
+    plane_start: int
+    plane_stop: int
+    token_start: int
+    token_stop: int
+
+    @property
+    def num_rows(self) -> int:
+        """Rows of head_dim values in this chunk (the unit of int8 scales)."""
+        return (self.plane_stop - self.plane_start) * (self.token_stop - self.token_start)
+
+    @property
+    def planes(self) -> slice:
+        return slice(self.plane_start, self.plane_stop)
+
+    @property
+    def tokens(self) -> slice:
+        return slice(self.token_start, self.token_stop)
+
+
+def planes_per_chunk(info: KVInfo, chunk_bytes: int) -> int:
+    """Whole planes per chunk, rounded down to whole layers when a layer fits."""
+    plane_bytes = info.num_tokens * info.head_dim * info.itemsize
+    per_layer = 2 * info.shape[2]
+    planes = max(1, chunk_bytes // plane_bytes)
+    return planes - planes % per_layer if planes >= per_layer else planes
+
+
+def plan_chunks(info: KVInfo, chunk_bytes: int = DEFAULT_CHUNK_BYTES) -> list[ChunkSpec]:
+    """Split the KV into chunks of about `chunk_bytes` of the engine's bytes each."""
+    if chunk_bytes < 1:
+        raise KVValueError(f"chunk_bytes must be positive, got {chunk_bytes}")
+    row_bytes = info.head_dim * info.itemsize
+    if info.num_tokens * row_bytes <= chunk_bytes:
+        step = planes_per_chunk(info, chunk_bytes)
+        bounds = [(p, min(p + step, info.num_planes), 0, info.num_tokens)
+                  for p in range(0, info.num_planes, step)]
+    else:
+        step = max(1, chunk_bytes // row_bytes)
+        bounds = [(p, p + 1, t, min(t + step, info.num_tokens))
+                  for p in range(info.num_planes) for t in range(0, info.num_tokens, step)]
+    return [ChunkSpec(i, *b) for i, b in enumerate(bounds)]
+
+
+def as_planes(array: np.ndarray, info: KVInfo) -> np.ndarray:
+    """View a (layers, 2, heads, tokens, head_dim) array as (planes, tokens, head_dim)."""
+    return array.reshape(info.num_planes, info.num_tokens, info.head_dim)
+
+
+def numpy_kv_info(array: np.ndarray, dtype: str | None = None) -> KVInfo:
+    """KVInfo of a numpy array; uint16 arrays must say dtype='bfloat16'."""
+    if dtype is None:
+        names = {v: k for k, v in DTYPES.items() if k != "bfloat16"}
+        if array.dtype not in names:
+            raise KVValueError(f"numpy dtype {array.dtype} needs an explicit KV dtype (bfloat16 is uint16)")
+        dtype = names[array.dtype]
+    if DTYPES.get(dtype) != array.dtype:
+        raise KVValueError(f"array of {array.dtype} cannot hold KV dtype {dtype!r}")
+    return KVInfo(tuple(int(n) for n in array.shape), dtype)  # type: ignore[arg-type]
+
+
+def bf16_bits_to_f32(bits: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """uint16 bfloat16 bit patterns -> float32 (exact)."""
+    wide = bits.astype(np.uint32) << 16
+    if out is None:
+        return wide.view(np.float32)
+    np.copyto(out, wide.view(np.float32))
+    return out
+
+
+def f32_to_bf16_bits(values: np.ndarray, out: np.ndarray | None = None) -> np.ndarray:
+    """float32 -> bfloat16 bit patterns, rounding to nearest even (as torch does)."""
+    bits = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
+    rounding = ((bits >> 16) & 1) + np.uint32(0x7FFF)
+    rounded = ((bits + rounding) >> 16).astype(np.uint16)
+    nan = np.isnan(values)
+    if nan.any():  # keep NaN a NaN: the carry above would turn some into infinities
+        rounded[nan] = 0x7FC0
+    if out is None:
+        return rounded
+    np.copyto(out, rounded)
+    return out

@@ -1,0 +1,26 @@
+"""A shaped link for benchmarks: store-and-forward at a fixed rate (a token bucket with no burst).
+
+Contract: `LinkShaper(bytes_per_s).release_time(nbytes, now)` reserves the link for `nbytes` and
+returns when the last byte would arrive at the far end; the sender waits until then before handing
+the message to the socket. It stands in for a network between machines on loopback: messages
+queue behind each other exactly as on a link of that speed, while encoding continues meanwhile.
+"""
+
+from __future__ import annotations
+
+
+class LinkShaper:
+    def __init__(self, bytes_per_s: float) -> None:
+        if bytes_per_s <= 0:
+            raise ValueError("link speed must be positive")
+        self.bytes_per_s = bytes_per_s
+        self._free_at = 0.0
+
+    def release_time(self, nbytes: int, now: float) -> float:
+        self._free_at = max(now, self._free_at) + nbytes / self.bytes_per_s
+        return self._free_at
+
+
+def gbit(value: float) -> float:
+    """Gbit/s -> bytes/s."""
+    return value * 1e9 / 8

@@ -1,0 +1,139 @@
+"""The asyncio shell of the KV receiver (decode side): a ROUTER that prefill nodes connect to.
+
+Contract:
+    receiver = KVReceiver(allocate=None, release=None, quantizer=None, config=ReceiveConfig(),
+                          bind="tcp://127.0.0.1:0")
+    endpoint = await receiver.start()        # advertise this in READY (the bound address)
+    result = await receiver.result(transfer_id, timeout=None)  -> TransferResult (ok or failed)
+    receiver.cancel(transfer_id)             # the request was aborted: drop it, free its buffer
+    await receiver.close()
+`allocate(transfer_id, request_id, info) -> dst | None` returns the engine's preallocated buffer for
+the KV (numpy, or torch through the torch quantizer), None when it has no room (the transfer is
+refused). A result is ok only when the whole transfer verified; failed results were released via
+`release(transfer_id, dst)` and carry the reason (timeout, retries exhausted, refused, aborted).
+`on_result(result)` (optional) is called for every result as well. All protocol logic lives in
+recv_core.ReceiverCore.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections import OrderedDict
+from collections.abc import Callable
+
+import numpy as np
+import zmq
+import zmq.asyncio
+
+from bus.kv.errors import KVTransferTimeout
+from bus.kv.faults import FaultInjector
+from bus.kv.layout import DTYPES, KVInfo
+from bus.kv.quant import NumpyQuantizer, Quantizer
+from bus.kv.recv_core import Allocate, ReceiveConfig, ReceiverCore, Release, Reply
+from bus.kv.stats import TransferResult
+from bus.log import get_logger
+
+log = get_logger("kv.receiver")
+POLL_INTERVAL = 0.1
+
+
+def numpy_allocator(dtype: str | None = None) -> Allocate:
+    """An allocator of fresh numpy arrays in `dtype` (default: the sender's dtype)."""
+    def allocate(transfer_id: str, request_id: str, info: KVInfo) -> np.ndarray:
+        return np.empty(info.shape, DTYPES[dtype or info.dtype])
+    return allocate
+
+
+class KVReceiver:
+    def __init__(self, allocate: Allocate | None = None, release: Release | None = None, *,
+                 quantizer: Quantizer | None = None, config: ReceiveConfig | None = None,
+                 bind: str = "tcp://127.0.0.1:0", faults: FaultInjector | None = None,
+                 on_result: Callable[[TransferResult], None] | None = None,
+                 context: zmq.asyncio.Context | None = None) -> None:
+        self.core = ReceiverCore(quantizer or NumpyQuantizer(), allocate or numpy_allocator(), release, config)
+        self.bind, self.faults, self.on_result = bind, faults, on_result
+        self._context = context or zmq.asyncio.Context.instance()
+        self._socket: zmq.asyncio.Socket | None = None
+        self._tasks: list[asyncio.Task] = []
+        self._waiters: dict[str, asyncio.Future] = {}
+        self._unclaimed: OrderedDict[str, TransferResult] = OrderedDict()
+        self.endpoint = ""
+
+    async def start(self) -> str:
+        self._socket = self._context.socket(zmq.ROUTER)
+        self._socket.setsockopt(zmq.LINGER, 0)
+        self._socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self._socket.bind(self.bind)
+        self.endpoint = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        loop = asyncio.get_running_loop()
+        self._tasks = [loop.create_task(self._read()), loop.create_task(self._tick())]
+        return self.endpoint
+
+    async def _read(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            frames = await self._socket.recv_multipart(copy=False)
+            if len(frames) < 2:
+                continue
+            replies = self.core.on_frames(frames[0].bytes, frames[1:], loop.time())
+            await self._dispatch(replies)
+
+    async def _tick(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            await asyncio.sleep(POLL_INTERVAL)
+            await self._dispatch(self.core.poll(loop.time()))
+
+    async def _dispatch(self, replies: list[Reply]) -> None:
+        for peer, frames in replies:
+            if self.faults is not None and (frames := self.faults.apply(frames)) is None:
+                continue
+            await self._socket.send_multipart([peer, *frames])
+        for result in self.core.pop_results():
+            self._deliver(result)
+
+    def _deliver(self, result: TransferResult) -> None:
+        log.log(20 if result.ok else 30, "kv_received" if result.ok else "kv_receive_failed",
+                transfer_id=result.transfer_id, request_id=result.request_id, reason=result.reason,
+                raw_bytes=result.stats.raw_bytes, wire_bytes=result.stats.wire_bytes,
+                checksum_failures=result.stats.checksum_failures, nacks=result.stats.nacks)
+        if self.on_result is not None:
+            self.on_result(result)
+        waiter = self._waiters.pop(result.transfer_id, None)
+        if waiter is not None and not waiter.done():
+            waiter.set_result(result)
+            return
+        self._unclaimed[result.transfer_id] = result
+        while len(self._unclaimed) > self.core.config.remember_finished:
+            self._unclaimed.popitem(last=False)
+
+    async def result(self, transfer_id: str, timeout: float | None = None) -> TransferResult:
+        """Wait for one transfer's result; KVTransferTimeout (and the transfer dropped) on timeout."""
+        if transfer_id in self._unclaimed:
+            return self._unclaimed.pop(transfer_id)
+        waiter = self._waiters.setdefault(transfer_id, asyncio.get_running_loop().create_future())
+        try:
+            return await asyncio.wait_for(asyncio.shield(waiter), timeout)
+        except TimeoutError:
+            self._waiters.pop(transfer_id, None)
+            self.cancel(transfer_id, "timed out waiting for the KV")
+            raise KVTransferTimeout(transfer_id, f"no KV within {timeout} s") from None
+
+    def cancel(self, transfer_id: str, reason: str = "cancelled") -> None:
+        """Drop an in-flight transfer (idempotent); the sender is told with DONE(ok=False)."""
+        replies = self.core.cancel(transfer_id, asyncio.get_running_loop().time(), reason)
+        for peer, frames in replies:
+            self._socket.send_multipart([peer, *frames])  # a DONE is small: never blocks for long
+        for result in self.core.pop_results():
+            self._unclaimed.pop(result.transfer_id, None)
+            if self.on_result is not None:
+                self.on_result(result)
+
+    async def close(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        if self._socket is not None:
+            self._socket.close(linger=0)

@@ -1,0 +1,225 @@
+"""Sans-I/O receiver of KV transfers: verify, decode into the engine's buffer, ACK/NACK, fail closed.
+
+Contract: `ReceiverCore(quantizer, allocate, release, config)`; the shell feeds every inbound message
+as `on_frames(peer, frames, now)` and sends the returned `(peer, frames)` replies, calls `poll(now)`
+periodically, and drains `pop_results()`: one `TransferResult` per transfer, ok (verified, every
+chunk written into the destination `allocate(...)` returned) or failed (the destination was handed
+back to `release(...)` and must not be used). Nothing undecodable or unverified is ever written
+into a destination; a result is ok only once every chunk verified, the chunks cover the KV exactly
+once and the whole-transfer digest matches.
+
+Rejections: a corrupt chunk (checksum), a malformed or mismatched header, or an overlapping chunk
+is counted and NACKed so the sender resends it; missing chunks are NACKed when END arrives. A chunk
+NACKed more than `max_nacks_per_chunk` times, a transfer older than `transfer_timeout`, a bad
+digest or no destination fails the transfer closed (DONE ok=False to the sender, a failed result
+to the caller). Duplicates of accepted chunks are counted and re-ACKed (the sender resends after
+an ACK timeout, so NACKing them would loop).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict, deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from bus.kv.chunk_codec import transfer_digest, verify_and_decode
+from bus.kv.errors import KVChecksumError, KVError, KVFrameError
+from bus.kv.frames import Abort, Ack, Chunk, Done, End, Nack, decode_message, encode_message
+from bus.kv.layout import KVInfo
+from bus.kv.quant import Quantizer
+from bus.kv.stats import TransferResult, TransferStats
+
+Allocate = Callable[[str, str, KVInfo], Any]   # (transfer_id, request_id, source info) -> dst | None
+Release = Callable[[str, Any], None]           # (transfer_id, dst) -> None
+Reply = tuple[bytes, list[Any]]
+
+
+@dataclass(frozen=True, slots=True)
+class ReceiveConfig:
+    max_nacks_per_chunk: int = 3
+    transfer_timeout: float = 30.0
+    remember_finished: int = 4096    # finished transfer ids kept to answer late duplicates
+
+
+@dataclass(slots=True)
+class _Inbound:
+    peer: bytes
+    key: tuple
+    info: KVInfo
+    dst: Any
+    token_offset: int
+    received: np.ndarray
+    checksums: np.ndarray
+    coverage: np.ndarray
+    stats: TransferStats
+    nacks: dict[int, int] = field(default_factory=dict)
+    end: End | None = None
+
+
+class ReceiverCore:
+    def __init__(self, quantizer: Quantizer, allocate: Allocate, release: Release | None = None,
+                 config: ReceiveConfig | None = None) -> None:
+        self.quantizer, self.allocate = quantizer, allocate
+        self.release = release or (lambda transfer_id, dst: None)
+        self.config = config or ReceiveConfig()
+        self._transfers: dict[str, _Inbound] = {}
+        self._finished: OrderedDict[str, bool] = OrderedDict()
+        self._results: deque[TransferResult] = deque()
+        self.undecodable = 0   # messages too broken to name their transfer (the sender's timer resends)
+
+    def pop_results(self) -> list[TransferResult]:
+        results, self._results = list(self._results), deque()
+        return results
+
+    @property
+    def num_active(self) -> int:
+        return len(self._transfers)
+
+    def on_frames(self, peer: bytes, frames: list[Any], now: float) -> list[Reply]:
+        try:
+            message, payload = decode_message(frames)
+        except KVFrameError:
+            self.undecodable += 1
+            return []
+        if isinstance(message, Chunk):
+            return self._on_chunk(peer, message, payload, now)
+        if isinstance(message, End):
+            return self._on_end(peer, message, now)
+        if isinstance(message, Abort):
+            return self._on_abort(peer, message, now)
+        self.undecodable += 1  # replies are not for a receiver
+        return []
+
+    def _on_chunk(self, peer: bytes, chunk: Chunk, payload: list[Any], now: float) -> list[Reply]:
+        if chunk.transfer_id in self._finished:
+            return [self._late_reply(peer, chunk.transfer_id, chunk.index)]
+        inbound = self._transfers.get(chunk.transfer_id) or self._open(peer, chunk, now)
+        if inbound is None:
+            return [self._done_reply(peer, chunk.transfer_id, False, "no destination for this KV", None)]
+        if inbound.peer != peer or chunk.transfer_key() != inbound.key:
+            inbound.stats.rejected += 1
+            return self._nack(chunk.transfer_id, inbound, chunk.index, "header does not match the transfer", now)
+        if inbound.received[chunk.index]:
+            inbound.stats.duplicates += 1
+            return [(peer, encode_message(Ack(chunk.transfer_id, chunk.index)))]
+        spec = chunk.spec
+        if inbound.coverage[spec.planes, spec.tokens].any():
+            inbound.stats.rejected += 1
+            return self._nack(chunk.transfer_id, inbound, chunk.index, "chunk overlaps another", now)
+        try:
+            inbound.stats.wire_bytes += verify_and_decode(chunk, payload, self.quantizer, inbound.dst)
+        except KVChecksumError:
+            inbound.stats.checksum_failures += 1
+            return self._nack(chunk.transfer_id, inbound, chunk.index, "checksum mismatch", now)
+        except KVError as exc:
+            inbound.stats.rejected += 1
+            return self._nack(chunk.transfer_id, inbound, chunk.index, str(exc)[:200], now)
+        inbound.received[chunk.index] = True
+        inbound.checksums[chunk.index] = chunk.checksum
+        inbound.coverage[spec.planes, spec.tokens] = True
+        replies = [(peer, encode_message(Ack(chunk.transfer_id, chunk.index)))]
+        return replies + self._maybe_complete(chunk.transfer_id, inbound, now)
+
+    def _open(self, peer: bytes, chunk: Chunk, now: float) -> _Inbound | None:
+        info = chunk.info
+        try:
+            dst = self.allocate(chunk.transfer_id, chunk.request_id, info)
+        except Exception:  # the engine's allocator failing must not kill the data plane
+            dst = None
+        stats = TransferStats(chunk.transfer_id, chunk.request_id, chunk.mode, "", chunk.num_chunks,
+                              info.nbytes, started_at=now)
+        if dst is None:
+            self._finish(chunk.transfer_id, None, False, "no destination for this KV", stats, now, 0)
+            return None
+        inbound = _Inbound(peer, chunk.transfer_key(), info, dst, chunk.token_offset,
+                           np.zeros(chunk.num_chunks, bool), np.zeros(chunk.num_chunks, np.uint64),
+                           np.zeros((info.num_planes, info.num_tokens), bool), stats)
+        self._transfers[chunk.transfer_id] = inbound
+        return inbound
+
+    def _nack(self, transfer_id: str, inbound: _Inbound, index: int, reason: str, now: float) -> list[Reply]:
+        count = inbound.nacks.get(index, 0) + 1
+        inbound.nacks[index] = count
+        if count > self.config.max_nacks_per_chunk:
+            return self._fail(transfer_id, f"chunk {index} rejected {count} times: {reason}", now)
+        inbound.stats.nacks += 1
+        return [(inbound.peer, encode_message(Nack(transfer_id, index, reason)))]
+
+    def _on_end(self, peer: bytes, end: End, now: float) -> list[Reply]:
+        if end.transfer_id in self._finished:
+            return [self._late_reply(peer, end.transfer_id, None)]
+        inbound = self._transfers.get(end.transfer_id)
+        if inbound is None or inbound.peer != peer:
+            return []  # no chunk arrived yet: the sender's ACK timer resends them
+        if (end.request_id, end.num_chunks, end.raw_bytes) != (inbound.key[0], inbound.key[5], inbound.info.nbytes):
+            inbound.stats.rejected += 1
+            return self._fail(end.transfer_id, "END does not match the transfer", now)
+        inbound.end = end
+        missing = np.flatnonzero(~inbound.received)
+        replies: list[Reply] = []
+        for index in missing.tolist():
+            replies += self._nack(end.transfer_id, inbound, index, "missing", now)
+            if end.transfer_id not in self._transfers:
+                return replies
+        return replies + self._maybe_complete(end.transfer_id, inbound, now)
+
+    def _maybe_complete(self, transfer_id: str, inbound: _Inbound, now: float) -> list[Reply]:
+        if inbound.end is None or not inbound.received.all():
+            return []
+        if not inbound.coverage.all():
+            return self._fail(transfer_id, "chunks do not cover the KV", now)
+        if transfer_digest(inbound.checksums) != inbound.end.digest:
+            inbound.stats.checksum_failures += 1
+            return self._fail(transfer_id, "transfer digest mismatch", now)
+        del self._transfers[transfer_id]
+        self._finish(transfer_id, inbound.dst, True, "", inbound.stats, now, inbound.token_offset)
+        return [self._done_reply(inbound.peer, transfer_id, True, "", inbound.stats)]
+
+    def _on_abort(self, peer: bytes, abort: Abort, now: float) -> list[Reply]:
+        inbound = self._transfers.get(abort.transfer_id)
+        if inbound is None or inbound.peer != peer:
+            return []
+        self._fail(abort.transfer_id, f"aborted by sender: {abort.reason}", now, reply=False)
+        return []
+
+    def cancel(self, transfer_id: str, now: float, reason: str = "cancelled") -> list[Reply]:
+        """The local caller gave up on a transfer (request aborted): drop it, free its buffer."""
+        if transfer_id not in self._transfers:
+            return []
+        return self._fail(transfer_id, reason, now)
+
+    def poll(self, now: float) -> list[Reply]:
+        replies: list[Reply] = []
+        for transfer_id, inbound in list(self._transfers.items()):
+            if now - inbound.stats.started_at > self.config.transfer_timeout:
+                replies += self._fail(transfer_id, f"timed out after {self.config.transfer_timeout:.1f} s", now)
+        return replies
+
+    def _fail(self, transfer_id: str, reason: str, now: float, reply: bool = True) -> list[Reply]:
+        inbound = self._transfers.pop(transfer_id)
+        self.release(transfer_id, inbound.dst)
+        self._finish(transfer_id, None, False, reason, inbound.stats, now, inbound.token_offset)
+        return [self._done_reply(inbound.peer, transfer_id, False, reason, inbound.stats)] if reply else []
+
+    def _finish(self, transfer_id: str, dst: Any, ok: bool, reason: str, stats: TransferStats,
+                now: float, token_offset: int) -> None:
+        stats.finished_at = now
+        self._finished[transfer_id] = ok
+        while len(self._finished) > self.config.remember_finished:
+            self._finished.popitem(last=False)
+        self._results.append(TransferResult(transfer_id, stats.request_id, ok, dst if ok else None,
+                                            token_offset, reason, stats))
+
+    def _late_reply(self, peer: bytes, transfer_id: str, index: int | None) -> Reply:
+        if self._finished[transfer_id] and index is not None:
+            return (peer, encode_message(Ack(transfer_id, index)))
+        ok = self._finished[transfer_id]
+        return self._done_reply(peer, transfer_id, ok, "" if ok else "transfer already failed", None)
+
+    @staticmethod
+    def _done_reply(peer: bytes, transfer_id: str, ok: bool, reason: str, stats: TransferStats | None) -> Reply:
+        failures, rejected = (stats.checksum_failures, stats.rejected) if stats else (0, 0)
+        return (peer, encode_message(Done(transfer_id, ok, reason[:200], failures, rejected)))

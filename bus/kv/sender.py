@@ -1,0 +1,150 @@
+"""The asyncio shell of the KV sender (prefill side): one DEALER per decode node's data endpoint.
+
+Contract:
+    sender = KVSender(quantizer=None, config=SendConfig(), chunk_bytes=2 MiB, link_bytes_per_s=...)
+    report = await sender.send(endpoint, transfer_id, request_id, kv, mode="int8", compression="auto")
+        -> TransferReport once the receiver verified every chunk; raises KVTransferFailed (or
+           KVTransferTimeout) when the transfer failed closed; KVValueError for KV it cannot encode.
+    await sender.abort(transfer_id, reason)   # cancel an in-flight send (the receiver frees its KV)
+    await sender.close()
+`kv` is whatever the quantizer reads: numpy (NumpyQuantizer, the default) or torch tensors
+(nodes/engines/kv_quant.TorchQuantizer). Concurrent sends share the DEALER of their endpoint; replies
+are routed to transfers by transfer id. All protocol logic lives in send_core.SendTransfer.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from dataclasses import dataclass, field
+from typing import Any
+
+import zmq
+import zmq.asyncio
+
+from bus.kv.chunk_codec import ChunkEncoder
+from bus.kv.compress import AutoCompression
+from bus.kv.errors import KVFrameError, KVTransferFailed, KVTransferTimeout
+from bus.kv.faults import FaultInjector
+from bus.kv.frames import decode_message
+from bus.kv.layout import DEFAULT_CHUNK_BYTES
+from bus.kv.link import LinkShaper, gbit
+from bus.kv.quant import NumpyQuantizer, Quantizer
+from bus.kv.send_core import BufferPool, SendConfig, SendState, SendTransfer
+from bus.kv.stats import TransferReport
+from bus.log import get_logger
+
+log = get_logger("kv.sender")
+
+
+@dataclass
+class _Connection:
+    socket: zmq.asyncio.Socket
+    reader: asyncio.Task | None = None
+    transfers: dict[str, tuple[SendTransfer, asyncio.Event]] = field(default_factory=dict)
+
+
+class KVSender:
+    def __init__(self, *, quantizer: Quantizer | None = None, config: SendConfig | None = None,
+                 chunk_bytes: int = DEFAULT_CHUNK_BYTES, link_bytes_per_s: float = gbit(10),
+                 shaper: LinkShaper | None = None, faults: FaultInjector | None = None,
+                 context: zmq.asyncio.Context | None = None) -> None:
+        self.quantizer = quantizer or NumpyQuantizer()
+        self.config = config or SendConfig()
+        self.chunk_bytes = chunk_bytes
+        self.auto = AutoCompression(link_bytes_per_s)
+        self.shaper, self.faults = shaper, faults
+        self._context = context or zmq.asyncio.Context.instance()
+        self._connections: dict[str, _Connection] = {}
+        self._pool = BufferPool()
+
+    async def send(self, endpoint: str, transfer_id: str, request_id: str, kv: Any, *, mode: str = "int8",
+                   compression: str = "auto", token_offset: int = 0, dtype: str | None = None) -> TransferReport:
+        encoder = ChunkEncoder(kv, self.quantizer, transfer_id=transfer_id, request_id=request_id, mode=mode,
+                               compression=compression, chunk_bytes=self.chunk_bytes, auto=self.auto,
+                               token_offset=token_offset, dtype=dtype)
+        loop = asyncio.get_running_loop()
+        connection = self._connect(endpoint)
+        if transfer_id in connection.transfers:
+            raise KVTransferFailed(transfer_id, "a transfer with this id is already in flight")
+        transfer = SendTransfer(encoder, self.config, loop.time(), self._pool)
+        wakeup = asyncio.Event()
+        connection.transfers[transfer_id] = (transfer, wakeup)
+        try:
+            await self._run(connection, transfer, wakeup, loop)
+        finally:
+            connection.transfers.pop(transfer_id, None)
+        transfer.stats.finished_at = transfer.stats.finished_at or loop.time()
+        if transfer.state is not SendState.DONE:
+            error = KVTransferTimeout if transfer.timed_out else KVTransferFailed
+            log.warning("kv_send_failed", transfer_id=transfer_id, request_id=request_id, reason=transfer.reason)
+            raise error(transfer_id, transfer.reason)
+        return TransferReport(transfer_id, request_id, True, "", transfer.stats)
+
+    async def _run(self, connection: _Connection, transfer: SendTransfer, wakeup: asyncio.Event,
+                   loop: asyncio.AbstractEventLoop) -> None:
+        while not transfer.finished:
+            while (frames := transfer.next_frames(loop.time())) is not None:
+                await self._put(connection.socket, frames, loop)
+            if transfer.finished:
+                return
+            deadline = transfer.next_deadline() or loop.time()
+            wakeup.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(wakeup.wait(), max(0.0, deadline - loop.time()))
+            transfer.poll(loop.time())
+
+    async def _put(self, socket: zmq.asyncio.Socket, frames: list[Any], loop: asyncio.AbstractEventLoop) -> None:
+        if self.shaper is not None:
+            nbytes = sum(len(memoryview(f).cast("B")) for f in frames)
+            delay = self.shaper.release_time(nbytes, loop.time()) - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+        if self.faults is not None and (frames := self.faults.apply(frames)) is None:
+            return
+        await socket.send_multipart(frames, copy=False)
+
+    def _connect(self, endpoint: str) -> _Connection:
+        connection = self._connections.get(endpoint)
+        if connection is None:
+            socket = self._context.socket(zmq.DEALER)
+            socket.setsockopt(zmq.LINGER, 0)
+            socket.connect(endpoint)
+            connection = _Connection(socket)
+            connection.reader = asyncio.get_running_loop().create_task(self._read(connection))
+            self._connections[endpoint] = connection
+        return connection
+
+    async def _read(self, connection: _Connection) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            frames = await connection.socket.recv_multipart()
+            try:
+                message, _ = decode_message(frames)
+            except KVFrameError:
+                log.warning("kv_bad_reply")
+                continue
+            entry = connection.transfers.get(getattr(message, "transfer_id", ""))
+            if entry is not None:
+                entry[0].on_message(message, loop.time())
+                entry[1].set()
+
+    async def abort(self, transfer_id: str, reason: str = "cancelled") -> bool:
+        """Cancel an in-flight send; its `send` raises KVTransferFailed. False if none was in flight."""
+        loop = asyncio.get_running_loop()
+        for connection in self._connections.values():
+            entry = connection.transfers.get(transfer_id)
+            if entry is not None:
+                await connection.socket.send_multipart(entry[0].abort(reason, loop.time()))
+                entry[1].set()
+                return True
+        return False
+
+    async def close(self) -> None:
+        for connection in self._connections.values():
+            if connection.reader is not None:
+                connection.reader.cancel()
+                with contextlib.suppress(asyncio.CancelledError):
+                    await connection.reader
+            connection.socket.close(linger=0)
+        self._connections.clear()
