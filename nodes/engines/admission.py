@@ -89,9 +89,12 @@ class AdmissionPlanner:
         if plan.reuse_session:
             free += held.pop(plan.reuse_session)
         session_tokens = sum(held.values()) * block_size
-        slots, capacity = self._slots.layout_after(num_running + 1, self._longest_reservation(plan))
         evictable = list(held)
-        while needed > free or slots * capacity + session_tokens > budget_tokens:
+        while True:
+            slots, capacity = self._slots.layout_after(num_running + 1, self._longest_reservation(plan),
+                                                       budget_tokens - session_tokens)
+            if needed <= free and slots * capacity + session_tokens <= budget_tokens:
+                break
             if not evictable:
                 reason = (f"KV budget full: needs {needed} blocks, {free} free; padded slot cache "
                           f"{slots}x{capacity} tokens + {session_tokens} cached-session tokens "
@@ -103,6 +106,11 @@ class AdmissionPlanner:
             session_tokens -= held[victim] * block_size
         plan.admission = Admission("ok", "", needed, self._blocks.num_free_blocks)
         return plan
+
+    def slot_budget_tokens(self) -> int:
+        """Tokens the slot cache may take: the budget minus what cached sessions hold."""
+        num_session_blocks = sum(self._blocks.num_blocks_of(self.session_owner(s)) for s in self._sessions.lru_order())
+        return (self._blocks.num_blocks - num_session_blocks) * self._blocks.block_size
 
     def _longest_reservation(self, plan: Plan) -> int:
         return max(plan.num_reserved_tokens, self._slots.capacity)

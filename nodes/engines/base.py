@@ -219,3 +219,4 @@ class Engine(ABC):
 
     def close(self) -> None:
         """Release resources (threads, device memory). Default: nothing to do."""
+        return None

@@ -16,8 +16,16 @@ from dataclasses import dataclass
 import torch
 
 from nodes.engines.admission import AdmissionPlanner
-from nodes.engines.base import (Admission, DecodeRequest, Engine, EngineConfig, KvUsage,
-                                PrefillRequest, PrefillResult, TokenEvent)
+from nodes.engines.base import (
+    Admission,
+    DecodeRequest,
+    Engine,
+    EngineConfig,
+    KvUsage,
+    PrefillRequest,
+    PrefillResult,
+    TokenEvent,
+)
 from nodes.engines.block_manager import BlockManager, CachedSession, SessionCache
 from nodes.engines.kv_slots import SlotCache
 from nodes.engines.llama import DecodeGroup, ForwardBatch, LlamaRunner, PrefillSpan
@@ -92,7 +100,8 @@ class LlamaEngine(Engine):
         seq = self._new_sequence(request, plan.num_reserved_tokens)
         self.blocks.allocate(seq.request_id, plan.num_reserved_tokens)
         self.slots.ensure(len(self.running) + 1, max([plan.num_reserved_tokens] +
-                                                    [s.num_reserved_tokens for s in self.running]))
+                                                    [s.num_reserved_tokens for s in self.running]),
+                          self.planner.slot_budget_tokens())
         seq.slot = len(self.running)
         self.running.append(seq)
         self._load_kv(seq, request, reused, plan.num_reused_tokens)
@@ -154,7 +163,7 @@ class LlamaEngine(Engine):
                 sample_rows[id(chunk)] = row - 1
         device = self.device
         batch = ForwardBatch(torch.tensor(token_ids, device=device), torch.tensor(positions, device=device),
-                             torch.tensor([sample_rows[id(c)] for c in chunks if c.samples], device=device),
+                             torch.tensor([sample_rows[id(c)] for c in chunks if c.samples], dtype=torch.long, device=device),
                              spans=prefill_spans, decode=self._decode_group(decode))
         logits = self.runner.forward(batch).cpu()
         self.stats.num_steps += 1

@@ -42,15 +42,19 @@ class SlotCache:
     def capacity(self) -> int:
         return 0 if self.tensor is None else self.tensor.shape[4]
 
-    def layout_after(self, num_slots: int, num_tokens: int) -> tuple[int, int]:
-        capacity = max(self.capacity, min(_round_up(num_tokens, CAPACITY_GROWTH), self.max_len))
-        # Spare slots save reallocations, but never at the price of going over the budget.
-        spare = max(num_slots, self.budget_tokens // capacity)
-        slots = max(self.num_slots, num_slots, min(_round_up(num_slots, SLOT_GROWTH), self.max_slots, spare))
-        return slots, capacity
+    def layout_after(self, num_slots: int, num_tokens: int, budget_tokens: int | None = None) -> tuple[int, int]:
+        """The (slots, capacity) `ensure(num_slots, num_tokens, budget_tokens)` would leave: at least
+        what is asked, plus spare room (fewer reallocations) only where it stays within the budget."""
+        budget = self.budget_tokens if budget_tokens is None else budget_tokens
+        slots = max(self.num_slots, num_slots)
+        capacity = max(self.capacity, num_tokens)
+        capacity = max(capacity, min(_round_up(num_tokens, CAPACITY_GROWTH), self.max_len,
+                                     budget // slots))
+        return max(slots, min(_round_up(num_slots, SLOT_GROWTH), self.max_slots,
+                              budget // capacity)), capacity
 
-    def ensure(self, num_slots: int, num_tokens: int) -> None:
-        slots, capacity = self.layout_after(num_slots, num_tokens)
+    def ensure(self, num_slots: int, num_tokens: int, budget_tokens: int | None = None) -> None:
+        slots, capacity = self.layout_after(num_slots, num_tokens, budget_tokens)
         if (slots, capacity) == (self.num_slots, self.capacity):
             return
         c = self._config

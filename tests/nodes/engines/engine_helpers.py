@@ -1,0 +1,54 @@
+"""Helpers shared by the engine tests (not fixtures: plain functions)."""
+
+from __future__ import annotations
+
+import torch
+
+from nodes.engines.base import DecodeRequest, EngineConfig, SamplingParams, TokenEvent
+from nodes.engines.engine import LlamaEngine
+from nodes.engines.llama import ForwardBatch, LlamaRunner, PrefillSpan
+
+GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+
+
+def make_engine(model, **settings) -> LlamaEngine:
+    settings.setdefault("dtype", "float32")
+    return LlamaEngine(model, EngineConfig(**settings))
+
+
+def drain(engine: LlamaEngine, max_steps: int = 10_000) -> dict[str, list[TokenEvent]]:
+    """Step until idle; every request's events in order."""
+    events: dict[str, list[TokenEvent]] = {}
+    for _ in range(max_steps):
+        if not engine.has_unfinished():
+            return events
+        for event in engine.step():
+            events.setdefault(event.request_id, []).append(event)
+    raise AssertionError("engine did not finish")
+
+
+def tokens_of(events: list[TokenEvent]) -> list[int]:
+    return [e.token_id for e in events if e.token_id is not None]
+
+
+def generate(engine: LlamaEngine, prompt, sampling=GREEDY, request_id="r") -> list[int]:
+    assert engine.add_request(DecodeRequest(request_id, tuple(prompt), sampling)).ok
+    return tokens_of(drain(engine)[request_id])
+
+
+def full_logits(runner: LlamaRunner, token_ids: list[int]) -> torch.Tensor:
+    """Logits of every position by one uncached forward pass (the reference)."""
+    n = len(token_ids)
+    batch = ForwardBatch(torch.tensor(token_ids), torch.arange(n), torch.arange(n),
+                         spans=[PrefillSpan(0, n, 0, runner.new_kv(n))])
+    return runner.forward(batch)
+
+
+def reference_greedy(runner: LlamaRunner, prompt, num_tokens: int) -> tuple[list[int], list[torch.Tensor]]:
+    """Greedy decoding by recomputing the whole sequence every step (no KV cache at all)."""
+    tokens, steps = list(prompt), []
+    for _ in range(num_tokens):
+        logits = full_logits(runner, tokens)[-1]
+        steps.append(logits)
+        tokens.append(int(logits.argmax()))
+    return tokens[len(prompt):], steps

@@ -1,0 +1,76 @@
+"""Block accounting and the LRU session cache (plain data)."""
+
+from __future__ import annotations
+
+import pytest
+
+from nodes.engines.block_manager import (
+    BlockManager,
+    CachedSession,
+    KvBudgetExceeded,
+    SessionCache,
+    common_prefix_len,
+)
+
+
+def test_allocate_rounds_up_to_blocks_and_free_returns_them():
+    blocks = BlockManager(num_blocks=10, block_size=16)
+    assert len(blocks.allocate("a", 17)) == 2
+    assert blocks.num_free_blocks == 8
+    assert blocks.free("a") == 2
+    assert blocks.num_free_blocks == 10
+
+
+def test_free_is_idempotent():
+    blocks = BlockManager(4, 16)
+    blocks.allocate("a", 16)
+    assert blocks.free("a") == 1
+    assert blocks.free("a") == 0
+    assert blocks.num_free_blocks == 4
+
+
+def test_over_allocation_raises_and_changes_nothing():
+    blocks = BlockManager(4, 16)
+    blocks.allocate("a", 48)
+    with pytest.raises(KvBudgetExceeded):
+        blocks.allocate("b", 32)
+    assert blocks.num_free_blocks == 1
+    assert blocks.owners() == ["a"]
+
+
+def test_resize_grows_and_shrinks():
+    blocks = BlockManager(8, 4)
+    blocks.allocate("a", 4)
+    blocks.resize("a", 13)
+    assert blocks.num_blocks_of("a") == 4
+    blocks.resize("a", 5)
+    assert blocks.num_blocks_of("a") == 2
+    assert blocks.num_free_blocks == 6
+
+
+def test_double_allocate_is_an_error():
+    blocks = BlockManager(8, 4)
+    blocks.allocate("a", 4)
+    with pytest.raises(ValueError):
+        blocks.allocate("a", 4)
+
+
+def test_bad_sizes_are_refused():
+    with pytest.raises(ValueError):
+        BlockManager(0, 16)
+
+
+def test_session_cache_is_lru_and_put_refreshes():
+    cache = SessionCache()
+    for name in "abc":
+        cache.put(CachedSession(name, (1, 2), None))
+    cache.put(CachedSession("a", (1, 2, 3), None))
+    assert cache.lru_order() == ["b", "c", "a"]
+    assert cache.take("b").session_id == "b"
+    assert "b" not in cache and len(cache) == 2
+
+
+def test_common_prefix_len():
+    assert common_prefix_len((1, 2, 3), [1, 2, 4]) == 2
+    assert common_prefix_len((1, 2), (1, 2, 3)) == 2
+    assert common_prefix_len((), (1,)) == 0

@@ -1,0 +1,119 @@
+"""The engine on the tiny model: greedy equivalence, disaggregation, continuous batching, chunking."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nodes.engines.base import DecodeRequest, PrefillRequest, SamplingParams
+from tests.nodes.engines.engine_helpers import (
+    GREEDY,
+    drain,
+    full_logits,
+    generate,
+    make_engine,
+    reference_greedy,
+    tokens_of,
+)
+
+PROMPTS = ["Hello world! How are you today?", "The quick brown fox", "def main(): return 0",
+           "Once upon a time there was a little model that wanted to write stories about the sea"]
+
+
+def encode(model, text):
+    return tuple(model.tokenizer.encode(text))
+
+
+def test_runner_matches_transformers_on_the_tiny_model(tiny_model):
+    transformers = pytest.importorskip("transformers")
+    hf = transformers.LlamaForCausalLM(transformers.LlamaConfig(**tiny_model.config.to_hf_dict())).eval()
+    hf.load_state_dict(tiny_model.weights, strict=False)
+    ids = list(encode(tiny_model, PROMPTS[3]))
+    with torch.no_grad():
+        expected = hf(torch.tensor([ids])).logits[0]
+    engine = make_engine(tiny_model)
+    assert torch.allclose(full_logits(engine.runner, ids), expected, atol=1e-5)
+
+
+def test_colocated_greedy_equals_uncached_recomputation(tiny_model):
+    engine = make_engine(tiny_model)
+    for text in PROMPTS:
+        prompt = encode(tiny_model, text)
+        expected, _ = reference_greedy(engine.runner, prompt, GREEDY.max_tokens)
+        assert generate(engine, prompt) == expected
+
+
+def test_prefill_export_then_decode_import_equals_one_engine(tiny_model):
+    colocated, prefill_side, decode_side = (make_engine(tiny_model) for _ in range(3))
+    for i, text in enumerate(PROMPTS):
+        prompt = encode(tiny_model, text)
+        (result,) = prefill_side.prefill([PrefillRequest(f"p{i}", prompt, GREEDY)])
+        assert result.kv.shape == (2, 2, 2, len(prompt), 16) and result.kv.dtype == torch.float32
+        request = DecodeRequest(f"p{i}", prompt, GREEDY, kv=result.kv.clone(), first_token_id=result.first_token_id)
+        assert decode_side.add_request(request).ok
+        decoded = [result.first_token_id] + tokens_of(drain(decode_side)[f"p{i}"])
+        assert decoded == generate(colocated, prompt)
+    assert decode_side.stats.num_prefilled_tokens == 0          # importing recomputed nothing
+    assert decode_side.stats.num_imported_tokens == sum(len(encode(tiny_model, t)) for t in PROMPTS)
+
+
+def test_prefill_batches_many_prompts_like_one_at_a_time(tiny_model):
+    engine = make_engine(tiny_model, max_batch_tokens=20)
+    requests = [PrefillRequest(str(i), encode(tiny_model, t), GREEDY) for i, t in enumerate(PROMPTS)]
+    together = engine.prefill(requests)
+    alone = [engine.prefill([r])[0] for r in requests]
+    for a, b in zip(together, alone, strict=True):
+        assert a.request_id == b.request_id and a.first_token_id == b.first_token_id
+        assert torch.allclose(a.kv, b.kv, atol=1e-5)
+
+
+def test_continuous_batching_matches_solo_runs_at_every_step(tiny_model):
+    prompts = [encode(tiny_model, t) for t in PROMPTS]
+    sampling = SamplingParams(temperature=0.0, max_tokens=10, ignore_eos=True)
+    solo = {}
+    for i, prompt in enumerate(prompts):
+        engine = make_engine(tiny_model)
+        seen = []
+        engine.on_logits = lambda ids, logits, seen=seen: seen.extend(logits)
+        solo[str(i)] = (generate(engine, prompt, sampling, str(i)), seen)
+    engine = make_engine(tiny_model, max_batch_tokens=24, prefill_chunk_tokens=8)
+    seen: dict[str, list[torch.Tensor]] = {}
+    engine.on_logits = lambda ids, logits: [seen.setdefault(r, []).append(x) for r, x in zip(ids, logits, strict=True)]
+    arrivals = {0: [0], 3: [1, 2], 5: [3]}    # step -> requests joining mid-batch
+    events: dict[str, list] = {}
+    for step in range(200):
+        for i in arrivals.get(step, []):
+            assert engine.add_request(DecodeRequest(str(i), prompts[i], sampling)).ok
+        for event in engine.step():
+            events.setdefault(event.request_id, []).append(event)
+        if step > 5 and not engine.has_unfinished():
+            break
+    for rid, (tokens, logits) in solo.items():
+        assert tokens_of(events[rid]) == tokens
+        assert len(seen[rid]) == len(logits)
+        for batched, alone in zip(seen[rid], logits, strict=True):
+            assert (batched - alone).abs().max() < 1e-4
+
+
+def test_chunked_prefill_equals_one_pass(tiny_model):
+    prompt = encode(tiny_model, PROMPTS[3])
+    whole = make_engine(tiny_model, prefill_chunk_tokens=4096)
+    chunked = make_engine(tiny_model, prefill_chunk_tokens=5)
+    assert generate(whole, prompt) == generate(chunked, prompt)
+    assert chunked.stats.num_steps > whole.stats.num_steps
+
+
+def test_requests_leave_and_slots_stay_dense(tiny_model):
+    engine = make_engine(tiny_model)
+    lengths = [3, 9, 5]
+    for i, n in enumerate(lengths):
+        engine.add_request(DecodeRequest(str(i), encode(tiny_model, PROMPTS[i]),
+                                         SamplingParams(temperature=0, max_tokens=n, ignore_eos=True)))
+    events = drain(engine)
+    assert [len(events[str(i)]) for i in range(3)] == lengths
+    assert [events[str(i)][-1].finish_reason for i in range(3)] == ["length"] * 3
+    for i, n in enumerate(lengths):   # the survivors' moves between slots changed nothing
+        solo = make_engine(tiny_model)
+        assert tokens_of(events[str(i)]) == generate(
+            solo, encode(tiny_model, PROMPTS[i]), SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
+    assert engine.slots.tensor is None   # released when idle
