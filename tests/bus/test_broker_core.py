@@ -1,0 +1,304 @@
+"""BrokerCore with a fake clock: registration, heartbeats and expiry, stream routing, node and
+client loss, re-registration after a broker restart, malformed input, metrics."""
+
+from __future__ import annotations
+
+import pytest
+
+from bus import codec
+from bus import constants as c
+from bus.broker_core import BrokerCore
+from bus.constants import Command
+from bus.liveness import HeartbeatConfig
+from bus.messages import (
+    Cancel,
+    CapacityUpdate,
+    Direct,
+    Disconnect,
+    Error,
+    Final,
+    Heartbeat,
+    Partial,
+    Request,
+)
+from bus.registry import CapacityChanged, NodeJoined, NodeLeft
+from tests.bus.broker_helpers import BrokerDriver
+
+HB = HeartbeatConfig(interval_s=0.25, liveness=3)
+W, G, W2 = b"worker", b"gateway", b"worker2"
+
+
+@pytest.fixture
+def broker(clock):
+    return BrokerDriver(BrokerCore(HB), clock)
+
+
+@pytest.fixture
+def pair(broker):
+    broker.register(W, "decode", "d1", capacity={"kv_blocks_free": 10})
+    broker.register(G, "gateway", "g1")
+    broker.outgoing()
+    broker.core.take_events()
+    return broker
+
+
+def test_ready_registers_and_is_acknowledged(broker):
+    broker.register(W, "decode", "d1", capacity={"kv_blocks_total": 64}, data_endpoint="tcp://x:1")
+    assert broker.to(W) == [Heartbeat()]
+    node = broker.core.nodes_by_id["d1"]
+    assert (node.role, node.capacity, node.data_endpoint) == ("decode", {"kv_blocks_total": 64}, "tcp://x:1")
+    assert broker.core.take_events() == [NodeJoined("d1", "decode", {"kv_blocks_total": 64}, "tcp://x:1", 0)]
+    assert broker.core.metrics["nodes.joined"] == 1
+
+
+def test_silent_node_expires_after_the_liveness_window(pair):
+    pair.tick(0.74)
+    pair.send(G, Heartbeat())
+    assert "d1" in pair.core.nodes_by_id
+    pair.tick(0.02)
+    assert "d1" not in pair.core.nodes_by_id and "g1" in pair.core.nodes_by_id
+    (left,) = [e for e in pair.core.take_events() if isinstance(e, NodeLeft)]
+    assert left.reason == c.LeaveReason.EXPIRED and left.silent_for_s == pytest.approx(0.76)
+    assert pair.core.metrics["nodes.left.expired"] == 1
+
+
+def test_any_traffic_counts_as_life(pair):
+    for _ in range(10):
+        pair.tick(0.5)
+        pair.send(W, CapacityUpdate({"kv_blocks_free": 3}))
+        pair.send(G, Heartbeat())
+    assert {"d1", "g1"} <= set(pair.core.nodes_by_id)
+
+
+def test_heartbeats_only_on_idle_links(pair):
+    pair.tick(0.1)
+    assert pair.outgoing() == []
+    pair.tick(0.15)
+    assert {dest for dest, m in pair.outgoing() if m == Heartbeat()} == {W, G}
+    pair.send(G, Request("decode", "r1"))   # traffic to W resets its idle timer
+    pair.tick(0.2)
+    sent = pair.outgoing()
+    assert (W, Heartbeat()) not in sent and (G, Heartbeat()) not in sent
+    pair.tick(0.05)
+    assert (W, Heartbeat()) in pair.outgoing()
+
+
+def test_request_streams_partials_then_final_to_the_client(pair):
+    pair.send(G, Request("decode", "r1", {"p": 1}, (b"raw",), key="s1"))
+    (request,) = pair.to(W)
+    assert (request.request_id, request.peer, request.key, request.body) == ("r1", "g1", "s1", {"p": 1})
+    for seq in range(3):
+        pair.send(W, Partial("r1", seq, {"t": seq}))
+    pair.send(W, Final("r1", 3, {"done": True}))
+    replies = pair.to(G)
+    assert [r.seq for r in replies] == [0, 1, 2, 3] and isinstance(replies[-1], Final)
+    assert pair.core.routes == {} and pair.core.nodes_by_id["d1"].serving == set()
+    assert pair.core.metrics["routed.reply"] == 4 and pair.core.metrics["routed.request"] == 1
+
+
+def test_forwarded_frames_are_the_received_objects(pair):
+    pair.send(G, Request("decode", "r1"))
+    pair.outgoing()
+    frames = codec.encode(Partial("r1", 0, {"t": 1}, (memoryview(b"payload"),)))
+    pair.send_raw(W, frames)
+    (out,) = pair.core.take_outbox()
+    assert out[0] == G and all(a is b for a, b in zip(out[1:], frames, strict=True))
+
+
+def test_no_node_for_service_is_a_request_error(pair):
+    pair.send(G, Request("prefill", "r1"))
+    assert pair.to(G) == [Error("r1", c.ErrorCode.NO_NODE, "no live node serves 'prefill'")]
+
+
+def test_duplicate_request_id_is_refused(pair):
+    pair.send(G, Request("decode", "r1"))
+    pair.send(G, Request("decode", "r1"))
+    assert [m.code for m in pair.to(G)] == [c.ErrorCode.DUPLICATE_REQUEST]
+
+
+def test_default_policy_picks_the_least_loaded_node_and_both_serves_decode(pair):
+    pair.register(W2, "both", "b1")
+    pair.outgoing()
+    for i in range(4):
+        pair.send(G, Request("decode", f"r{i}"))
+    counts = {dest: 0 for dest in (W, W2)}
+    for dest, _ in pair.outgoing():
+        counts[dest] += 1
+    assert counts == {W: 2, W2: 2}
+
+
+def test_a_custom_policy_chooses(clock):
+    class Last:
+        def __init__(self):
+            self.seen = []
+
+        def on_join(self, node):
+            self.seen.append(("join", node.node_id))
+
+        def on_leave(self, node, reason):
+            self.seen.append(("leave", node.node_id, reason))
+
+        def on_capacity(self, node):
+            self.seen.append(("capacity", node.node_id, dict(node.capacity)))
+
+        def choose(self, service, key, request_id, candidates):
+            self.seen.append(("choose", service, key, request_id))
+            return candidates[-1]
+
+    policy = Last()
+    broker = BrokerDriver(BrokerCore(HB, policy), clock)
+    broker.register(W, "decode", "d1")
+    broker.register(W2, "decode", "d2")
+    broker.register(G, "gateway", "g1")
+    broker.send(W, CapacityUpdate({"kv_blocks_free": 1}))
+    broker.outgoing()
+    broker.send(G, Request("decode", "r1", key="session"))
+    assert [dest for dest, _ in broker.outgoing()] == [W2]
+    broker.send(W, Disconnect("shutdown"))
+    assert policy.seen == [("join", "d1"), ("join", "d2"), ("join", "g1"),
+                           ("capacity", "d1", {"kv_blocks_free": 1}),
+                           ("choose", "decode", "session", "r1"), ("leave", "d1", "disconnected")]
+
+
+def test_dead_server_fails_its_requests_with_node_lost(pair):
+    pair.send(G, Request("decode", "r1"))
+    pair.send(W, Partial("r1", 0))
+    pair.outgoing()
+    pair.tick(0.5)
+    pair.send(G, Heartbeat())
+    pair.tick(0.5)
+    errors = [m for m in pair.to(G) if isinstance(m, Error)]
+    assert errors == [Error("r1", c.ErrorCode.NODE_LOST, "node d1 left", {"node_id": "d1", "num_replies": 1})]
+    (left,) = [e for e in pair.core.take_events() if isinstance(e, NodeLeft)]
+    assert left.lost_request_ids == ("r1",)
+
+
+def test_dead_client_cancels_its_requests_on_the_server(pair):
+    pair.send(G, Request("decode", "r1"))
+    pair.outgoing()
+    pair.send(G, Disconnect("shutdown"))
+    assert pair.to(W) == [Cancel("r1", c.CancelReason.CLIENT_LOST)]
+    assert pair.core.nodes_by_id["d1"].serving == set()
+
+
+def test_client_cancel_reaches_the_server_and_ends_the_route(pair):
+    pair.send(G, Request("decode", "r1"))
+    pair.outgoing()
+    pair.send(G, Cancel("r1", "client"))
+    assert pair.to(W) == [Cancel("r1", "client")]
+    pair.send(W, Partial("r1", 0))
+    assert pair.outgoing() == [] and pair.core.metrics["dropped.unknown_request"] == 1
+
+
+def test_only_the_serving_node_may_reply(pair):
+    pair.register(W2, "decode", "d2")
+    pair.send(G, Request("decode", "r1"))
+    (dest, _), *_ = [(d, m) for d, m in pair.outgoing() if isinstance(m, Request)]
+    other = W2 if dest == W else W
+    pair.send(other, Final("r1", 0))
+    assert pair.outgoing() == [] and b"r1" in pair.core.routes
+
+
+def test_direct_messages_carry_the_sender(pair):
+    pair.send(G, Direct("d1", {"kv": "ready"}, (b"blob",)))
+    (message,) = pair.to(W)
+    assert (message.peer, message.body, bytes(message.payload[0])) == ("g1", {"kv": "ready"}, b"blob")
+    pair.send(G, Direct("nobody", None))
+    assert [m.code for m in pair.to(G)] == [c.ErrorCode.UNKNOWN_NODE]
+
+
+def test_capacity_update_replaces_capacity(pair):
+    pair.send(W, CapacityUpdate({"kv_blocks_free": 2}))
+    assert pair.core.nodes_by_id["d1"].capacity == {"kv_blocks_free": 2}
+    assert pair.core.take_events() == [CapacityChanged("d1", {"kv_blocks_free": 2})]
+
+
+def test_same_node_id_from_a_new_socket_replaces_and_keeps_announced_requests(pair):
+    pair.send(G, Request("decode", "r1"))
+    pair.send(G, Request("decode", "r2"))
+    pair.outgoing()
+    pair.register(W2, "decode", "d1", inflight=("r1",))
+    assert pair.core.nodes_by_id["d1"].identity == W2
+    assert [e.reason for e in pair.core.take_events() if isinstance(e, NodeLeft)] == [c.LeaveReason.REPLACED]
+    assert [(m.request_id, m.code) for m in pair.to(G)] == [("r2", c.ErrorCode.NODE_LOST)]
+    pair.send(W2, Final("r1", 0))
+    assert [m.request_id for m in pair.to(G)] == ["r1"]
+
+
+def test_restarted_broker_rebuilds_routes_from_ready(clock):
+    broker = BrokerDriver(BrokerCore(HB), clock)
+    broker.register(W, "decode", "d1", inflight=("r1", "r9"))
+    broker.register(G, "gateway", "g1", pending=("r1",))
+    broker.outgoing()
+    broker.send(W, Partial("r1", 5))
+    assert [(m.request_id, m.seq) for m in broker.to(G)] == [("r1", 5)]
+    broker.keep_alive(1.6, W, G)   # r9 never claimed by a client: the server is told to stop
+    assert Cancel("r9", c.CancelReason.CLIENT_LOST) in broker.to(W)
+    assert set(broker.core.routes) == {b"r1"} and broker.core.metrics["failed.request_lost"] == 1
+
+
+def test_orphaned_pending_request_fails_with_request_lost(clock):
+    broker = BrokerDriver(BrokerCore(HB), clock)
+    broker.register(G, "gateway", "g1", pending=("r1",))
+    broker.outgoing()
+    broker.keep_alive(1.6, G)
+    assert [m.code for m in broker.to(G) if isinstance(m, Error)] == [c.ErrorCode.REQUEST_LOST]
+
+
+# -- bad input --------------------------------------------------------------------------
+
+def test_unregistered_peer_gets_disconnect_not_registered(broker):
+    broker.send(W, Heartbeat())
+    assert broker.to(W) == [Disconnect(c.DisconnectReason.NOT_REGISTERED, "send READY first")]
+    assert broker.core.metrics["dropped.not_registered"] == 1
+
+
+def test_wrong_version_is_dropped_counted_and_disconnected(pair):
+    pair.send_raw(W, [b"PDB\x02\x02"])
+    assert [m.reason for m in pair.to(W)] == [c.DisconnectReason.BAD_VERSION]
+    assert "d1" not in pair.core.nodes_by_id and "g1" in pair.core.nodes_by_id
+    assert pair.core.metrics["dropped.bad_version"] == 1
+
+
+@pytest.mark.parametrize("frames", [
+    [], [b""], [b"garbage"], [codec.HEADERS[Command.READY]], [codec.HEADERS[Command.READY], b"\xc1"],
+    [codec.HEADERS[Command.HEARTBEAT], b"extra"], [codec.HEADERS[Command.REQUEST], b"decode"],
+])
+def test_malformed_input_from_a_stranger_is_dropped(pair, frames):
+    pair.send_raw(b"stranger", frames)
+    assert [type(m) for m in pair.to(b"stranger")] == [Disconnect]
+    assert pair.core.metrics["dropped.malformed"] == 1
+    pair.send(G, Request("decode", "r1"))
+    assert [type(m) for m in pair.to(W)] == [Request]   # everyone else is still served
+
+
+def test_oversized_request_gets_a_request_error(clock):
+    broker = BrokerDriver(BrokerCore(HB, max_message_bytes=1000), clock)
+    broker.register(W, "decode", "d1")
+    broker.register(G, "gateway", "g1")
+    broker.outgoing()
+    broker.send(G, Request("decode", "big", None, (b"x" * 2000,)))
+    assert [(m.request_id, m.code) for m in broker.to(G)] == [("big", c.ErrorCode.OVERSIZED)]
+    assert broker.core.metrics["dropped.oversized"] == 1 and "g1" in broker.core.nodes_by_id
+
+
+def test_oversized_reply_ends_the_stream_for_both_ends(clock):
+    broker = BrokerDriver(BrokerCore(HB, max_message_bytes=1000), clock)
+    broker.register(W, "decode", "d1")
+    broker.register(G, "gateway", "g1")
+    broker.send(G, Request("decode", "r1"))
+    broker.outgoing()
+    broker.send(W, Partial("r1", 0, None, (b"x" * 2000,)))
+    sent = broker.outgoing()
+    assert {(dest, m.code) for dest, m in sent} == {(W, "oversized"), (G, "oversized")}
+    assert broker.core.routes == {}
+
+
+def test_malformed_request_id_is_refused_without_disconnect(pair):
+    pair.send_raw(G, [codec.HEADERS[Command.REQUEST], b"decode", b"", b"", b"", codec.pack(None)])
+    assert [m.code for m in pair.to(G)] == [c.ErrorCode.MALFORMED] and "g1" in pair.core.nodes_by_id
+
+
+def test_shutdown_disconnects_everyone(pair):
+    pair.core.shutdown(pair.clock.now)
+    assert {(dest, m.reason) for dest, m in pair.outgoing()} == {(W, "shutdown"), (G, "shutdown")}

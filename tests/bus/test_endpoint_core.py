@@ -1,0 +1,174 @@
+"""EndpointCore with a fake clock: registration, idle-only heartbeats, broker loss and
+reconnect with back-off, re-registration with in-flight ids, reply sequence numbers and the
+duplicate/gap checks on incoming streams, the backlog while unregistered."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from bus import codec
+from bus import constants as c
+from bus.endpoint_core import EndpointCore, LinkDown, LinkUp
+from bus.liveness import HeartbeatConfig
+from bus.messages import (
+    Cancel,
+    CapacityUpdate,
+    Direct,
+    Disconnect,
+    Error,
+    Final,
+    Heartbeat,
+    Partial,
+    Ready,
+    Request,
+)
+
+HB = HeartbeatConfig(interval_s=0.25, liveness=3, backoff_cap_s=4.0)
+
+
+def decoded(core: EndpointCore) -> list:
+    return [codec.decode([bytes(f) for f in frames]) for frames in core.take_outbox()]
+
+
+def receive(core: EndpointCore, message, now: float) -> None:
+    core.on_frames(codec.encode(message), now)
+
+
+@pytest.fixture
+def node(clock):
+    core = EndpointCore("decode", "d1", {"kv_blocks_free": 8}, "tcp://me:7", HB, random.Random(1))
+    core.on_socket_opened(clock.now)
+    return core
+
+
+@pytest.fixture
+def up(node, clock):
+    node.take_outbox()
+    receive(node, Heartbeat(), clock.now)
+    node.take_events()
+    return node
+
+
+def test_opening_a_socket_sends_ready_with_capacity(node):
+    assert decoded(node) == [Ready("decode", "d1", {"kv_blocks_free": 8}, "tcp://me:7")]
+    assert not node.registered
+
+
+def test_any_message_from_the_broker_completes_registration(node, clock):
+    receive(node, Heartbeat(), clock.now)
+    assert node.registered and node.take_events() == [LinkUp()]
+
+
+def test_unknown_role_is_refused():
+    with pytest.raises(ValueError):
+        EndpointCore("chef", "x")
+
+
+def test_heartbeat_only_when_idle(up, clock):
+    clock.advance(0.2)
+    up.update_capacity({"kv_blocks_free": 1}, clock.now)
+    up.tick(clock.now)
+    assert decoded(up) == [CapacityUpdate({"kv_blocks_free": 1})]
+    clock.advance(0.2)
+    receive(up, Heartbeat(), clock.now)
+    assert not up.tick(clock.now) and decoded(up) == []
+    clock.advance(0.06)
+    up.tick(clock.now)
+    assert decoded(up) == [Heartbeat()]
+
+
+def test_silent_broker_means_a_new_socket_and_ready_again(up, clock):
+    receive(up, Request("decode", "r1", None, (), "g1"), clock.now)
+    up.streams["mine"] = 0
+    clock.advance(0.74)
+    assert not up.tick(clock.now)
+    clock.advance(0.02)
+    assert up.tick(clock.now) is True
+    assert [e for e in up.take_events() if isinstance(e, LinkDown)] == [LinkDown("expired")]
+    up.take_outbox()
+    up.on_socket_opened(clock.now)
+    (ready,) = decoded(up)
+    assert ready.inflight == ("r1",) and ready.pending == ("mine",)
+
+
+def test_unanswered_ready_retries_with_growing_jittered_backoff(node, clock):
+    waits = []
+    for _ in range(6):
+        opened = clock.now
+        while not node.tick(clock.now):
+            clock.advance(0.01)
+        waits.append(clock.now - opened)
+        node.on_socket_opened(clock.now)
+    assert all(w >= HB.expiry_s - 0.011 for w in waits)        # each socket held a window
+    assert waits[-1] > waits[0] and max(waits) <= HB.backoff_cap_s + 0.011
+
+
+def test_disconnect_from_broker_triggers_prompt_reregistration(up, clock):
+    receive(up, Disconnect(c.DisconnectReason.NOT_REGISTERED), clock.now)
+    assert not up.registered and up.take_events() == [LinkDown("not_registered")]
+    clock.advance(0.25)
+    assert up.tick(clock.now)
+
+
+def test_replies_are_numbered_per_request(up, clock):
+    receive(up, Request("decode", "r1", None, (), "g1"), clock.now)
+    assert up.take_events()[0].request_id == "r1"
+    up.reply("r1", {"t": 1}, (), False, clock.now)
+    up.reply("r1", {"t": 2}, (b"kv",), False, clock.now)
+    up.reply("r1", None, (), True, clock.now)
+    assert [(type(m).__name__, m.seq) for m in decoded(up)] == [("Partial", 0), ("Partial", 1), ("Final", 2)]
+    assert not up.reply("r1", None, (), False, clock.now)   # finished: refused, counted
+    assert up.metrics["dropped.reply_to_unknown_request"] == 1
+
+
+def test_cancel_stops_a_request(up, clock):
+    receive(up, Request("decode", "r1"), clock.now)
+    receive(up, Cancel("r1", "client"), clock.now)
+    assert [type(e) for e in up.take_events()] == [Request, Cancel]
+    assert not up.reply_error("r1", "late", "", {}, clock.now)
+
+
+def test_incoming_stream_drops_duplicates_and_counts_gaps(up, clock):
+    up.request(Request("decode", "q1"), clock.now)
+    for seq in (0, 1, 1, 0, 4):
+        receive(up, Partial("q1", seq), clock.now)
+    receive(up, Final("q1", 5), clock.now)
+    assert [m.seq for m in up.take_events()] == [0, 1, 4, 5]
+    assert up.metrics["dropped.duplicate"] == 2 and up.metrics["stream.gaps"] == 2
+    assert "q1" not in up.streams
+
+
+def test_error_ends_a_stream_and_unknown_replies_are_dropped(up, clock):
+    up.request(Request("decode", "q1"), clock.now)
+    receive(up, Error("q1", "node_lost", "gone"), clock.now)
+    receive(up, Partial("q1", 0), clock.now)
+    assert up.take_events() == [Error("q1", "node_lost", "gone")]
+    assert up.metrics["dropped.unknown_request"] == 1
+
+
+def test_unscoped_errors_and_directs_reach_node_code(up, clock):
+    receive(up, Error("", "unknown_node", "no node 'x'"), clock.now)
+    receive(up, Direct("g1", {"hi": 1}), clock.now)
+    assert [type(e) for e in up.take_events()] == [Error, Direct]
+
+
+def test_app_messages_wait_in_the_backlog_until_registered(node, clock):
+    node.take_outbox()
+    node.request(Request("decode", "q1"), clock.now)
+    node.direct(Direct("d2", None), clock.now)
+    assert decoded(node) == []
+    receive(node, Heartbeat(), clock.now)
+    assert [type(m) for m in decoded(node)] == [Request, Direct]
+
+
+def test_malformed_input_is_counted_not_raised(up, clock):
+    up.on_frames([b"junk"], clock.now)
+    up.on_frames([b"PDB\x07\x02"], clock.now)
+    assert up.metrics["dropped.malformed"] == 1 and up.metrics["dropped.bad_version"] == 1
+
+
+def test_close_says_disconnect(up, clock):
+    up.close(clock.now)
+    assert decoded(up) == [Disconnect("shutdown", "node stopping")]
