@@ -71,7 +71,8 @@ def _open(path: Path) -> GGUFReader:
         return GGUFReader(str(path), "r")
     except (ValueError, OSError, IndexError, KeyError, EOFError, TypeError) as exc:
         # GGUFReader reports bad magic, truncation and garbage as assorted low-level errors.
-        raise GgufError(f"{path} is not a readable GGUF file ({type(exc).__name__}: {exc})") from exc
+        raise GgufError(f"{path} is not a readable GGUF file: it is truncated or corrupt "
+                        f"({type(exc).__name__}: {exc}); download or reinstall it") from exc
 
 
 class _Metadata:

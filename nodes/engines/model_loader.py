@@ -43,7 +43,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # Written last into a converted folder: which GGUF it came from, so a changed source is re-converted.
 SOURCE_MARKER = "pdbus-source.json"
 CONVERSION_FORMAT = 1
-log = get_logger("model_loader")
 
 
 class ModelLoadError(Exception):
@@ -175,6 +174,8 @@ def _convert(gguf_path: Path, folder: Path) -> None:
     from nodes.engines.gguf_reader import GgufError, read_gguf
 
     started = time.perf_counter()
+    # Bound here, not at import: a logger bound before configure_logging() ignores its settings.
+    log = get_logger("model_loader")
     log.info("converting model (one time; later starts load the cache in about a second)",
              source=str(gguf_path), cache=str(folder))
     try:
