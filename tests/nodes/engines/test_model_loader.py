@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 import torch
@@ -116,3 +117,16 @@ def test_packaged_model_is_cached_under_the_default_dir(smollm2):
     config = json.loads((folder / "config.json").read_text())
     assert config["architectures"] == ["LlamaForCausalLM"] and config["num_key_value_heads"] == 3
     assert json.loads((folder / "tokenizer_config.json").read_text())["chat_template"].startswith("{% for")
+
+
+def test_concurrent_prepares_convert_once(tmp_path, tiny_gguf, monkeypatch):
+    """Nodes starting together share one conversion (file lock), and all get a complete folder."""
+    from nodes.engines import gguf_reader
+
+    calls = []
+    real_read = gguf_reader.read_gguf
+    monkeypatch.setattr(gguf_reader, "read_gguf", lambda *a, **k: calls.append(1) or real_read(*a, **k))
+    with ThreadPoolExecutor(4) as pool:
+        folders = list(pool.map(lambda _: prepare_model(str(tiny_gguf), model_dir=tmp_path), range(4)))
+    assert len(set(folders)) == 1 and len(calls) == 1
+    assert load_model(str(folders[0])).config.num_layers == 2

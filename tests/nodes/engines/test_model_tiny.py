@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import hashlib
+import subprocess
+import sys
+
 import pytest
 import torch
 
@@ -70,3 +74,14 @@ def test_config_rejects_heads_not_divisible_by_kv_heads():
 def test_config_round_trips_through_hf_dict(tiny_model):
     cfg = tiny_model.config
     assert LlamaConfig.from_hf_dict(cfg.to_hf_dict()) == cfg
+
+
+def test_another_process_builds_the_identical_tiny_model(tiny_model):
+    """Prefill and decode nodes run in different processes; both must build the same model."""
+    script = ("import hashlib; from nodes.engines.model_loader import build_tiny_model; m = build_tiny_model();"
+              "print(hashlib.sha256(m.tokenizer.backend.to_str().encode()).hexdigest());"
+              "print(hashlib.sha256(b''.join(t.numpy().tobytes() for t in m.weights.values())).hexdigest())")
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True,
+                         timeout=120).stdout.split()
+    assert out[0] == hashlib.sha256(tiny_model.tokenizer.backend.to_str().encode()).hexdigest()
+    assert out[1] == hashlib.sha256(b"".join(t.numpy().tobytes() for t in tiny_model.weights.values())).hexdigest()
