@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import sys
 import threading
 import time
 import uuid
@@ -66,6 +67,11 @@ class Endpoint:
     # -- lifecycle -----------------------------------------------------------------------
 
     def start(self) -> Endpoint:
+        # Pure-Python compute on another thread holds the GIL for a whole switch interval at a
+        # time; keep that far below the heartbeat interval (the default 5 ms already is).
+        if sys.getswitchinterval() > self.heartbeat.interval_s / 20:
+            sys.setswitchinterval(0.005)
+            self.log.warning("switch_interval_lowered", seconds=0.005)
         self._thread = threading.Thread(target=self._run, name=f"bus-{self.node_id}", daemon=True)
         self._thread.start()
         self._started.wait()
@@ -158,9 +164,15 @@ class Endpoint:
         self._wake = asyncio.Event()
         self._open_socket()
         self._started.set()
+        last_tick = time.monotonic()
         while not self._stopping:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), self.heartbeat.tick_s)
+            now = time.monotonic()
+            # How late this thread ran (GIL or CPU starvation): the margin heartbeats had left.
+            gap_ms = int((now - last_tick) * 1000)
+            self.core.metrics["tick.max_gap_ms"] = max(self.core.metrics["tick.max_gap_ms"], gap_ms)
+            last_tick = now
             self._drain()   # read what arrived before judging the broker silent
             if self.core.tick(time.monotonic()) and not self._stopping:
                 self._open_socket()

@@ -1,0 +1,103 @@
+"""Real broker and node processes over loopback TCP: a killed node and a frozen node are
+reported dead within the liveness window (measured by the broker itself), a thawed node
+re-registers cleanly, a restarted broker gets its registry back within one liveness window,
+and garbage at the broker's port does not stop it serving.
+Waits poll with generous deadlines (the machine is shared); the timing claims are checked on
+the broker's own measurements (silent_for_s, its log timestamps), not on the test's sleeps."""
+
+from __future__ import annotations
+
+import signal
+import socket
+
+import pytest
+import zmq
+
+from bus import codec
+from bus.client import BusClient
+from bus.liveness import HeartbeatConfig
+from tests.bus.processes import free_port, start_broker, start_node, timestamp
+
+pytestmark = pytest.mark.integration
+WINDOW_S = HeartbeatConfig().expiry_s          # 250 ms x 3
+DETECTION_LIMIT_S = 1.0                        # the claim: a dead or frozen peer in under 1 s
+
+
+@pytest.fixture
+def port():
+    return free_port()
+
+
+@pytest.fixture
+def processes():
+    started = []
+    yield started
+    for process in reversed(started):
+        process.stop()
+
+
+def test_sigkill_node_is_reported_dead_within_the_window(port, processes):
+    broker = start_broker(port)
+    node = start_node(port, "decode", "victim")
+    processes += [broker, node]
+    broker.wait_for("node_joined", node_id="victim")
+    node.signal(signal.SIGKILL)
+    left = broker.wait_for("node_left", node_id="victim")
+    assert left["reason"] == "expired"
+    assert WINDOW_S <= left["silent_for_s"] < DETECTION_LIMIT_S
+
+
+def test_sigstop_node_is_reported_dead_then_reregisters_on_sigcont(port, processes):
+    broker = start_broker(port)
+    node = start_node(port, "prefill", "sleeper")
+    processes += [broker, node]
+    broker.wait_for("node_joined", node_id="sleeper")
+    node.signal(signal.SIGSTOP)
+    left = broker.wait_for("node_left", node_id="sleeper")
+    assert left["reason"] == "expired" and left["silent_for_s"] < DETECTION_LIMIT_S
+    node.signal(signal.SIGCONT)
+    broker.wait_for("node_joined", node_id="sleeper", count=2)
+    node.wait_for("registered", count=2)
+    with BusClient(f"tcp://127.0.0.1:{port}", "checker") as client:
+        replies = client.call_blocking("prefill", {"ping": 1}, timeout=15)
+    assert replies[-1].body == {"node_id": "sleeper"}
+    assert len(broker.find("node_left", node_id="sleeper")) == 1   # no flapping afterwards
+
+
+def test_restarted_broker_gets_its_registry_back_within_one_window(port, processes):
+    broker = start_broker(port)
+    nodes = [start_node(port, role, f"{role}-1") for role in ("prefill", "decode", "both")]
+    processes += nodes
+    for node in nodes:
+        broker.wait_for("node_joined", node_id=node.args[node.args.index("--node-id") + 1])
+    broker.signal(signal.SIGKILL)
+    broker.process.wait(5)
+    restarted = start_broker(port)
+    processes.append(restarted)
+    started = timestamp(restarted.wait_for("broker_started"))
+    for role in ("prefill", "decode", "both"):
+        joined = restarted.wait_for("node_joined", node_id=f"{role}-1")
+        assert timestamp(joined) - started < WINDOW_S, f"{role}-1 re-registered late"
+    with BusClient(f"tcp://127.0.0.1:{port}", "checker") as client:
+        assert client.call_blocking("decode", timeout=15)[-1].body["node_id"] in {"decode-1", "both-1"}
+
+
+def test_garbage_at_the_broker_port_does_not_stop_it(port, processes):
+    broker = start_broker(port)
+    node = start_node(port, "decode", "steady")
+    processes += [broker, node]
+    broker.wait_for("node_joined", node_id="steady")
+    for blob in (b"\x00" * 1024, b"GET / HTTP/1.1\r\nHost: x\r\n\r\n", bytes(range(256)) * 64,
+                 b"\xff" + b"\x00" * 7 + b"\x7f" + b"\xff" * 8):   # a ZMTP greeting start, then lies
+        with socket.create_connection(("127.0.0.1", port), timeout=5) as raw:
+            raw.sendall(blob)
+    rogue = zmq.Context.instance().socket(zmq.DEALER)
+    rogue.connect(f"tcp://127.0.0.1:{port}")
+    rogue.send_multipart([b"PDB\x01\x05", b"truncated"])
+    rogue.send_multipart([b"PDB\x63\x01", b"future version"])
+    assert rogue.poll(10_000) and codec.decode(rogue.recv_multipart()).reason == "malformed"
+    rogue.close(linger=0)
+    broker.wait_for("message_rejected", reason="bad_version")
+    with BusClient(f"tcp://127.0.0.1:{port}", "checker") as client:
+        assert client.call_blocking("decode", {"still": "here"}, timeout=15)[-1].body == {"node_id": "steady"}
+    assert broker.process.poll() is None and not broker.find("node_left", node_id="steady")
