@@ -3,17 +3,22 @@
 Both servers run in their own process on the same runtime (asyncio + uvloop, the same
 `RouterReactor` draining and sending zero-copy), so the ratio is the cost of the broker's
 protocol logic. Two DEALER peers in this process (a "client" and a "worker", plain sync pyzmq)
-exchange the same frames through each server (the relay needs one extra address frame):
+exchange exactly the same frames through each server; the relay forwards every message of one
+peer to the other (fixed routing ids, one dict lookup), the broker routes it by its protocol:
 - rate: the worker streams PARTIAL replies to the client (window of 5000 in flight): msg/s;
 - round trip: client REQUEST -> worker -> FINAL -> client, one at a time: p50 / p99;
-- bulk: PARTIALs carrying a 16 MiB raw payload frame (sent with copy=False): GB/s.
-Rounds alternate relay and broker; each figure is the median over rounds.
+- bulk: PARTIALs carrying a 16 MiB raw payload frame (sent with copy=False): GB/s;
+- and, broker only, the round trip through the real API (BusClient -> Endpoint on a node thread).
+Rounds alternate relay and broker; each figure is the median over rounds. The server's own CPU
+time per streamed message (from /proc) is printed too: on a shared 2-core machine it is the
+steadiest measure of what the protocol logic costs.
 Usage: flock /tmp/pdbus-bench.lock .venv/bin/python -m harness.bench.bus [--rounds 3] [--quick]
 """
 
 from __future__ import annotations
 
 import argparse
+import os
 import statistics
 import subprocess
 import sys
@@ -53,9 +58,9 @@ class Peers:
 
     def _wait_connected(self) -> None:
         """The relay drops messages for a peer it has not seen yet: ping until both are in."""
-        for sender, receiver, target in ((self.client, self.worker, b"w"), (self.worker, self.client, b"c")):
+        for sender, receiver in ((self.client, self.worker), (self.worker, self.client)):
             for _ in range(100):
-                sender.send_multipart([target, b"ping"])
+                sender.send_multipart([b"ping"])
                 if receiver.poll(100):
                     break
             while receiver.poll(100):
@@ -68,10 +73,10 @@ class Peers:
         self.client.recv_multipart()
 
     def to_worker(self, frames: list) -> list:
-        return [b"w", *frames] if self.via_relay else frames
+        return frames
 
     def to_client(self, frames: list) -> list:
-        return [b"c", *frames] if self.via_relay else frames
+        return frames
 
     def recv(self, socket: zmq.Socket) -> list:
         """Next data message (heartbeats from the broker skipped, relay address stripped)."""
@@ -79,7 +84,6 @@ class Peers:
             if not socket.poll(5000):
                 raise RuntimeError("message lost: nothing received for 5 s")
             frames = socket.recv_multipart(copy=False)
-            frames = frames[1:] if self.via_relay else frames
             if frames[0].bytes != H[Command.HEARTBEAT]:
                 return frames
 
@@ -147,22 +151,73 @@ def stream_rate(peers: Peers, request_id: bytes, n: int, window: int, payload: o
     return n / (time.perf_counter() - start)
 
 
-def measure(context: zmq.Context, endpoint: str, via_relay: bool, quick: bool) -> dict[str, float]:
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU time of process `pid` so far (Linux /proc)."""
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def measure(context: zmq.Context, endpoint: str, server_pid: int, via_relay: bool,
+            quick: bool) -> dict[str, float]:
     peers = Peers(context, endpoint, via_relay)
     try:
         round_trips(peers, 200)   # warm-up
         rtt = sorted(round_trips(peers, 1000 if quick else 4000))
         open_stream(peers, b"stream")
         stream_rate(peers, b"stream", 2000, 2000)
-        rate = stream_rate(peers, b"stream", 20_000 if quick else 60_000, 5000)
+        num_messages = 20_000 if quick else 60_000
+        cpu_before = cpu_seconds(server_pid)
+        rate = stream_rate(peers, b"stream", num_messages, 5000)
+        cpu_per_message = (cpu_seconds(server_pid) - cpu_before) / num_messages * 1e6
         payload = memoryview(bytearray(PAYLOAD_BYTES))
         stream_rate(peers, b"stream", 4, 4, payload)
         num_bulk = 16 if quick else 48
         bulk = stream_rate(peers, b"stream", num_bulk, 4, payload) * PAYLOAD_BYTES / 1e9
     finally:
         peers.close()
-    return {"msgs_per_s": rate, "rtt_p50_us": rtt[len(rtt) // 2],
+    return {"msgs_per_s": rate, "server_cpu_us_per_msg": cpu_per_message, "rtt_p50_us": rtt[len(rtt) // 2],
             "rtt_p99_us": rtt[int(len(rtt) * 0.99)], "gb_per_s": bulk}
+
+
+def endpoint_round_trips(endpoint: str, n: int) -> list[float]:
+    """Microseconds per request through the real node API: BusClient -> broker -> an Endpoint
+    served by a node thread (receive, reply_final) -> back; both I/O threads included."""
+    import threading
+
+    from bus.client import BusClient
+    from bus.endpoint import Endpoint
+    from bus.messages import Request
+
+    worker = Endpoint(endpoint, "decode", "bench-worker").start()
+    client = BusClient(endpoint, "bench-client").start()
+    stop = threading.Event()
+
+    def serve() -> None:
+        while not stop.is_set():
+            try:
+                message = worker.receive(timeout=0.1)
+            except TimeoutError:
+                continue
+            if isinstance(message, Request):
+                worker.reply_final(message.request_id, message.body)
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        assert worker.wait_registered(10)
+        samples = []
+        for i in range(n + 100):
+            start = time.perf_counter()
+            client.call_blocking("decode", {"tokens": [1, 2, 3]}, timeout=10)
+            if i >= 100:
+                samples.append((time.perf_counter() - start) * 1e6)
+        return samples
+    finally:
+        stop.set()
+        thread.join()
+        client.close()
+        worker.stop()
 
 
 def start_server(kind: str) -> tuple[subprocess.Popen, str]:
@@ -178,7 +233,12 @@ def start_server(kind: str) -> tuple[subprocess.Popen, str]:
 def run_round(context: zmq.Context, kind: str, quick: bool) -> dict[str, float]:
     process, endpoint = start_server(kind)
     try:
-        return measure(context, endpoint, kind == "relay", quick)
+        result = measure(context, endpoint, process.pid, kind == "relay", quick)
+        if kind == "broker":
+            samples = sorted(endpoint_round_trips(endpoint, 300 if quick else 1500))
+            result["api_p50_us"] = samples[len(samples) // 2]
+            result["api_p99_us"] = samples[int(len(samples) * 0.99)]
+        return result
     finally:
         process.terminate()
         process.wait(5)
@@ -189,6 +249,7 @@ def report(results: dict[str, list[dict[str, float]]]) -> None:
            for kind, rounds in results.items()}
     relay, broker = med["relay"], med["broker"]
     rows = [("messages/s (stream of PARTIALs)", "msgs_per_s", "{:,.0f}", True),
+            ("server CPU per message (us)", "server_cpu_us_per_msg", "{:.1f}", False),
             ("round trip p50 (us)", "rtt_p50_us", "{:.0f}", False),
             ("round trip p99 (us)", "rtt_p99_us", "{:.0f}", False),
             ("16 MiB payloads (GB/s)", "gb_per_s", "{:.2f}", True)]
@@ -196,6 +257,8 @@ def report(results: dict[str, list[dict[str, float]]]) -> None:
     for label, key, fmt, _ in rows:
         print(f"{label:36} {fmt.format(relay[key]):>12} {fmt.format(broker[key]):>12} "
               f"{broker[key] / relay[key]:>12.2f}x")
+    print(f"{'round trip via BusClient/Endpoint API':36} {'':>12} {broker['api_p50_us']:>9.0f} us p50, "
+          f"{broker['api_p99_us']:.0f} us p99 (node threads and I/O threads included)")
     rate_ok = broker["msgs_per_s"] >= 0.7 * relay["msgs_per_s"]
     rtt_ok = broker["rtt_p50_us"] <= 1.3 * relay["rtt_p50_us"]
     print(f"\ntargets: rate >= 0.70x relay: {'met' if rate_ok else 'MISSED'}; "
@@ -203,13 +266,15 @@ def report(results: dict[str, list[dict[str, float]]]) -> None:
 
 
 class RelayCore:
-    """No protocol at all: [src, dst, *frames] in, [dst, src, *frames] out."""
+    """No protocol at all: each peer's messages go, as they are, to the other peer."""
+
+    OTHER = {b"c": b"w", b"w": b"c"}
 
     def __init__(self) -> None:
         self.outbox: list[list] = []
 
     def on_frames(self, identity: bytes, frames: list, now: float) -> None:
-        self.outbox.append([frames[0], identity, *frames[1:]])
+        self.outbox.append([self.OTHER[identity], *frames])
 
     def tick(self, now: float) -> None:
         pass
@@ -233,7 +298,7 @@ def serve(kind: str) -> None:
     from bus.log import configure_logging
     from bus.reactor import RouterReactor
 
-    configure_logging(level="warning")
+    configure_logging(level="error")
 
     async def main() -> None:
         if kind == "broker":
@@ -264,6 +329,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.serve:
         serve(args.serve)
         return 0
+    from bus.log import configure_logging
+    configure_logging(level="error")
     context = zmq.Context()
     results: dict[str, list[dict[str, float]]] = {"relay": [], "broker": []}
     for number in range(args.rounds):
