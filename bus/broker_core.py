@@ -113,10 +113,10 @@ class BrokerCore(RouteTable):
         previous = self.nodes_by_id.get(ready.node_id)
         self._list(new)
         self.adopt_requests(new, ready, node or previous, now)
-        if node is not None:
-            self._forget(node, None, now)
-        if previous is not None and previous is not node:
-            self._forget(previous, LeaveReason.REPLACED, now)
+        # Whatever registration this READY supersedes leaves as `replaced`, so policies and
+        # listeners always see a leave before the join of the same node id.
+        for old in {id(n): n for n in (node, previous) if n is not None}.values():
+            self._forget(old, LeaveReason.REPLACED, now)
         self.metrics["nodes.joined"] += 1
         self.events.append(NodeJoined(new.node_id, new.role, dict(new.capacity), new.data_endpoint,
                                       len(ready.inflight)))
@@ -142,18 +142,14 @@ class BrokerCore(RouteTable):
             else:
                 self.by_service.pop(key, None)
 
-    def _forget(self, node: Node, reason: str | None, now: float) -> None:
-        """Drop `node`; fail what it was serving, cancel what it asked for. `reason` None: it
-        re-registered on the same socket, which is not a leave."""
+    def _forget(self, node: Node, reason: str, now: float) -> None:
+        """Drop `node`; fail what it was serving, cancel what it asked for."""
         self._unlist(node)
-        if reason is not None:
-            self.policy.on_leave(node, reason)
+        self.policy.on_leave(node, reason)
         lost = self.fail_node_requests(node, now)
-        if reason is not None:
-            self.metrics["nodes.left"] += 1
-            self.metrics[f"nodes.left.{reason}"] += 1
-            self.events.append(NodeLeft(node.node_id, node.role, reason, lost,
-                                        now - node.timers.last_seen))
+        self.metrics["nodes.left"] += 1
+        self.metrics[f"nodes.left.{reason}"] += 1
+        self.events.append(NodeLeft(node.node_id, node.role, reason, lost, now - node.timers.last_seen))
 
     def _on_heartbeat(self, node: Node, command: Command, frames: list, now: float) -> None:
         pass   # on_frames already counted it as life

@@ -20,12 +20,12 @@ from bus.codec import ProtocolError
 from bus.constants import CancelReason, Command, ErrorCode
 from bus.messages import Cancel, Ready
 from bus.registry import Node, Route
+from bus.routing import Refuse, RoutingPolicy
 
 if TYPE_CHECKING:
     from collections import Counter
     from collections.abc import Callable
 
-    from bus.routing import RoutingPolicy
 
 
 def _raw(frame) -> bytes:
@@ -58,9 +58,15 @@ class RouteTable:
             return
         service = _raw(frames[1])
         candidates = self.by_service.get(service)
-        target = candidates and self.policy.choose(
-            service.decode(errors="replace"), _raw(frames[4]).decode(errors="replace"),
-            request_id.decode(errors="replace"), candidates)
+        try:
+            target = candidates and self.policy.choose(
+                service.decode(errors="replace"), _raw(frames[4]).decode(errors="replace"),
+                request_id.decode(errors="replace"), candidates)
+        except Refuse as refusal:
+            self.metrics[f"rejected.{refusal.code}"] += 1
+            self.send_error(node.identity, request_id.decode(errors="replace"), refusal.code,
+                            refusal.message, **refusal.details)
+            return
         if not target:
             self._refuse(node, request_id, ErrorCode.NO_NODE, f"no live node serves {service.decode(errors='replace')!r}")
             return

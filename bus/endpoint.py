@@ -233,10 +233,11 @@ class Endpoint:
 
     def _dispatch(self) -> None:
         for event in self.core.take_events():
-            if isinstance(event, Partial | Final | Error) and event.request_id in self._streams:
-                stream = self._streams[event.request_id]
+            stream = (self._streams.get(event.request_id)
+                      if isinstance(event, Partial | Final | Error) else None)
+            if stream is not None:   # (node code may cancel it concurrently: no KeyError here)
                 if not isinstance(event, Partial):
-                    del self._streams[event.request_id]
+                    self._streams.pop(event.request_id, None)
                 stream.mailbox.put(event)
             elif isinstance(event, LinkUp):
                 self._registered.set()

@@ -7,7 +7,8 @@ Contract (the seam the cluster scheduler plugs into the broker):
 - `choose(service, key, request_id, candidates) -> Node | None`: pick a node for a REQUEST;
   `candidates` are the live nodes whose role serves `service` (never empty); `key` is the
   request's opaque routing key (e.g. a session id, "" when absent). None -> the client gets
-  ERROR `no_node`. Called on the broker's hot path: keep it O(candidates) or better.
+  ERROR `no_node`; raising `Refuse(code, message, **details)` sends that ERROR instead (e.g.
+  `overloaded` with a `retry_after_s` hint). Called on the hot path: O(candidates) or better.
 Nodes are `bus.registry.Node` objects owned by the broker: read them, never mutate them.
 """
 
@@ -17,6 +18,14 @@ from collections.abc import Sequence
 from typing import Protocol
 
 from bus.registry import Node
+
+
+class Refuse(Exception):
+    """Raised by `choose` to answer the client with ERROR `code` (and `details`)."""
+
+    def __init__(self, code: str, message: str = "", **details: object) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code, self.message, self.details = code, message, details
 
 
 class RoutingPolicy(Protocol):

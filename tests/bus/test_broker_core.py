@@ -22,6 +22,7 @@ from bus.messages import (
     Request,
 )
 from bus.registry import CapacityChanged, NodeJoined, NodeLeft
+from bus.routing import Refuse
 from tests.bus.broker_helpers import BrokerDriver
 
 HB = HeartbeatConfig(interval_s=0.25, liveness=3)
@@ -158,6 +159,35 @@ def test_a_custom_policy_chooses(clock):
     assert policy.seen == [("join", "d1"), ("join", "d2"), ("join", "g1"),
                            ("capacity", "d1", {"kv_blocks_free": 1}),
                            ("choose", "decode", "session", "r1"), ("leave", "d1", "disconnected")]
+
+
+def test_a_policy_can_refuse_with_its_own_error(clock):
+    class Full:
+        def on_join(self, node): pass
+        def on_leave(self, node, reason): pass
+        def on_capacity(self, node): pass
+
+        def choose(self, service, key, request_id, candidates):
+            raise Refuse("overloaded", "all decode nodes are full", retry_after_s=0.5)
+
+    broker = BrokerDriver(BrokerCore(HB, Full()), clock)
+    broker.register(W, "decode", "d1")
+    broker.register(G, "gateway", "g1")
+    broker.outgoing()
+    broker.send(G, Request("decode", "r1"))
+    assert broker.to(G) == [Error("r1", "overloaded", "all decode nodes are full", {"retry_after_s": 0.5})]
+    assert broker.core.routes == {} and broker.core.metrics["rejected.overloaded"] == 1
+
+
+def test_ready_again_on_the_same_socket_is_a_leave_then_a_join(pair):
+    pair.send(G, Request("decode", "r1"))
+    pair.send(G, Request("decode", "r2"))
+    pair.outgoing()
+    pair.core.take_events()
+    pair.register(W, "decode", "d1", inflight=("r2",))
+    assert [type(e).__name__ for e in pair.core.take_events()] == ["NodeLeft", "NodeJoined"]
+    assert [(m.request_id, m.code) for m in pair.to(G) if isinstance(m, Error)] == [("r1", "node_lost")]
+    assert pair.core.nodes_by_id["d1"].serving == {b"r2"}
 
 
 def test_dead_server_fails_its_requests_with_node_lost(pair):
