@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import torch
 from gguf import GGUFReader, quants
-from tokenizers import AddedToken, decoders, models, pre_tokenizers
+from tokenizers import AddedToken, decoders, models, pre_tokenizers, processors
 from tokenizers import Tokenizer as BackendTokenizer
 
 from nodes.engines.model_config import LlamaConfig
@@ -190,6 +190,11 @@ def gguf_tokenizer(meta: _Metadata) -> Tokenizer:
     special_ids = {name: meta.get(f"tokenizer.ggml.{key}_token_id")
                    for name, key in (("bos", "bos"), ("eos", "eos"), ("unk", "unknown"), ("pad", "padding"))}
     bos_id, eos_id = special_ids["bos"], special_ids["eos"]
+    if meta.get("tokenizer.ggml.add_bos_token") and bos_id is not None:
+        # encode(add_special_tokens=True) then starts with BOS, as llama.cpp does for such vocabularies.
+        bos = tokens[int(bos_id)]
+        backend.post_processor = processors.TemplateProcessing(
+            single=f"{bos} $A", pair=f"{bos} $A {bos} $B", special_tokens=[(bos, int(bos_id))])
     return Tokenizer(
         backend,
         bos_token_id=None if bos_id is None else int(bos_id),

@@ -258,8 +258,8 @@ def _folder_weights(folder: Path, config: LlamaConfig, dtype: torch.dtype) -> di
         try:
             tensors |= load_file(str(file))
         except (SafetensorError, OSError, ValueError) as exc:
-            raise ModelLoadError(f"{file} is unreadable or truncated ({exc}); delete the folder and run "
-                                 "`pdbus model prepare` again, or re-download the model") from exc
+            raise ModelLoadError(f"{file} is unreadable or truncated ({exc}); rebuild a converted cache "
+                                 "with `pdbus model prepare --force`, or re-download the model") from exc
     expected = weight_shapes(config)
     missing = [name for name in expected if name not in tensors]
     wrong = [f"{n} {tuple(tensors[n].shape)} != {s}" for n, s in expected.items()

@@ -41,7 +41,8 @@ def _gguf_tensor_names(num_layers: int) -> dict[str, str]:
 
 
 def write_tiny_gguf(path: Path, model: LoadedModel, *, architecture: str = "llama",
-                    tokenizer_model: str = "gpt2", drop_tensor: str | None = None) -> Path:
+                    tokenizer_model: str = "gpt2", drop_tensor: str | None = None,
+                    add_bos_token: bool = False) -> Path:
     cfg, tok = model.config, model.tokenizer
     vocab = json.loads(tok.backend.to_str())["model"]
     tokens = [t for t, _ in sorted(vocab["vocab"].items(), key=lambda item: item[1])]
@@ -64,6 +65,7 @@ def write_tiny_gguf(path: Path, model: LoadedModel, *, architecture: str = "llam
     writer.add_token_merges(merges)
     writer.add_bos_token_id(cfg.bos_token_id)
     writer.add_eos_token_id(cfg.eos_token_ids[0])
+    writer.add_add_bos_token(add_bos_token)
     writer.add_chat_template(tok.chat_template_source)
     for hf_name, gguf_name in _gguf_tensor_names(cfg.num_layers).items():
         if hf_name not in model.weights or gguf_name == drop_tensor:

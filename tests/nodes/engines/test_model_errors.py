@@ -10,11 +10,18 @@ import sys
 import pytest
 from safetensors.torch import load_file, save_file
 
-from nodes.cli import main as cli_main
+from nodes.cli import build_parser
+from nodes.commands import model as model_command
 from nodes.engines import model_loader
 from nodes.engines.model_loader import ModelLoadError, load_model, prepare_model, save_folder
 
 from .conftest import write_tiny_gguf
+
+
+def cli_main(argv: list[str]) -> int:
+    # nodes.cli.main would also call configure_logging(), pointing structlog at capsys's stream,
+    # which is closed once the test ends and would break every later log call in this session.
+    return model_command.main(build_parser("model").parse_args(argv))
 
 
 def _load(spec, tmp_path):
@@ -114,7 +121,7 @@ def test_folder_without_weights_or_tokenizer(hf_folder, tmp_path):
 def test_folder_with_truncated_weights(hf_folder, tmp_path):
     weights = hf_folder / "model.safetensors"
     weights.write_bytes(weights.read_bytes()[:5000])
-    with pytest.raises(ModelLoadError, match="unreadable or truncated.*prepare"):
+    with pytest.raises(ModelLoadError, match="unreadable or truncated.*pdbus model prepare --force"):
         _load(hf_folder, tmp_path)
 
 
@@ -141,7 +148,8 @@ def test_unwritable_model_dir(tmp_path, tiny_gguf):
 
 def test_cli_prepare_prints_a_summary(tmp_path, tiny_gguf, capsys):
     assert cli_main(["model", "prepare", "--model", str(tiny_gguf), "--model-dir", str(tmp_path / "m")]) == 0
-    line = capsys.readouterr().out.strip()
+    # Only the summary line; conversion log lines may share stdout when logging is not configured.
+    line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith("prepared tiny-test: 0.1M params, float32, ") and str(tmp_path / "m" / "tiny-test") in line
     assert line.endswith(" s)")
 

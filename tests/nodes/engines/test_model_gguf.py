@@ -20,6 +20,13 @@ def test_tiny_gguf_reads_back_the_weights_config_and_tokenizer(tiny_gguf, tiny_m
         tiny_model.tokenizer.apply_chat_template([{"role": "user", "content": "x"}])
 
 
+def test_add_bos_token_flag_makes_encode_start_with_bos(tmp_path, tiny_model):
+    from .conftest import write_tiny_gguf
+
+    tokenizer = read_gguf(write_tiny_gguf(tmp_path / "bos.gguf", tiny_model, add_bos_token=True)).tokenizer
+    assert tokenizer.encode("hi", add_special_tokens=True) == [1, *tokenizer.encode("hi")]
+
+
 def test_read_gguf_converts_to_the_requested_dtype(tiny_gguf):
     weights = read_gguf(tiny_gguf, torch.bfloat16).weights
     assert all(t.dtype == torch.bfloat16 for t in weights.values())
