@@ -25,6 +25,19 @@ def _wants_json(fmt: str | None) -> bool:
     return not sys.stderr.isatty()
 
 
+class _StderrLogger:
+    """Writes each rendered line to whatever `sys.stderr` is *now* (test capture swaps it)."""
+
+    def msg(self, message: str) -> None:
+        print(message, file=sys.stderr, flush=True)
+
+    debug = info = warning = warn = error = critical = exception = fatal = log = msg
+
+
+def _stderr_logger_factory(*_args: object) -> _StderrLogger:
+    return _StderrLogger()
+
+
 def configure_logging(fmt: str | None = None, level: str | None = None) -> None:
     """Configure structlog for this process (idempotent)."""
     level_name = (level or os.environ.get("PDBUS_LOG_LEVEL") or "info").lower()
@@ -40,11 +53,14 @@ def configure_logging(fmt: str | None = None, level: str | None = None) -> None:
             renderer,
         ],
         wrapper_class=structlog.make_filtering_bound_logger(_LEVELS.get(level_name, logging.INFO)),
-        logger_factory=structlog.PrintLoggerFactory(file=sys.stderr),
+        logger_factory=_stderr_logger_factory,
         cache_logger_on_first_use=False,
     )
 
 
 def get_logger(name: str, **context: object) -> structlog.typing.FilteringBoundLogger:
-    """A logger bound to `name` (the component) and any context ids given."""
-    return structlog.get_logger().bind(component=name, **context)
+    """A logger bound to `name` (the component) and any context ids given.
+
+    The proxy resolves lazily, so a module-level logger still follows a later `configure_logging()`.
+    """
+    return structlog.get_logger(component=name, **context)

@@ -1,0 +1,25 @@
+"""Logging: lazy loggers follow configure_logging; JSON lines carry the bound ids."""
+
+from __future__ import annotations
+
+import json
+
+from bus.log import configure_logging, get_logger
+
+EARLY = get_logger("early", node_id="n-1")  # created before configure_logging, as modules do
+
+
+def test_module_level_logger_follows_later_configuration_and_renders_json(capsys):
+    configure_logging("json", "info")
+    EARLY.info("hello", request_id="r-1")
+    line = json.loads(capsys.readouterr().err.strip().splitlines()[-1])
+    assert line["event"] == "hello"
+    assert line["component"] == "early" and line["node_id"] == "n-1" and line["request_id"] == "r-1"
+
+
+def test_level_filter_drops_debug(capsys):
+    configure_logging("json", "warning")
+    get_logger("x").info("quiet")
+    get_logger("x").warning("loud")
+    err = capsys.readouterr().err
+    assert "quiet" not in err and "loud" in err
