@@ -146,7 +146,9 @@ class EndpointCore:
         self.metrics[f"disconnect.{message.reason}"] += 1
         if self.registered:
             self._link_down(message.reason)
-        self.retry_at = min(self.retry_at, now + self.backoff.next_delay())
+        # First retry at once (the usual case: a restarted broker); repeated refusals back off.
+        delay = 0.0 if self.backoff.num_attempts == 0 else self.backoff.next_delay()
+        self.retry_at = min(self.retry_at, now + delay)
 
     def _on_request(self, message: Request) -> None:
         self.serving[message.request_id] = 0

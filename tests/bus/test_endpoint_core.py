@@ -108,8 +108,19 @@ def test_unanswered_ready_retries_with_growing_jittered_backoff(node, clock):
 def test_disconnect_from_broker_triggers_prompt_reregistration(up, clock):
     receive(up, Disconnect(c.DisconnectReason.NOT_REGISTERED), clock.now)
     assert not up.registered and up.take_events() == [LinkDown("not_registered")]
-    clock.advance(0.25)
     assert up.tick(clock.now)
+
+
+def test_repeated_refusals_back_off(node, clock):
+    waits = []
+    for _ in range(5):
+        receive(node, Disconnect(c.DisconnectReason.BAD_VERSION), clock.now)
+        opened = clock.now
+        while not node.tick(clock.now):
+            clock.advance(0.01)
+        waits.append(clock.now - opened)
+        node.on_socket_opened(clock.now)
+    assert waits[0] < waits[-1] and waits[-1] > 0.5
 
 
 def test_replies_are_numbered_per_request(up, clock):

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import signal
 import socket
+import time
 
 import pytest
 import zmq
@@ -80,6 +81,22 @@ def test_restarted_broker_gets_its_registry_back_within_one_window(port, process
         assert timestamp(joined) - started < WINDOW_S, f"{role}-1 re-registered late"
     with BusClient(f"tcp://127.0.0.1:{port}", "checker") as client:
         assert client.call_blocking("decode", timeout=15)[-1].body["node_id"] in {"decode-1", "both-1"}
+
+
+def test_nodes_backing_off_during_a_long_outage_rejoin_within_one_window(port, processes):
+    broker = start_broker(port)
+    node = start_node(port, "decode", "patient")
+    processes.append(node)
+    broker.wait_for("node_joined", node_id="patient")
+    broker.signal(signal.SIGKILL)
+    broker.process.wait(5)
+    node.wait_for("broker_lost")
+    time.sleep(2.5)   # the outage: several reconnect attempts, the back-off growing
+    restarted = start_broker(port)
+    processes.append(restarted)
+    started = timestamp(restarted.wait_for("broker_started"))
+    joined = timestamp(restarted.wait_for("node_joined", node_id="patient"))
+    assert joined - started < WINDOW_S
 
 
 def test_garbage_at_the_broker_port_does_not_stop_it(port, processes):
