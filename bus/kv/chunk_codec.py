@@ -3,10 +3,10 @@
 Contract: `ChunkEncoder(kv, ...)` plans the chunks of one transfer and `encode(index, attempt, outs)`
 returns the CHUNK header and wire payload frames of chunk `index`, writing into the caller's reusable
 `outs` buffers (the sender keeps them untouched until the chunk is acknowledged).
-`verify_and_decode(chunk, payload, quantizer, dst)` decompresses, checks the checksum and only then
+`verify_and_decode(chunk, payload, quantizer, dst)` checks the checksum, decompresses and only then
 writes the chunk into `dst`; it raises KVChecksumError / KVFrameError and writes nothing on error.
-The checksum (xxh3_64) covers the raw payload bytes, so it also catches a compressor that
-"succeeds" on corrupt input.
+The checksum (xxh3_64) covers the wire bytes of the payload frames: every flipped bit is caught,
+even one an lz4 decoder would ignore, and nothing corrupt ever reaches a decompressor.
 """
 
 from __future__ import annotations
@@ -66,14 +66,14 @@ class ChunkEncoder:
         spec = self.specs[index]
         payload = self.quantizer.encode(self.kv, self.info, spec, self.mode, outs)
         frames = [memoryview(f).cast("B") for f in payload.frames]
-        checksum = payload_checksum(frames)
-        self.checksums[index] = checksum
         infos, wire = [], []
         for slot, frame in enumerate(frames):
             codec, shuffle = self._choose(slot, frame)
             data = compress_frame(frame, codec, shuffle)
             infos.append(FrameInfo(codec, shuffle, len(frame), len(memoryview(data).cast("B"))))
             wire.append(data)
+        checksum = payload_checksum(wire)
+        self.checksums[index] = checksum
         header = Chunk(self.transfer_id, self.request_id, self.info.shape, self.info.dtype, self.mode,
                        self.token_offset, len(self.specs), index, spec.plane_start, spec.plane_stop,
                        spec.token_start, spec.token_stop, payload.scale_dtype, tuple(infos), checksum, 0)
@@ -97,9 +97,9 @@ class ChunkEncoder:
 
 def verify_and_decode(chunk: Chunk, payload: list[Any], quantizer: Quantizer, dst: Any) -> int:
     """Verify one received chunk and write it into dst; returns the wire bytes it carried."""
-    raw = [decompress_frame(frame, f.codec, f.shuffle, f.raw_len) for f, frame in zip(chunk.frames, payload, strict=True)]
-    if payload_checksum(raw) != chunk.checksum:
+    if payload_checksum(payload) != chunk.checksum:
         raise KVChecksumError(f"chunk {chunk.index} of transfer {chunk.transfer_id}: checksum mismatch")
+    raw = [decompress_frame(frame, f.codec, f.shuffle, f.raw_len) for f, frame in zip(chunk.frames, payload, strict=True)]
     arrays = [np.frombuffer(r, np.uint8) for r in raw]
     quantizer.decode(arrays, chunk.info, chunk.spec, chunk.mode, chunk.scale_dtype, dst)
     return sum(f.wire_len for f in chunk.frames)

@@ -61,7 +61,7 @@ class Chunk:
     token_stop: int
     scale_dtype: str
     frames: tuple[FrameInfo, ...]
-    checksum: int            # xxh3_64 over the raw (decompressed) payload frames, in order
+    checksum: int            # xxh3_64 over the wire bytes of the payload frames, in order
     attempt: int
 
     @property

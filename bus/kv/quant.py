@@ -85,17 +85,23 @@ class Quantizer(Protocol):
         """Write a verified chunk into dst (layers, 2, heads, tokens, head_dim) of the engine's dtype."""
 
 
+OUTWARD = np.float32(2.0**-10)   # > half a float16 ulp (relative): round-to-nearest stays outward
+F16_TINY = np.float32(2.0**-24)  # the float16 subnormal step
+
+
 def outward_params(low: np.ndarray, high: np.ndarray) -> tuple[np.ndarray, np.ndarray, str]:
-    """float16 (lo <= low, hi >= high) when representable, else the float32 values themselves."""
-    lo = low.astype(np.float16)
-    hi = high.astype(np.float16)
-    over = lo.astype(np.float32) > low
-    lo[over] = np.nextafter(lo[over], np.float16(-np.inf))
-    under = hi.astype(np.float32) < high
-    hi[under] = np.nextafter(hi[under], np.float16(np.inf))
+    """float16 (lo <= low, hi >= high) when representable, else the float32 values themselves.
+
+    Widening by 2**-10 relative (+ the subnormal step) before rounding to nearest makes the float16
+    values enclose the row; the torch path computes the very same expression.
+    """
+    low32, high32 = low.astype(np.float32), high.astype(np.float32)
+    with np.errstate(over="ignore"):
+        lo = (low32 - (np.abs(low32) * OUTWARD + F16_TINY)).astype(np.float16)
+        hi = (high32 + (np.abs(high32) * OUTWARD + F16_TINY)).astype(np.float16)
     if np.isfinite(lo).all() and np.isfinite(hi).all():
         return lo, hi, "f16"
-    return low.astype(np.float32), high.astype(np.float32), "f32"
+    return low32, high32, "f32"
 
 
 def int8_step(lo: np.ndarray, hi: np.ndarray) -> np.ndarray:
@@ -182,7 +188,7 @@ class NumpyQuantizer:
 
     def _encode_int8_sym(self, rows: np.ndarray, outs: list[np.ndarray]) -> EncodedPayload:
         low, high = self._finite_range(rows)
-        amax = np.maximum(np.abs(low), np.abs(high)) / np.float32(127)
+        amax = np.maximum(np.abs(low), np.abs(high)).astype(np.float32) / np.float32(127)
         _, scale, scale_dtype = outward_params(amax, amax)
         scale32 = scale.astype(np.float32)
         inverse = np.divide(np.float32(1), scale32, out=np.zeros_like(scale32), where=scale32 > 0)

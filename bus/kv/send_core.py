@@ -61,6 +61,7 @@ class _InFlight:
     slot: int
     sent_at: float
     attempts: int
+    nacked: bool = False
 
 
 class SendTransfer:
@@ -118,6 +119,8 @@ class SendTransfer:
         if flight is None:  # acknowledged meanwhile
             return self.next_frames(now)
         if flight.attempts >= self.config.max_attempts:
+            if not flight.nacked:  # never answered at all: the receiver is gone or unreachable
+                return self._fail(f"timed out: chunk {index} unacknowledged after {flight.attempts} attempts")
             return self._fail(f"chunk {index} not accepted after {flight.attempts} attempts")
         flight.attempts += 1
         flight.sent_at = now
@@ -126,7 +129,7 @@ class SendTransfer:
 
     def _send_end(self, now: float) -> list[Any] | None:
         if self._end_attempts >= self.config.max_attempts:
-            return self._fail(f"no DONE after {self._end_attempts} ENDs")
+            return self._fail(f"timed out: no DONE after {self._end_attempts} ENDs")
         if self._end_attempts:
             self.stats.resends += 1
         self._end_attempts += 1
@@ -155,8 +158,10 @@ class SendTransfer:
         self.stats.nacks += 1
         if message.index == -1:
             self._end_due = True
-        elif message.index in self._in_flight and message.index not in self._resend:
-            self._resend.append(message.index)
+        elif message.index in self._in_flight:
+            self._in_flight[message.index].nacked = True
+            if message.index not in self._resend:
+                self._resend.append(message.index)
 
     def _on_done(self, message: Done, now: float) -> None:
         self.stats.checksum_failures = message.checksum_failures

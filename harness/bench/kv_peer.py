@@ -1,0 +1,101 @@
+"""The decode-side process of the KV benchmark and integration tests.
+
+Run as `python -m harness.bench.kv_peer [--torch] [--faults SEED]`: binds a KV data endpoint (a
+`KVReceiver` writing into one preallocated destination per dtype, as an engine's KV pool would)
+and a bare pyzmq ROUTER that acknowledges every message (the baseline), prints one JSON line
+{"kv": endpoint, "bare": endpoint} and serves until stdin closes. Every KV result is printed as a
+JSON line too (ok, transfer id, a checksum of the destination for raw round-trip checks).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+
+import numpy as np
+import xxhash
+import zmq
+import zmq.asyncio
+
+from bus.kv import FaultInjector, KVReceiver, ReceiveConfig
+from bus.kv.layout import DTYPES
+
+
+def make_allocator(use_torch: bool):
+    pool: dict[tuple, object] = {}
+
+    def allocate(transfer_id, request_id, info):
+        key = (info.shape, info.dtype)
+        if key not in pool:
+            if use_torch:
+                import torch
+
+                from nodes.engines.kv_quant import NAMES_TO_TORCH
+                pool[key] = torch.zeros(info.shape, dtype=NAMES_TO_TORCH[info.dtype])
+            else:
+                pool[key] = np.zeros(info.shape, DTYPES[info.dtype])
+        return pool[key]
+    return allocate
+
+
+def digest(kv) -> int:
+    if hasattr(kv, "numpy"):
+        import torch
+        kv = kv.view(torch.int16).numpy() if kv.dtype == torch.bfloat16 else kv.numpy()
+    return xxhash.xxh3_64_intdigest(np.ascontiguousarray(kv).view(np.uint8))
+
+
+async def serve_bare(socket: zmq.asyncio.Socket) -> None:
+    while True:
+        frames = await socket.recv_multipart(copy=False)
+        await socket.send_multipart([frames[0], b"ok"])
+
+
+async def main(args: argparse.Namespace) -> None:
+    quantizer = None
+    if args.torch:
+        import torch
+
+        from nodes.engines.kv_quant import TorchQuantizer
+        torch.set_num_threads(1)
+        quantizer = TorchQuantizer()
+        quantizer.warmup()
+    faults = FaultInjector(drop_probability=0.2, seed=args.faults) if args.faults is not None else None
+
+    def report(result):
+        line = {"transfer_id": result.transfer_id, "ok": result.ok, "reason": result.reason,
+                "checksum_failures": result.stats.checksum_failures, "nacks": result.stats.nacks,
+                "digest": digest(result.kv) if result.ok and args.digests else None}
+        print(json.dumps(line), flush=True)
+
+    receiver = KVReceiver(make_allocator(args.torch), quantizer=quantizer, faults=faults, on_result=report,
+                          config=ReceiveConfig(transfer_timeout=args.timeout))
+    endpoint = await receiver.start()
+    context = zmq.asyncio.Context.instance()
+    bare = context.socket(zmq.ROUTER)
+    bare.bind("tcp://127.0.0.1:0")
+    bare_task = asyncio.get_running_loop().create_task(serve_bare(bare))
+    print(json.dumps({"kv": endpoint, "bare": bare.getsockopt_string(zmq.LAST_ENDPOINT)}), flush=True)
+    await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)   # until stdin closes
+    bare_task.cancel()
+    await receiver.close()
+    bare.close(linger=0)
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PDBUS_LOG_LEVEL", "warning")
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--torch", action="store_true", help="decode with the compiled torch quantizer")
+    parser.add_argument("--faults", type=int, default=None, help="drop 20%% of replies (seeded)")
+    parser.add_argument("--digests", action="store_true", help="print a digest of each received KV")
+    parser.add_argument("--timeout", type=float, default=30.0)
+    from bus.log import configure_logging
+    configure_logging(level=os.environ["PDBUS_LOG_LEVEL"])
+    try:
+        import uvloop
+        uvloop.run(main(parser.parse_args()))
+    except KeyboardInterrupt:
+        pass

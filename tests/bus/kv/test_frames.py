@@ -1,0 +1,215 @@
+"""Wire messages: round trips, validation of every header field, corruption is always detected."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from bus.kv.chunk_codec import ChunkEncoder, verify_and_decode
+from bus.kv.errors import KVChecksumError, KVError, KVFrameError
+from bus.kv.frames import (
+    MAGIC,
+    Abort,
+    Ack,
+    Chunk,
+    Done,
+    End,
+    FrameInfo,
+    Nack,
+    _chunk_fields,
+    decode_header,
+    decode_message,
+    encode_header,
+    encode_message,
+)
+from bus.kv.quant import NumpyQuantizer
+from tests.bus.kv.conftest import synthetic_kv
+
+KV = synthetic_kv(layers=2, heads=1, tokens=8, head_dim=8)
+
+
+def encoded_chunk(mode="int8", compression="none", index=0):
+    encoder = ChunkEncoder(KV, NumpyQuantizer(), transfer_id="t1", request_id="r1", mode=mode,
+                           compression=compression, chunk_bytes=8 * 8 * 4)
+    outs = [np.empty(n, np.uint8) for n in encoder.buffer_sizes()]
+    header, wire = encoder.encode(index, outs)
+    return header, [bytes(memoryview(f).cast("B")) for f in wire]
+
+
+@pytest.mark.parametrize("message", [
+    End("t1", "r1", 4, 1000, 2**64 - 1), Abort("t1", "client went away"), Ack("t1", 3),
+    Nack("t1", -1, "missing"), Done("t1", False, "timed out", 2, 1), Done("t1", True, "", 0, 0),
+])
+def test_control_messages_round_trip(message):
+    decoded, payload = decode_message(encode_message(message))
+    assert decoded == message and payload == []
+
+
+@pytest.mark.parametrize("mode", ["raw", "bf16", "int8", "int8_sym"])
+@pytest.mark.parametrize("compression", ["none", "lz4", "zstd"])
+def test_chunks_round_trip_and_decode(mode, compression):
+    header, wire = encoded_chunk(mode, compression)
+    decoded, payload = decode_message(encode_message(header, wire))
+    assert decoded == header
+    dst = np.zeros_like(KV)
+    verify_and_decode(decoded, payload, NumpyQuantizer(), dst)
+    assert np.abs(dst[0, 0, 0] - KV[0, 0, 0]).max() < 0.1
+
+
+# One invalid value per header field: each must be refused with KVFrameError.
+BAD_CHUNK_FIELDS = {
+    "transfer_id": ["", 5, "x" * 200], "request_id": ["", None],
+    "shape": [[2, 3, 1, 8, 8], [2, 2, 1, 8], [2, 2, 0, 8, 8], "2,2,1,8,8", [2, 2, 1, 8, 8.0]],
+    "dtype": ["int8", None], "mode": ["int4", ""], "token_offset": [-1, "0"],
+    "num_chunks": [0, -2], "index": [4, -1, True], "plane_start": [4, -1], "plane_stop": [0, 5],
+    "token_start": [8, -1], "token_stop": [0, 9], "scale_dtype": ["", "f64"],
+    "frames": [[], [[0, 0, 1, 1]], [["lz5", 0, 64, 10], ["none", 0, 8, 8]], "frames"],
+    "checksum": [-1, 1.5, "0"], "attempt": [-1, 2**16],
+}
+
+
+@pytest.mark.parametrize(("name", "value"), [(n, v) for n, values in BAD_CHUNK_FIELDS.items() for v in values])
+def test_every_chunk_header_field_is_validated(name, value):
+    header, _ = encoded_chunk()
+    fields = _chunk_fields(header)
+    fields[Chunk.__slots__.index(name)] = value
+    with pytest.raises(KVFrameError):
+        decode_header(reencode(fields, 1))
+
+
+def reencode(fields, kind):
+    import msgpack
+    import xxhash
+    body = MAGIC + bytes((1, kind)) + msgpack.packb(fields, use_bin_type=True)
+    return body + xxhash.xxh3_64_intdigest(body).to_bytes(8, "little")
+
+
+def test_payload_sizes_must_match_the_mode_and_range():
+    header, _ = encoded_chunk()
+    wrong = replace(header, frames=(replace(header.frames[0], raw_len=63, wire_len=63), header.frames[1]))
+    with pytest.raises(KVFrameError, match="payload sizes"):
+        decode_header(encode_header(wrong))
+    stored_shuffled = replace(header, frames=(FrameInfo("none", 2, 64, 64), header.frames[1]))
+    with pytest.raises(KVFrameError):
+        decode_header(encode_header(stored_shuffled))
+
+
+@pytest.mark.parametrize(("kind", "fields"), [
+    (2, ["t1", "r1", 0, 10, 5]), (2, ["t1", "r1", 1, -1, 5]), (3, ["", "x"]), (17, ["t1", -1]),
+    (18, ["t1", -2, "x"]), (19, ["t1", 1, "x", 0, 0]), (19, ["t1", True, "x", -1, 0]), (17, ["t1"]),
+    (99, ["t1", 1]),
+])
+def test_control_fields_are_validated(kind, fields):
+    with pytest.raises(KVFrameError):
+        decode_header(reencode(fields, kind))
+
+
+def test_bad_magic_version_and_garbage_are_refused():
+    frame = encode_header(Ack("t1", 1))
+    for broken in (b"XXXX" + frame[4:], frame[:4] + b"\x07" + frame[5:], b"", b"PDKV", frame[:-1]):
+        with pytest.raises(KVFrameError):
+            decode_header(broken)
+    with pytest.raises(KVFrameError):
+        decode_header(reencode({"not": "a list"}, 17))
+    with pytest.raises(KVFrameError):
+        decode_message([])
+
+
+# ---- corruption is always detected, and only the codec's own error escapes ----
+
+def message_frames(compression: str) -> list[bytes]:
+    header, wire = encoded_chunk("int8", compression, index=1)
+    return [bytes(f) for f in encode_message(header, wire)]
+
+
+def receive(frames) -> None:
+    """What a receiver does with a message: parse, verify, decode; raises KVError on any fault."""
+    message, payload = decode_message(frames)
+    if isinstance(message, Chunk):
+        verify_and_decode(message, payload, NumpyQuantizer(), np.zeros_like(KV))
+
+
+FRAMES = {c: message_frames(c) for c in ("none", "lz4", "zstd")}
+settings_ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+@settings_
+@given(st.sampled_from(sorted(FRAMES)), st.data())
+def test_any_bit_flip_is_detected(compression, data):
+    frames = [bytearray(f) for f in FRAMES[compression]]
+    which = data.draw(st.integers(0, len(frames) - 1))
+    flips = data.draw(st.lists(st.tuples(st.integers(0, len(frames[which]) - 1), st.integers(0, 7)),
+                               min_size=1, max_size=4, unique=True))
+    for position, bit in flips:
+        frames[which][position] ^= 1 << bit
+    if [bytes(f) for f in frames] == FRAMES[compression]:
+        return  # flips cancelled out
+    with pytest.raises(KVError):
+        receive([bytes(f) for f in frames])
+
+
+@settings_
+@given(st.sampled_from(sorted(FRAMES)), st.data())
+def test_truncation_or_extension_is_detected(compression, data):
+    frames = list(FRAMES[compression])
+    which = data.draw(st.integers(0, len(frames) - 1))
+    cut = data.draw(st.integers(0, len(frames[which]) - 1))
+    extra = data.draw(st.binary(max_size=8))
+    frames[which] = frames[which][:cut] + extra if extra != frames[which][cut:] else frames[which][:cut]
+    with pytest.raises(KVError):
+        receive(frames)
+
+
+@settings_
+@given(st.sampled_from(sorted(FRAMES)), st.permutations(range(3)))
+def test_reordered_frames_are_detected(compression, order):
+    frames = FRAMES[compression]
+    if list(order) == [0, 1, 2]:
+        return
+    with pytest.raises(KVError):
+        receive([frames[i] for i in order])
+
+
+@settings_
+@given(st.sampled_from(sorted(FRAMES)), st.integers(0, 2), st.integers(0, 3))
+def test_duplicated_or_dropped_frames_are_detected(compression, which, position):
+    frames = list(FRAMES[compression])
+    duplicated = frames[:position] + [frames[which]] + frames[position:]
+    with pytest.raises(KVError):
+        receive(duplicated)
+    with pytest.raises(KVError):
+        receive(frames[:which] + frames[which + 1:])
+
+
+@settings_
+@given(st.sampled_from(sorted(FRAMES)), st.data())
+def test_lying_lengths_are_detected(compression, data):
+    header, payload = decode_message(FRAMES[compression])
+    which = data.draw(st.integers(0, len(header.frames) - 1))
+    frame = header.frames[which]
+    field = data.draw(st.sampled_from(["raw_len", "wire_len"]))
+    value = data.draw(st.integers(0, 2**20).filter(lambda v: v != getattr(frame, field)))
+    infos = list(header.frames)
+    infos[which] = replace(frame, **{field: value})
+    with pytest.raises(KVError):
+        receive([encode_header(replace(header, frames=tuple(infos))), *payload])
+
+
+def test_a_valid_header_over_a_swapped_payload_fails_the_checksum():
+    header, wire = encoded_chunk("int8", "none", index=0)
+    _, other = encoded_chunk("int8", "none", index=1)
+    with pytest.raises(KVChecksumError):
+        verify_and_decode(header, other, NumpyQuantizer(), np.zeros_like(KV))
+
+
+def test_a_failed_chunk_writes_nothing():
+    header, wire = encoded_chunk("int8", "none", index=0)
+    dst = np.full_like(KV, 7.0)
+    corrupt = [wire[0][:-1] + bytes([wire[0][-1] ^ 1]), wire[1]]
+    with pytest.raises(KVChecksumError):
+        verify_and_decode(header, corrupt, NumpyQuantizer(), dst)
+    assert (dst == 7.0).all()

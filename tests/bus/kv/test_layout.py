@@ -1,0 +1,73 @@
+"""Chunk planning and dtype helpers (bus/kv/layout.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from bus.kv.errors import KVValueError
+from bus.kv.layout import KVInfo, bf16_bits_to_f32, f32_to_bf16_bits, numpy_kv_info, plan_chunks
+
+
+def coverage(info: KVInfo, specs) -> np.ndarray:
+    counts = np.zeros((info.num_planes, info.num_tokens), int)
+    for spec in specs:
+        counts[spec.planes, spec.tokens] += 1
+    return counts
+
+
+@pytest.mark.parametrize("chunk_bytes", [1, 100, 4096, 10_000, 60_000, 10**9])
+@pytest.mark.parametrize("shape", [(3, 2, 2, 40, 16), (1, 2, 1, 1, 8), (30, 2, 3, 17, 64)])
+def test_chunks_cover_every_value_exactly_once(shape, chunk_bytes):
+    info = KVInfo(shape, "float32")
+    specs = plan_chunks(info, chunk_bytes)
+    assert (coverage(info, specs) == 1).all()
+    assert [s.index for s in specs] == list(range(len(specs)))
+
+
+def test_chunks_take_whole_layers_when_they_fit():
+    info = KVInfo((30, 2, 3, 1024, 64), "float32")   # SmolLM2: 1.5 MiB per layer in fp32
+    specs = plan_chunks(info, 2 * 1024 * 1024)
+    assert len(specs) == 30
+    assert all(s.plane_stop - s.plane_start == 6 and s.token_stop - s.token_start == 1024 for s in specs)
+
+
+def test_a_plane_larger_than_a_chunk_is_split_by_tokens():
+    info = KVInfo((1, 2, 1, 1000, 64), "float32")   # 256 KB per plane
+    specs = plan_chunks(info, 64 * 1024)
+    assert {s.plane_stop - s.plane_start for s in specs} == {1}
+    assert max(s.token_stop - s.token_start for s in specs) == 256
+
+
+@pytest.mark.parametrize("shape", [(3, 3, 2, 4, 8), (3, 2, 2, 4), (0, 2, 1, 1, 1)])
+def test_bad_shapes_are_refused(shape):
+    with pytest.raises(KVValueError):
+        KVInfo(shape, "float32")
+
+
+def test_bad_dtype_and_chunk_size_are_refused():
+    with pytest.raises(KVValueError):
+        KVInfo((1, 2, 1, 1, 1), "int8")
+    with pytest.raises(KVValueError):
+        plan_chunks(KVInfo((1, 2, 1, 1, 1), "float32"), 0)
+    with pytest.raises(KVValueError):
+        numpy_kv_info(np.zeros((1, 2, 1, 1, 1), np.uint16))   # bf16 must be said explicitly
+    with pytest.raises(KVValueError):
+        numpy_kv_info(np.zeros((1, 2, 1, 1, 1), np.float32), "bfloat16")
+
+
+def test_bf16_conversion_rounds_to_nearest_even_and_keeps_specials():
+    values = np.array([1.0, 1.00390625, 1.01171875, -2.5, np.inf, -np.inf, np.nan, 0.0, 3.0e38], np.float32)
+    bits = f32_to_bf16_bits(values)
+    back = bf16_bits_to_f32(bits)
+    assert back[0] == 1.0 and back[1] == 1.0           # halfway 1 + 2**-8 ties to even (1.0)
+    assert back[2] == np.float32(1.015625)             # halfway 1 + 3 * 2**-8 ties to even (up)
+    assert back[3] == -2.5 and back[7] == 0.0
+    assert np.isposinf(back[4]) and np.isneginf(back[5]) and np.isnan(back[6])
+    assert np.isfinite(back[8])
+
+
+def test_bf16_relative_error_is_at_most_half_an_ulp():
+    values = np.random.default_rng(1).normal(size=10_000).astype(np.float32) * 100
+    back = bf16_bits_to_f32(f32_to_bf16_bits(values))
+    assert (np.abs(back - values) <= np.abs(values) * 2.0**-8).all()

@@ -1,0 +1,150 @@
+"""The KV data plane over real sockets: in one process, and to a receiver in another process."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import xxhash
+
+from bus.kv import (
+    FaultInjector,
+    KVReceiver,
+    KVSender,
+    KVTransferFailed,
+    KVTransferTimeout,
+    KVValueError,
+    ReceiveConfig,
+    SendConfig,
+)
+from tests.bus.kv.conftest import synthetic_kv
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def pair():
+    receiver = KVReceiver(config=ReceiveConfig(transfer_timeout=5.0))
+    endpoint = await receiver.start()
+    sender = KVSender(chunk_bytes=4096, config=SendConfig(ack_timeout=0.3, transfer_timeout=5.0))
+    yield sender, receiver, endpoint
+    await sender.close()
+    await receiver.close()
+
+
+@pytest.mark.parametrize(("mode", "compression"), [("raw", "none"), ("raw", "lz4"), ("int8", "auto"),
+                                                   ("bf16", "zstd"), ("int8_sym", "none")])
+async def test_round_trip_over_tcp(pair, mode, compression):
+    sender, receiver, endpoint = pair
+    kv = synthetic_kv(tokens=64)
+    report = await sender.send(endpoint, "t1", "r1", kv, mode=mode, compression=compression, token_offset=5)
+    result = await receiver.result("t1", timeout=5)
+    assert result.ok and report.ok and result.token_offset == 5
+    assert report.stats.raw_bytes == kv.nbytes and report.stats.wire_bytes > 0
+    if mode == "raw":
+        assert result.kv.tobytes() == kv.tobytes()
+    else:
+        assert np.abs(result.kv - kv).max() < 0.1
+
+
+async def test_concurrent_transfers_share_one_connection(pair):
+    sender, receiver, endpoint = pair
+    kvs = [synthetic_kv(seed=i) for i in range(4)]
+    reports = await asyncio.gather(*(sender.send(endpoint, f"t{i}", f"r{i}", kv, mode="raw")
+                                     for i, kv in enumerate(kvs)))
+    assert all(r.ok for r in reports)
+    for i, kv in enumerate(kvs):
+        assert (await receiver.result(f"t{i}", timeout=5)).kv.tobytes() == kv.tobytes()
+
+
+async def test_flipped_bytes_are_caught_and_resent(pair):
+    sender, receiver, endpoint = pair
+    sender.faults = FaultInjector(flip_probability=0.3, seed=11)
+    kv = synthetic_kv(tokens=64)
+    report = await sender.send(endpoint, "t1", "r1", kv, mode="raw", compression="none")
+    result = await receiver.result("t1", timeout=5)
+    assert result.ok and result.kv.tobytes() == kv.tobytes()
+    assert sender.faults.flips > 0 and report.stats.resends >= 1
+    assert report.stats.checksum_failures + report.stats.rejected + receiver.core.undecodable >= 1
+
+
+async def test_dropped_messages_are_recovered(pair):
+    sender, receiver, endpoint = pair
+    sender.faults = FaultInjector(drop_probability=0.2, seed=5)
+    kv = synthetic_kv(tokens=64)
+    await sender.send(endpoint, "t1", "r1", kv, mode="raw")
+    assert (await receiver.result("t1", timeout=5)).kv.tobytes() == kv.tobytes()
+    assert sender.faults.drops > 0
+
+
+async def test_persistent_corruption_fails_closed_on_both_sides(pair):
+    sender, receiver, endpoint = pair
+    sender.faults = FaultInjector(flip_probability=1.0, seed=1, only_kinds=(1,))
+    with pytest.raises(KVTransferFailed):
+        await sender.send(endpoint, "t1", "r1", synthetic_kv(), mode="int8")
+    result = await receiver.result("t1", timeout=5)
+    assert not result.ok and result.kv is None
+
+
+async def test_a_missing_receiver_times_out():
+    sender = KVSender(config=SendConfig(ack_timeout=0.1, transfer_timeout=0.5))
+    with pytest.raises(KVTransferTimeout):
+        await sender.send("tcp://127.0.0.1:1", "t1", "r1", synthetic_kv(), mode="raw")
+    await sender.close()
+
+
+async def test_waiting_for_a_transfer_that_never_comes_times_out(pair):
+    _, receiver, _ = pair
+    with pytest.raises(KVTransferTimeout):
+        await receiver.result("never", timeout=0.2)
+
+
+async def test_an_abort_mid_flight_frees_the_receiver(pair):
+    sender, receiver, endpoint = pair
+    sender.shaper = __import__("bus.kv.link", fromlist=["LinkShaper"]).LinkShaper(2e6)   # slow: ~0.1 s
+    task = asyncio.ensure_future(sender.send(endpoint, "t1", "r1", synthetic_kv(tokens=64), mode="raw"))
+    await asyncio.sleep(0.03)
+    assert await sender.abort("t1", "client went away")
+    with pytest.raises(KVTransferFailed, match="aborted"):
+        await task
+    result = await receiver.result("t1", timeout=5)
+    assert not result.ok and "client went away" in result.reason
+    assert not await sender.abort("t1")
+
+
+async def test_a_receiver_cancel_fails_the_sender(pair):
+    sender, receiver, endpoint = pair
+    sender.shaper = __import__("bus.kv.link", fromlist=["LinkShaper"]).LinkShaper(2e6)
+    task = asyncio.ensure_future(sender.send(endpoint, "t1", "r1", synthetic_kv(tokens=64), mode="raw"))
+    await asyncio.sleep(0.03)
+    receiver.cancel("t1", "request aborted")
+    with pytest.raises(KVTransferFailed, match="request aborted"):
+        await task
+
+
+async def test_bad_kv_is_refused_before_any_io(pair):
+    sender, _, endpoint = pair
+    with pytest.raises(KVValueError):
+        await sender.send(endpoint, "t1", "r1", np.zeros((2, 2, 2), np.float32))
+
+
+async def test_a_receiver_in_another_process(tmp_path):
+    peer = subprocess.Popen([sys.executable, "-m", "harness.bench.kv_peer", "--digests", "--faults", "3"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    try:
+        endpoints = json.loads(peer.stdout.readline())
+        sender = KVSender(chunk_bytes=8192, config=SendConfig(ack_timeout=0.3, transfer_timeout=10))
+        kv = synthetic_kv(layers=4, tokens=200)
+        report = await sender.send(endpoints["kv"], "t1", "r1", kv, mode="raw")
+        line = json.loads(peer.stdout.readline())
+        assert report.ok and line["ok"] and line["digest"] == xxhash.xxh3_64_intdigest(kv.view(np.uint8))
+        await sender.send(endpoints["kv"], "t2", "r2", kv, mode="int8", compression="lz4")
+        assert json.loads(peer.stdout.readline())["ok"]
+        await sender.close()
+    finally:
+        peer.stdin.close()
+        peer.wait(timeout=10)
