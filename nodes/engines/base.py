@@ -41,6 +41,7 @@ from typing import Any, Literal
 
 FinishReason = Literal["stop", "length", "abort"]
 AdmissionStatus = Literal["ok", "full", "rejected"]
+LOADER_SETTINGS = frozenset({"model", "model_dir"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,8 +178,9 @@ class EngineConfig:
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> EngineConfig:
+        """From the `[engine]` table; `model`/`model_dir` there belong to the model loader."""
         known = {k: v for k, v in values.items() if k in cls.__dataclass_fields__}
-        unknown = sorted(set(values) - set(known))
+        unknown = sorted(set(values) - set(known) - LOADER_SETTINGS)
         if unknown:
             raise ValueError(f"unknown [engine] settings: {', '.join(unknown)}")
         return cls(**known)

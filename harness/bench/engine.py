@@ -1,0 +1,266 @@
+"""`make bench-engine`: the built-in engine's prefill and decode speed beside its references.
+
+For each dtype (default: float32 and bfloat16), with the same torch thread count everywhere:
+- prefill tokens/s for 128/512/1024-token prompts: the engine, Hugging Face transformers (one
+  forward with `logits_to_keep=1`, as `generate` does) and a GEMM roofline (torch.matmul of the
+  model's own weight shapes, every layer, same dtype);
+- decode tokens/s at batch 1, 8, 32 with 512 tokens of context (random KV: speed does not depend
+  on its values): the engine, transformers (DynamicCache) and the GEMM roofline; the bandwidth
+  floor of a batch-1 step = weight bytes / single-core read bandwidth measured now.
+Then the thread study: one decode process alone vs two sharing the cores, with OpenMP's default
+wait policy and with OMP_WAIT_POLICY=PASSIVE (each process pinned to one torch thread).
+Prints tables; `--json PATH` also writes the figures. Run under `flock /tmp/pdbus-bench.lock`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+
+import torch
+
+from nodes.engines.base import DecodeRequest, EngineConfig, PrefillRequest, SamplingParams
+from nodes.engines.engine import LlamaEngine, resolve_dtype
+from nodes.engines.model_loader import load_model, prepare_model
+
+PREFILL_LENGTHS = (128, 512, 1024)
+DECODE_BATCHES = (1, 8, 32)
+CONTEXT = 512
+GREEDY = SamplingParams(temperature=0.0, max_tokens=64, ignore_eos=True)
+
+
+def best_time(fn: Callable[[], object], repeats: int, min_seconds: float = 0.0) -> float:
+    """Best of `repeats` timed calls after one warm-up (the least disturbed run on a shared machine)."""
+    fn()
+    best = float("inf")
+    start = time.perf_counter()
+    for i in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - t0)
+        if i >= 1 and time.perf_counter() - start > max(min_seconds, 30):
+            break
+    return best
+
+
+def read_bandwidth(weights: list[torch.Tensor]) -> dict[str, float]:
+    """Single-thread read bandwidth, GB/s: a 1 GiB buffer (DRAM) and one pass over the weights."""
+    buffer = torch.empty(256 * 1024 * 1024).uniform_()
+    dram = buffer.numel() * 4 / best_time(buffer.sum, 5) / 1e9
+    del buffer
+    num_bytes = sum(w.numel() * w.element_size() for w in weights)
+    passes = num_bytes / best_time(lambda: [w.sum() for w in weights], 5) / 1e9
+    return {"dram_gbs": dram, "weights_pass_gbs": passes}
+
+
+def plain_weights(model, dtype: torch.dtype) -> list[torch.Tensor]:
+    """The model's linear weights as plain [out, in] tensors, fused the way the engine fuses them."""
+    w = {k: v.to(dtype) for k, v in model.weights.items()}
+    layers = []
+    for i in range(model.config.num_layers):
+        p = f"model.layers.{i}"
+        layers += [torch.cat([w[f"{p}.self_attn.{x}_proj.weight"] for x in "qkv"]), w[f"{p}.self_attn.o_proj.weight"],
+                   torch.cat([w[f"{p}.mlp.gate_proj.weight"], w[f"{p}.mlp.up_proj.weight"]]), w[f"{p}.mlp.down_proj.weight"]]
+    head = w.get("lm_head.weight", w["model.embed_tokens.weight"])
+    return layers + [head]
+
+
+def gemm_seconds(weights: list[torch.Tensor], num_tokens: int, num_logit_rows: int) -> float:
+    """torch.matmul of exactly the model's linear layers for `num_tokens` rows, every layer."""
+    inputs = {}
+    for w in weights:
+        inputs.setdefault(w.shape[1], torch.randn(num_tokens, w.shape[1], dtype=w.dtype))
+    *layers, head = weights
+    last = inputs[head.shape[1]][:num_logit_rows]
+
+    def run() -> None:
+        for w in layers:
+            torch.matmul(inputs[w.shape[1]], w.t())
+        torch.matmul(last, head.t())
+    return best_time(run, 5)
+
+
+def random_prompt(num_tokens: int, seed: int) -> tuple[int, ...]:
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randint(100, 40_000, (num_tokens,), generator=g).tolist())
+
+
+def engine_prefill_seconds(engine: LlamaEngine, num_tokens: int) -> float:
+    request = PrefillRequest("p", random_prompt(num_tokens, num_tokens), GREEDY)
+    return best_time(lambda: engine.prefill([request]), 3)
+
+
+def engine_decode_seconds(engine: LlamaEngine, batch: int, num_steps: int) -> float:
+    """Seconds per decode step with `batch` requests at CONTEXT tokens of imported (random) KV."""
+    c = engine.runner.config
+    for i in range(batch):
+        kv = torch.randn(c.num_layers, 2, c.num_kv_heads, CONTEXT, c.head_dim, dtype=engine.runner.dtype)
+        request = DecodeRequest(f"d{i}", random_prompt(CONTEXT, i), GREEDY, kv=kv, first_token_id=1000 + i)
+        assert engine.add_request(request).ok
+    engine.step()
+    engine.step()
+    t0 = time.perf_counter()
+    for _ in range(num_steps):
+        engine.step()
+    seconds = (time.perf_counter() - t0) / num_steps
+    for i in range(batch):
+        engine.abort(f"d{i}")
+    return seconds
+
+
+def hf_model(dtype: torch.dtype):
+    from transformers import AutoModelForCausalLM
+    return AutoModelForCausalLM.from_pretrained(prepare_model(), dtype=dtype).eval()
+
+
+@torch.inference_mode()
+def hf_prefill_seconds(model, num_tokens: int) -> float:
+    ids = torch.tensor([random_prompt(num_tokens, num_tokens)])
+    return best_time(lambda: model(input_ids=ids, use_cache=True, logits_to_keep=1), 3)
+
+
+@torch.inference_mode()
+def hf_decode_seconds(model, batch: int, num_steps: int) -> float:
+    from transformers import DynamicCache
+    c = model.config
+    cache = DynamicCache(config=c)
+    head_dim = c.hidden_size // c.num_attention_heads
+    for layer in range(c.num_hidden_layers):
+        shape = (batch, c.num_key_value_heads, CONTEXT, head_dim)
+        cache.update(torch.randn(shape, dtype=model.dtype), torch.randn(shape, dtype=model.dtype), layer)
+    ids = torch.randint(100, 40_000, (batch, 1))
+    times = []
+    for step in range(num_steps + 2):
+        t0 = time.perf_counter()
+        out = model(input_ids=ids, cache=cache, use_cache=True,
+                    position_ids=torch.full((batch, 1), CONTEXT + step))
+        ids = out.logits[:, -1].argmax(-1, keepdim=True)
+        times.append(time.perf_counter() - t0)
+    return sorted(times[2:])[len(times[2:]) // 2]   # median step after warm-up
+
+
+def bench_dtype(model, dtype_name: str, threads: int, num_steps: int) -> dict:
+    dtype = resolve_dtype(dtype_name)
+    engine = LlamaEngine(model, EngineConfig(dtype=dtype_name, num_threads=threads, num_kv_blocks=8192,
+                                             max_batch_tokens=4096))
+    weights = plain_weights(model, dtype)
+    bandwidth = read_bandwidth(weights)
+    weight_bytes = sum(w.numel() * w.element_size() for w in weights)   # what one decode step reads
+    floor_s = weight_bytes / (max(bandwidth.values()) * 1e9)
+    hf = hf_model(dtype)
+    result = {"dtype": dtype_name, "threads": threads, "weight_bytes": weight_bytes, **bandwidth,
+              "floor_step_ms": floor_s * 1e3, "prefill": {}, "decode": {}}
+    for n in PREFILL_LENGTHS:
+        ours, theirs = engine_prefill_seconds(engine, n), hf_prefill_seconds(hf, n)
+        gemm = gemm_seconds(weights, n, 1)
+        result["prefill"][n] = {"engine_tok_s": n / ours, "hf_tok_s": n / theirs, "gemm_tok_s": n / gemm}
+        print(f"  prefill {n:5d}: engine {n / ours:8.0f} tok/s  hf {n / theirs:8.0f}  gemm {n / gemm:8.0f}", flush=True)
+    for b in DECODE_BATCHES:
+        ours = engine_decode_seconds(engine, b, num_steps)
+        theirs = hf_decode_seconds(hf, b, max(3, num_steps // 4))
+        gemm = gemm_seconds(weights, b, b)
+        result["decode"][b] = {"engine_tok_s": b / ours, "hf_tok_s": b / theirs, "gemm_tok_s": b / gemm,
+                               "engine_step_ms": ours * 1e3, "hf_step_ms": theirs * 1e3}
+        print(f"  decode  b={b:3d}: engine {b / ours:8.1f} tok/s ({ours * 1e3:6.1f} ms/step)  "
+              f"hf {b / theirs:7.1f} ({theirs * 1e3:6.1f} ms)  gemm {b / gemm:8.1f}", flush=True)
+    return result
+
+
+def print_summary(result: dict) -> None:
+    p, d = result["prefill"], result["decode"]
+    print(f"\n## {result['dtype']}, {result['threads']} thread(s); weights {result['weight_bytes'] / 2**20:.0f} MiB; "
+          f"read bandwidth {result['dram_gbs']:.1f} GB/s (1 GiB buffer), {result['weights_pass_gbs']:.1f} GB/s "
+          f"(pass over the weights); batch-1 floor {result['floor_step_ms']:.1f} ms/step")
+    print("| prefill tokens | engine tok/s | transformers tok/s | engine/hf | GEMM roofline tok/s | engine/roofline |")
+    print("|---|---|---|---|---|---|")
+    for n, r in p.items():
+        print(f"| {n} | {r['engine_tok_s']:.0f} | {r['hf_tok_s']:.0f} | {r['engine_tok_s'] / r['hf_tok_s']:.2f}x | "
+              f"{r['gemm_tok_s']:.0f} | {r['engine_tok_s'] / r['gemm_tok_s']:.0%} |")
+    print("| decode batch (ctx 512) | engine tok/s | transformers tok/s | engine/hf | GEMM roofline tok/s | vs batch 1 |")
+    print("|---|---|---|---|---|---|")
+    for b, r in d.items():
+        print(f"| {b} | {r['engine_tok_s']:.1f} ({r['engine_step_ms']:.1f} ms/step) | {r['hf_tok_s']:.1f} | "
+              f"{r['engine_tok_s'] / r['hf_tok_s']:.2f}x | {r['gemm_tok_s']:.0f} | "
+              f"{r['engine_tok_s'] / d[1]['engine_tok_s']:.1f}x |")
+    print(f"batch-1 step: {d[1]['engine_step_ms']:.1f} ms = {d[1]['engine_step_ms'] / result['floor_step_ms']:.2f}x "
+          f"the bandwidth floor ({result['floor_step_ms']:.1f} ms)")
+
+
+THREAD_WORKER = """
+import os, sys, time, torch
+from nodes.engines.base import DecodeRequest, EngineConfig, SamplingParams
+from nodes.engines.engine import LlamaEngine
+from nodes.engines.model_loader import load_model
+engine = LlamaEngine(load_model(), EngineConfig(dtype=sys.argv[1], num_threads=1))
+c = engine.runner.config
+for i in range(int(sys.argv[2])):
+    kv = torch.randn(c.num_layers, 2, c.num_kv_heads, 512, c.head_dim, dtype=engine.runner.dtype)
+    engine.add_request(DecodeRequest(str(i), (5,) * 512, SamplingParams(temperature=0, max_tokens=4096,
+                                     ignore_eos=True), kv=kv, first_token_id=7))
+for _ in range(3):
+    engine.step()
+print("READY", flush=True)
+sys.stdin.readline()
+times = []
+end = time.perf_counter() + float(sys.argv[3])
+while time.perf_counter() < end:
+    t0 = time.perf_counter(); engine.step(); times.append(time.perf_counter() - t0)
+print(sorted(times)[len(times) // 2] * 1e3, flush=True)
+"""
+
+
+def thread_study(dtype_name: str, batch: int, seconds: float) -> dict:
+    """Median decode step (ms) of one process alone and of two at once, per OpenMP wait policy."""
+    results = {}
+    for policy in ("default", "PASSIVE"):
+        env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | {"OMP_NUM_THREADS": "1"}
+        if policy == "PASSIVE":
+            env["OMP_WAIT_POLICY"] = "PASSIVE"
+        for count in (1, 2):
+            procs = [subprocess.Popen([sys.executable, "-c", THREAD_WORKER, dtype_name, str(batch), str(seconds)],
+                                      env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                     for _ in range(count)]
+            for proc in procs:
+                assert proc.stdout.readline().strip() == "READY"
+            for proc in procs:
+                proc.stdin.write("go\n")
+                proc.stdin.flush()
+            step_ms = [float(proc.communicate()[0].strip()) for proc in procs]
+            results[f"{policy}, {count} process(es)"] = step_ms
+            print(f"  OMP_WAIT_POLICY={policy:8s} {count} process(es): decode b={batch} step ms {step_ms}", flush=True)
+    return results
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m harness.bench.engine", description=__doc__.split("\n")[0])
+    parser.add_argument("--dtypes", default="float32,bfloat16")
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--steps", type=int, default=12, help="timed decode steps per batch size")
+    parser.add_argument("--skip-threads", action="store_true", help="skip the OMP wait-policy study")
+    parser.add_argument("--json", help="also write the figures to this JSON file")
+    args = parser.parse_args(argv)
+    torch.set_num_threads(args.threads)
+    model = load_model(dtype=torch.float32)
+    print(f"torch {torch.__version__}, {args.threads} thread(s), OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'default')}")
+    results = {"speed": [], "threads": {}}
+    for dtype_name in args.dtypes.split(","):
+        print(f"[{dtype_name}]", flush=True)
+        results["speed"].append(bench_dtype(model, dtype_name, args.threads, args.steps))
+    for result in results["speed"]:
+        print_summary(result)
+    if not args.skip_threads:
+        print("\n[threads] two engine processes on this machine's cores", flush=True)
+        results["threads"] = thread_study(args.dtypes.split(",")[-1], 8, 8.0)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
