@@ -80,11 +80,10 @@ def test_empty_message_is_malformed():
         codec.decode([])
 
 
-@pytest.mark.parametrize("message", MESSAGES, ids=lambda m: type(m).__name__)
+@pytest.mark.parametrize("message", [m for m in MESSAGES if not isinstance(m, Heartbeat)],
+                         ids=lambda m: type(m).__name__)
 def test_truncated_messages_are_refused(message):
     frames = [bytes(f) for f in codec.encode(message)]
-    if len(frames) == 1:
-        pytest.skip("nothing to truncate")
     with pytest.raises(ProtocolError):
         codec.decode(frames[:codec.MIN_FRAMES[codec.parse_header(frames[0])] - 1])
 
