@@ -1,0 +1,172 @@
+"""`make bench-kv`: the KV codec and data plane, per stage and end to end, with its targets.
+
+Run under the shared lock: `flock /tmp/pdbus-bench.lock make bench-kv` (or
+`python -m harness.bench.kv [--repeats N] [--tokens T]`). It takes the real KV of a T-token prompt
+of held-out text from SmolLM2-135M (cached under .models/), then measures in one run:
+per-stage GB/s (kv_stages), compression ratios per mode, and end to end (encode -> send over
+loopback TCP to another process -> receive -> verify -> decode into a preallocated buffer -> DONE
+back), on loopback and through a 10 Gbit/s shaped link, beside a bare pyzmq send of the same bytes.
+Every target of issue 3 is printed as a ratio of two figures measured side by side in this run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+os.environ.setdefault("OMP_NUM_THREADS", "1")
+os.environ.setdefault("PDBUS_LOG_LEVEL", "warning")
+
+import numpy as np  # noqa: E402
+import torch  # noqa: E402
+import zmq  # noqa: E402
+import zmq.asyncio  # noqa: E402
+
+from bus.kv import KVSender, SendConfig  # noqa: E402
+from bus.kv.link import LinkShaper, gbit  # noqa: E402
+from harness.bench.kv_model import real_kv_fp32  # noqa: E402
+from harness.bench.kv_stages import measure_compression, measure_stages, payload_samples  # noqa: E402
+from nodes.engines.kv_quant import TorchQuantizer  # noqa: E402
+
+MiB = 1024 * 1024
+CASES = [  # (source dtype, mode, compression)
+    ("fp32", "raw", "none"), ("fp32", "raw", "auto"), ("fp32", "raw", "lz4"), ("fp32", "bf16", "none"),
+    ("fp32", "int8", "auto"), ("fp32", "int8", "none"), ("fp32", "int8", "lz4"),
+    ("bf16", "raw", "none"), ("bf16", "raw", "auto"), ("bf16", "int8", "auto"), ("bf16", "int8", "none"),
+]
+
+
+def start_peer() -> tuple[subprocess.Popen, dict]:
+    peer = subprocess.Popen([sys.executable, "-m", "harness.bench.kv_peer", "--torch"],
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    return peer, json.loads(peer.stdout.readline())
+
+
+async def bare_send_seconds(socket: zmq.asyncio.Socket, frames: list, shaper: LinkShaper | None) -> float:
+    started = time.perf_counter()
+    if shaper is not None:  # the same store-and-forward link model the KV sender uses
+        loop = asyncio.get_running_loop()
+        for frame in frames:
+            await asyncio.sleep(max(0.0, shaper.release_time(len(frame), loop.time()) - loop.time()))
+    await socket.send_multipart(frames, copy=False)
+    await socket.recv_multipart()
+    return time.perf_counter() - started
+
+
+async def run_end_to_end(endpoints: dict, sources: dict, quantizer: TorchQuantizer, chunk_bytes: int,
+                         repeats: int, link: float | None, loopback_rate: float) -> dict:
+    rate = link or loopback_rate
+    sender = KVSender(quantizer=quantizer, chunk_bytes=chunk_bytes, link_bytes_per_s=rate,
+                      config=SendConfig(window=4, ack_timeout=5.0, transfer_timeout=60.0))
+    context = zmq.asyncio.Context.instance()
+    bare = context.socket(zmq.DEALER)
+    bare.connect(endpoints["bare"])
+    bare_frames = {name: np.array_split(source.view(torch.uint8).numpy().reshape(-1), 30)
+                   for name, source in sources.items()}
+    times: dict[str, list[float]] = {}
+    ratios: dict[str, float] = {}
+    for round_ in range(repeats + 1):  # round 0 warms up sockets, pages and caches
+        for name, frames in bare_frames.items():
+            seconds = await bare_send_seconds(bare, frames, LinkShaper(link) if link else None)
+            if round_:
+                times.setdefault(f"{name} bare pyzmq", []).append(seconds)
+        for dtype, mode, compression in CASES:
+            sender.shaper = LinkShaper(link) if link else None
+            started = time.perf_counter()
+            report = await sender.send(endpoints["kv"], f"{dtype}-{mode}-{compression}-{link}-{round_}", "bench",
+                                       sources[dtype], mode=mode, compression=compression)
+            if round_:
+                key = f"{dtype} {mode}+{compression}"
+                times.setdefault(key, []).append(time.perf_counter() - started)
+                ratios[key] = report.stats.ratio
+    await sender.close()
+    bare.close(linger=0)
+    return {key: (statistics.median(values), ratios.get(key, 1.0)) for key, values in times.items()}
+
+
+def print_end_to_end(title: str, results: dict, raw_bytes: dict) -> None:
+    print(f"\n### End to end, {title} (median seconds; GB/s of the engine's KV)\n")
+    print("| case | ms | GB/s | wire ratio |\n|---|---:|---:|---:|")
+    for key, (seconds, ratio) in results.items():
+        print(f"| {key} | {seconds * 1e3:.1f} | {raw_bytes[key.split()[0]] / seconds / 1e9:.2f} | {ratio:.2f}x |")
+
+
+def target(label: str, value: float, goal: float, higher_is_better: bool = True) -> str:
+    met = value >= goal if higher_is_better else value <= goal
+    return f"| {label} | {value:.2f} | {'>=' if higher_is_better else '<='} {goal} | {'met' if met else 'MISSED'} |"
+
+
+def print_targets(loop: dict, shaped: dict) -> None:
+    def t(results, key):
+        return results[key][0]
+    rows = [
+        target("loopback: fp32 raw+none / int8+auto time", t(loop, "fp32 raw+none") / t(loop, "fp32 int8+auto"), 1.3),
+        target("loopback: bf16 raw+none / int8+auto time", t(loop, "bf16 raw+none") / t(loop, "bf16 int8+auto"), 1.0),
+        target("10 Gbit/s: fp32 raw+none / int8+auto time", t(shaped, "fp32 raw+none") / t(shaped, "fp32 int8+auto"), 3.0),
+        target("10 Gbit/s: bf16 raw+none / int8+auto time", t(shaped, "bf16 raw+none") / t(shaped, "bf16 int8+auto"), 1.8),
+    ]
+    for name, results in (("loopback", loop), ("10 Gbit/s", shaped)):
+        for base in ("fp32 int8", "fp32 raw", "bf16 int8", "bf16 raw"):
+            rows.append(target(f"{name}: {base} auto / none time", t(results, f"{base}+auto") / t(results, f"{base}+none"),
+                               1.03, higher_is_better=False))
+    rows.append(target("loopback: fp32 raw+none throughput / bare pyzmq",
+                       t(loop, "fp32 bare pyzmq") / t(loop, "fp32 raw+none"), 0.8))
+    rows.append(target("loopback: bf16 raw+none throughput / bare pyzmq",
+                       t(loop, "bf16 bare pyzmq") / t(loop, "bf16 raw+none"), 0.8))
+    print("\n### Targets (ratios from this run)\n\n| target | measured | goal | |\n|---|---:|---|---|")
+    print("\n".join(rows))
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--tokens", type=int, default=1024)
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--chunk-mib", type=float, default=None, help="chunk size (default: bus.kv's)")
+    parser.add_argument("--skip-stages", action="store_true")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    from bus.kv.layout import DEFAULT_CHUNK_BYTES
+    chunk_bytes = int(args.chunk_mib * MiB) if args.chunk_mib else DEFAULT_CHUNK_BYTES
+    kv = real_kv_fp32(args.tokens)
+    sources = {"fp32": torch.from_numpy(kv), "bf16": torch.from_numpy(kv).to(torch.bfloat16)}
+    raw_bytes = {name: s.numel() * s.element_size() for name, s in sources.items()}
+    print(f"# bench-kv: SmolLM2-135M KV of a {args.tokens}-token prompt, {kv.shape}, "
+          f"{raw_bytes['fp32'] / MiB:.1f} MiB fp32; chunks of {chunk_bytes / MiB:.2f} MiB; median of {args.repeats}")
+    quantizer = TorchQuantizer()
+    started = time.perf_counter()
+    quantizer.warmup()
+    print(f"torch.compile warm-up: {time.perf_counter() - started:.1f} s (compiled={quantizer.compiled})")
+    peer, endpoints = start_peer()
+    try:
+        loop_results = asyncio.run(run_end_to_end(endpoints, sources, quantizer, chunk_bytes, args.repeats, None, gbit(25)))
+        loopback_rate = raw_bytes["fp32"] / loop_results["fp32 bare pyzmq"][0]
+        loop_results = asyncio.run(run_end_to_end(endpoints, sources, quantizer, chunk_bytes, args.repeats, None, loopback_rate))
+        shaped = asyncio.run(run_end_to_end(endpoints, sources, quantizer, chunk_bytes, args.repeats, gbit(10), gbit(10)))
+    finally:
+        peer.stdin.close()
+        peer.wait(timeout=30)
+    print(f"\nloopback bare pyzmq: {loopback_rate / 1e9:.2f} GB/s (the link speed `auto` used on loopback)")
+    print_end_to_end("loopback TCP, two processes", loop_results, raw_bytes)
+    print_end_to_end("10 Gbit/s shaped link (token bucket in the sender)", shaped, raw_bytes)
+    print_targets(loop_results, shaped)
+    if not args.skip_stages:
+        print("\n### Stages (one process, one thread; GB/s of the engine's KV)\n\n| stage | GB/s |\n|---|---:|")
+        for stage, value in measure_stages(kv, quantizer, chunk_bytes):
+            print(f"| {stage} | {value:.2f} |")
+        samples = payload_samples(kv, quantizer, chunk_bytes)
+        print("\n### Compression of real KV payloads\n\n| payload | codec | ratio | compress GB/s | decompress GB/s |"
+              "\n|---|---|---:|---:|---:|")
+        for label, codec, ratio, c_speed, d_speed in measure_compression(
+                samples, {"raw fp32": 4, "raw bf16": 2, "int8 (codes + params)": 1}):
+            print(f"| {label} | {codec} | {ratio:.3f}x | {c_speed:.2f} | {d_speed:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

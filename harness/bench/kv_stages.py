@@ -1,0 +1,116 @@
+"""Per-stage throughput of the KV codec on real KV, in one process (part of `make bench-kv`).
+
+Contract: `measure_stages(kv_fp32)` returns rows of (stage, GB/s of the engine's KV) for memcpy,
+checksum, encode and decode of each mode on the numpy and compiled torch paths; and
+`measure_compression(kv_fp32)` returns, per payload kind and codec (with and without byte-plane
+shuffle), the compression ratio and speed. Times are medians over repeats.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+
+import numpy as np
+import torch
+import xxhash
+
+from bus.kv.compress import compress_frame, decompress_frame
+from bus.kv.layout import plan_chunks
+from bus.kv.quant import NumpyQuantizer, max_payload_sizes
+from nodes.engines.kv_quant import TorchQuantizer
+
+
+def median_seconds(fn, repeats: int = 5) -> float:
+    fn()
+    times = []
+    for _ in range(repeats):
+        started = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - started)
+    return statistics.median(times)
+
+
+def _chunks(quantizer, kv, mode, chunk_bytes):
+    info = quantizer.kv_info(kv)
+    specs = plan_chunks(info, chunk_bytes)
+    outs = [np.empty(n, np.uint8) for n in max_payload_sizes(mode, max(s.num_rows for s in specs), info)]
+    return info, specs, outs
+
+
+def encode_seconds(quantizer, kv, mode, chunk_bytes, repeats):
+    info, specs, outs = _chunks(quantizer, kv, mode, chunk_bytes)
+    return median_seconds(lambda: [quantizer.encode(kv, info, s, mode, outs) for s in specs], repeats)
+
+
+def decode_seconds(quantizer, kv, mode, dst, chunk_bytes, repeats):
+    info, specs, outs = _chunks(quantizer, kv, mode, chunk_bytes)
+    payloads = []
+    for spec in specs:
+        payload = quantizer.encode(kv, info, spec, mode, outs)
+        payloads.append(([np.frombuffer(memoryview(f).cast("B"), np.uint8).copy() for f in payload.frames],
+                         payload.scale_dtype))
+    return median_seconds(lambda: [quantizer.decode(p, info, s, mode, scale, dst)
+                                   for s, (p, scale) in zip(specs, payloads, strict=True)], repeats)
+
+
+def measure_stages(kv_fp32: np.ndarray, torch_quantizer: TorchQuantizer, chunk_bytes: int,
+                   repeats: int = 5) -> list[tuple[str, float]]:
+    rows = []
+    nbytes = kv_fp32.nbytes
+    target = np.empty_like(kv_fp32)
+    rows.append(("memcpy fp32 into a reused buffer", nbytes / median_seconds(lambda: np.copyto(target, kv_fp32), repeats)))
+    rows.append(("xxh3_64 checksum", nbytes / median_seconds(lambda: xxhash.xxh3_64_intdigest(kv_fp32), repeats)))
+    tensors = {"fp32": torch.from_numpy(kv_fp32), "bf16": torch.from_numpy(kv_fp32).to(torch.bfloat16)}
+    for name, kv in tensors.items():
+        size = kv.numel() * kv.element_size()
+        dst = torch.empty_like(kv)
+        for mode in ("bf16", "int8", "int8_sym") if name == "fp32" else ("int8",):
+            rows.append((f"encode {mode} from {name} (torch compiled)",
+                         size / encode_seconds(torch_quantizer, kv, mode, chunk_bytes, repeats)))
+            rows.append((f"decode {mode} into {name} (torch compiled)",
+                         size / decode_seconds(torch_quantizer, kv, mode, dst, chunk_bytes, repeats)))
+    numpy_quantizer, dst = NumpyQuantizer(), np.empty_like(kv_fp32)
+    for mode in ("int8", "bf16"):
+        rows.append((f"encode {mode} from fp32 (numpy reference)",
+                     nbytes / encode_seconds(numpy_quantizer, kv_fp32, mode, chunk_bytes, 3)))
+        rows.append((f"decode {mode} into fp32 (numpy reference)",
+                     nbytes / decode_seconds(numpy_quantizer, kv_fp32, mode, dst, chunk_bytes, 3)))
+    return [(stage, value / 1e9) for stage, value in rows]
+
+
+def payload_samples(kv_fp32: np.ndarray, torch_quantizer: TorchQuantizer, chunk_bytes: int) -> dict[str, list]:
+    """The payload frames each mode puts on the wire for the real KV, by kind."""
+    samples: dict[str, list] = {}
+    kv = torch.from_numpy(kv_fp32)
+    for label, source, mode in (("raw fp32", kv, "raw"), ("raw bf16", kv.to(torch.bfloat16), "raw"),
+                                ("int8 (codes + params)", kv, "int8")):
+        info, specs, outs = _chunks(torch_quantizer, source, mode, chunk_bytes)
+        frames = []
+        for spec in specs:
+            payload = torch_quantizer.encode(source, info, spec, mode, outs)
+            frames.append([bytes(memoryview(f).cast("B")) for f in payload.frames])
+        samples[label] = frames
+    return samples
+
+
+def measure_compression(samples: dict[str, list], itemsizes: dict[str, int]) -> list[tuple[str, str, float, float, float]]:
+    """(payload, codec, ratio, compress GB/s, decompress GB/s) for each payload kind and codec."""
+    rows = []
+    for label, chunks in samples.items():
+        raw = sum(len(f) for frames in chunks for f in frames)
+        for codec, shuffle in (("lz4", 0), ("zstd", 0), ("lz4", itemsizes[label]), ("zstd", itemsizes[label])):
+            if shuffle == 1:
+                continue
+            started = time.perf_counter()
+            wires = [[compress_frame(f, codec, shuffle if i == 0 else 0) for i, f in enumerate(frames)] for frames in chunks]
+            compress = time.perf_counter() - started
+            started = time.perf_counter()
+            for frames, wire in zip(chunks, wires, strict=True):
+                for i, (f, w) in enumerate(zip(frames, wire, strict=True)):
+                    decompress_frame(w, codec, shuffle if i == 0 else 0, len(f))
+            decompress = time.perf_counter() - started
+            wire_bytes = sum(len(w) for wire in wires for w in wire)
+            name = codec + (f"+shuffle{shuffle}" if shuffle else "")
+            rows.append((label, name, raw / wire_bytes, raw / compress / 1e9, raw / decompress / 1e9))
+    return rows
