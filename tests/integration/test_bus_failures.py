@@ -17,7 +17,8 @@ import zmq
 from bus import codec
 from bus.client import BusClient
 from bus.liveness import HeartbeatConfig
-from tests.bus.processes import free_port, start_broker, start_node, timestamp
+from bus.mailbox import BusError
+from tests.bus.processes import free_port, python_process, start_broker, start_node, timestamp
 
 pytestmark = pytest.mark.integration
 WINDOW_S = HeartbeatConfig().expiry_s          # 250 ms x 3
@@ -46,6 +47,34 @@ def test_sigkill_node_is_reported_dead_within_the_window(port, processes):
     left = broker.wait_for("node_left", node_id="victim")
     assert left["reason"] == "expired"
     assert WINDOW_S <= left["silent_for_s"] < DETECTION_LIMIT_S
+
+
+STALLING_NODE = """
+import sys, time
+from bus.endpoint import Endpoint
+from bus.log import configure_logging, get_logger
+configure_logging("json", "info")
+endpoint = Endpoint(sys.argv[1], "decode", "staller").start()
+while True:
+    request = endpoint.receive()
+    endpoint.reply(request.request_id, {"token": 1})
+    get_logger("staller").info("replied_once")
+"""
+
+
+def test_client_is_told_when_the_node_serving_its_stream_is_killed(port, processes):
+    broker = start_broker(port)
+    node = python_process(STALLING_NODE, f"tcp://127.0.0.1:{port}")
+    processes += [broker, node]
+    broker.wait_for("node_joined", node_id="staller")
+    with BusClient(f"tcp://127.0.0.1:{port}", "waiting-client") as client:
+        stream = client.stream("decode", {"prompt": "x"}, timeout=15)
+        assert next(stream).seq == 0
+        node.signal(signal.SIGKILL)
+        with pytest.raises(BusError) as info:
+            next(stream)
+    assert info.value.code == "node_lost"
+    assert info.value.details == {"node_id": "staller", "num_replies": 1}
 
 
 def test_sigstop_node_is_reported_dead_then_reregisters_on_sigcont(port, processes):
