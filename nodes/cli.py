@@ -16,7 +16,11 @@ from nodes.settings import SettingsError
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "broker": ("nodes.commands.broker", "run the ZeroMQ broker (ROUTER) that nodes register with"),
-    "node": ("nodes.commands.node", "run a bus node (for now: an idle node that registers and heartbeats)"),
+    "cluster": ("nodes.commands.cluster", "run a local cluster from the config (broker + nodes), foreground"),
+    "prefill": ("nodes.commands.prefill", "run a prefill node"),
+    "decode": ("nodes.commands.decode", "run a decode node"),
+    "node": ("nodes.commands.node", "run a node by role (`--role both`: colocated prefill+decode)"),
+    "complete": ("nodes.commands.complete", "stream a completion through the cluster (bus-level client)"),
     "model": ("nodes.commands.model", "prepare or inspect the model (`pdbus model prepare`)"),
     "generate": ("nodes.commands.generate", "generate locally with the built-in engine (no cluster)"),
 }
