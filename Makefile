@@ -8,8 +8,10 @@ CONFIG   ?= config/local.toml
 PYTEST_ARGS ?=
 # One thread per node on this 2-core machine; see docs/BENCHMARKS.md for the measurement.
 export OMP_NUM_THREADS ?= 1
+# Benchmarks share one lock so two never run at once on this 2-core machine.
+BENCH    := flock /tmp/pdbus-bench.lock $(PY)
 
-.PHONY: help install test test-all test-slow lint demo broker node model \
+.PHONY: help install test test-all test-slow lint demo broker node model model-info \
         bench-bus bench-kv bench-kv-quality bench-engine clean
 
 help:            ## list the targets
@@ -46,17 +48,20 @@ node: install    ## run one idle bus node in the foreground (ROLE=decode by defa
 model: install   ## convert the packaged GGUF model into the local model cache
 	$(BIN)/pdbus model prepare
 
+model-info: install ## describe the prepared model and time its loading
+	$(BIN)/pdbus model info --time
+
 bench-bus: install ## broker vs a bare ROUTER relay: msg/s, round trip p50/p99, GB/s
-	$(PY) -m harness.bench.bus
+	$(BENCH) -m harness.bench.bus
 
 bench-kv: install ## KV codec and data plane throughput, per stage and end to end
-	$(PY) -m harness.bench.kv
+	$(BENCH) -m harness.bench.kv
 
 bench-kv-quality: install ## quality of each KV quantization mode on the real model
-	$(PY) -m harness.bench.kv_quality
+	$(BENCH) -m harness.bench.kv_quality
 
 bench-engine: install ## engine prefill/decode speed beside transformers and rooflines
-	$(PY) -m harness.bench.engine
+	$(BENCH) -m harness.bench.engine
 
 clean:           ## remove the venv and caches (not the model cache)
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis *.egg-info
