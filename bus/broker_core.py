@@ -7,6 +7,8 @@ Contract:
 - Results accumulate in `outbox` (lists `[identity, *frames]` to send as they are) and `events`
   (`bus.registry` events for logs and listeners); the shell takes them with `take_outbox()` /
   `take_events()`. `metrics` counts routed and dropped messages and joins/leaves.
+- A policy may defer a REQUEST (`bus.routing.Defer`): it waits in a bounded queue per service
+  and is offered again on every join, CAPACITY and tick (see `bus.broker_routes`).
 - Routed messages (REQUEST, PARTIAL, FINAL, ERROR, DIRECT, CANCEL) are forwarded on their
   header and routing frames only; body and payload frames pass through untouched (zero copy).
 - Never raises on peer input: bad input is dropped, counted under `dropped.<reason>` and
@@ -122,6 +124,8 @@ class BrokerCore(RouteTable):
                                       len(ready.inflight)))
         self.policy.on_join(new)
         self.send(new, list(_HEARTBEAT), now)   # acknowledges the registration
+        if self.queue.by_id:
+            self.dispatch_queued(now)
 
     def _list(self, node: Node) -> None:
         self.nodes_by_identity[node.identity] = node
@@ -166,6 +170,8 @@ class BrokerCore(RouteTable):
         node.capacity = dict(update.capacity)
         self.policy.on_capacity(node)
         self.events.append(CapacityChanged(node.node_id, dict(node.capacity)))
+        if self.queue.by_id:
+            self.dispatch_queued(now)
 
     # -- timers --------------------------------------------------------------------------
 
@@ -179,6 +185,10 @@ class BrokerCore(RouteTable):
             elif node.timers.heartbeat_due(now, config):
                 self.send(node, list(_HEARTBEAT), now)
         self.expire_orphans(now)
+        if self.queue.by_id:
+            # Capacity also frees without a CAPACITY report (streams end): retry every tick.
+            self.dispatch_queued(now)
+            self.expire_queued(now)
 
     def shutdown(self, now: float) -> None:
         for node in list(self.nodes_by_identity.values()):

@@ -8,6 +8,10 @@ forwarded so far) and the serving node gets CANCEL `client_lost`.
 After a broker restart, routes are rebuilt from READY.inflight (server side) and READY.pending
 (client side); a route whose other end does not re-register within `orphan_grace_s` fails with
 ERROR `request_lost` / CANCEL `client_lost`.
+A request the policy defers (`bus.routing.Defer`) waits in `queue` (`bus.broker_queue`) with no
+route yet; `dispatch_queued(now)` offers the queues' heads again and `expire_queued(now)` answers
+the requests that waited too long with ERROR `overloaded`. A client's CANCEL or departure just
+drops its queued requests (no node has seen them).
 """
 
 from __future__ import annotations
@@ -16,16 +20,19 @@ from typing import TYPE_CHECKING
 
 from bus import codec
 from bus import constants as c
+from bus.broker_queue import Deferred, DeferredQueue
 from bus.codec import ProtocolError
 from bus.constants import CancelReason, Command, ErrorCode
 from bus.messages import Cancel, Ready
 from bus.registry import Node, Route
-from bus.routing import Refuse, RoutingPolicy
+from bus.routing import Defer, Refuse, RoutingPolicy
 
 if TYPE_CHECKING:
     from collections import Counter
     from collections.abc import Callable
 
+
+OVERLOADED = "overloaded"
 
 
 def _raw(frame) -> bytes:
@@ -44,6 +51,7 @@ class RouteTable:
         self.routes: dict[bytes, Route] = {}
         self.orphans: dict[bytes, Route] = {}
         self.orphan_grace_s = orphan_grace_s
+        self.queue = DeferredQueue()
 
     # -- the hot path --------------------------------------------------------------------
 
@@ -53,10 +61,14 @@ class RouteTable:
             self.metrics["dropped.malformed"] += 1
             self.send_error(node.identity, "", ErrorCode.MALFORMED, "request_id must be 1..128 bytes")
             return
-        if request_id in self.routes:
+        if request_id in self.routes or request_id in self.queue.by_id:
             self._refuse(node, request_id, ErrorCode.DUPLICATE_REQUEST, "request id already in flight")
             return
-        service = _raw(frames[1])
+        self.dispatch(node, request_id, _raw(frames[1]), frames, now, None)
+
+    def dispatch(self, node: Node, request_id: bytes, service: bytes, frames: list, now: float,
+                 queued: Deferred | None) -> bool:
+        """Route, refuse or defer one request; False when `queued` must stay in the queue."""
         candidates = self.by_service.get(service)
         try:
             target = candidates and self.policy.choose(
@@ -66,10 +78,16 @@ class RouteTable:
             self.metrics[f"rejected.{refusal.code}"] += 1
             self.send_error(node.identity, request_id.decode(errors="replace"), refusal.code,
                             refusal.message, **refusal.details)
-            return
+            return True
+        except Defer as defer:
+            return self._defer(node, request_id, service, frames, now, defer, queued)
         if not target:
-            self._refuse(node, request_id, ErrorCode.NO_NODE, f"no live node serves {service.decode(errors='replace')!r}")
-            return
+            name = service.decode(errors="replace")
+            # Per service too: `rejected.no_node.prefill` counts the clients that fall back to
+            # prefilling on their decode node.
+            self.metrics[f"rejected.{ErrorCode.NO_NODE}.{name}"] += 1
+            self._refuse(node, request_id, ErrorCode.NO_NODE, f"no live node serves {name!r}")
+            return True
         self.routes[request_id] = Route(request_id, service.decode(errors="replace"), node, target, now)
         node.waiting.add(request_id)
         target.serving.add(request_id)
@@ -78,6 +96,7 @@ class RouteTable:
         self.outbox.append([target.identity, frames[0], frames[1], frames[2], node.node_id_frame,
                             *frames[4:]])
         self.metrics["routed.request"] += 1
+        return True
 
     def on_reply(self, node: Node, command: Command, frames: list, now: float) -> None:
         """PARTIAL, FINAL or ERROR from the node serving the request."""
@@ -108,6 +127,11 @@ class RouteTable:
     def on_cancel(self, node: Node, command: Command, frames: list, now: float) -> None:
         route = self.routes.get(_raw(frames[1]))
         if route is None or route.client is not node:
+            queued = self.queue.by_id.get(_raw(frames[1]))
+            if queued is not None and queued.client is node:
+                self.queue.remove(queued.request_id)
+                self.metrics["queue.cancelled"] += 1
+                return
             self.metrics["dropped.unknown_request"] += 1
             return
         self.finish(route)
@@ -115,6 +139,44 @@ class RouteTable:
             route.server.timers.last_sent = now
             self.outbox.append([route.server.identity, *frames])
         self.metrics["routed.cancel"] += 1
+
+    # -- the deferred-request queue ------------------------------------------------------
+
+    def _defer(self, node: Node, request_id: bytes, service: bytes, frames: list, now: float,
+               defer: Defer, queued: Deferred | None) -> bool:
+        if queued is not None:
+            return False
+        if self.queue.num_queued(service) >= defer.max_queued:
+            self.metrics[f"rejected.{OVERLOADED}"] += 1
+            self.send_error(node.identity, request_id.decode(errors="replace"), OVERLOADED,
+                            f"{defer.message}; {defer.max_queued} requests already waiting",
+                            retry_after_s=defer.retry_after_s)
+            return True
+        self.queue.push(Deferred(request_id, service, node, frames, now, now + defer.timeout_s,
+                                 defer.retry_after_s))
+        self.metrics["queue.deferred"] += 1
+        return True
+
+    def dispatch_queued(self, now: float) -> None:
+        """Offer each service's waiting requests to the policy, oldest first, until one of
+        them is deferred again (the rest of that queue would be too)."""
+        for entry in self.queue.heads():
+            while entry is not None:
+                if not self.dispatch(entry.client, entry.request_id, entry.service, entry.frames,
+                                     now, entry):
+                    break
+                self.queue.remove(entry.request_id)
+                self.metrics["queue.dispatched"] += 1
+                entry = self.queue.head(entry.service)
+
+    def expire_queued(self, now: float) -> None:
+        for entry in self.queue.expired(now):
+            self.metrics["queue.timed_out"] += 1
+            self.metrics[f"rejected.{OVERLOADED}"] += 1
+            entry.client.timers.last_sent = now
+            self.send_error(entry.client.identity, entry.request_id.decode(errors="replace"),
+                            OVERLOADED, f"no capacity within {now - entry.queued_at:.1f}s",
+                            retry_after_s=entry.retry_after_s)
 
     # -- route lifecycle -----------------------------------------------------------------
 
@@ -141,6 +203,10 @@ class RouteTable:
                 new.serving.add(route.request_id)
             self._settle(route)
         for request_id in ready.pending:
+            queued = self.queue.by_id.get(request_id.encode())
+            if queued is not None:   # still waiting for capacity: keep its place in the queue
+                queued.client = new
+                continue
             route = self._route_for(request_id.encode(), "", now)
             if route.client is None or route.client is old:
                 if route.client is not None:
@@ -181,6 +247,10 @@ class RouteTable:
             if route is not None and route.client is node:
                 self.finish(route)
                 self._cancel_server(route, now)
+        if self.queue.by_id:
+            for entry in self.queue.of_client(node):
+                self.queue.remove(entry.request_id)
+                self.metrics["queue.cancelled"] += 1
         return tuple(lost)
 
     def _cancel_server(self, route: Route, now: float) -> None:

@@ -8,7 +8,12 @@ Contract (the seam the cluster scheduler plugs into the broker):
   `candidates` are the live nodes whose role serves `service` (never empty); `key` is the
   request's opaque routing key (e.g. a session id, "" when absent). None -> the client gets
   ERROR `no_node`; raising `Refuse(code, message, **details)` sends that ERROR instead (e.g.
-  `overloaded` with a `retry_after_s` hint). Called on the hot path: O(candidates) or better.
+  `overloaded` with a `retry_after_s` hint); raising `Defer(...)` makes the broker hold the
+  request in a bounded FIFO queue per service and offer it to `choose` again when a node joins
+  or reports capacity, and on every timer tick; the client gets ERROR `overloaded` (details
+  `retry_after_s`) when that queue is full or the request waited `timeout_s`. A queued request
+  is offered again with the same arguments; deferring it again keeps it at the queue's head.
+  Called on the hot path: O(candidates) or better.
 Nodes are `bus.registry.Node` objects owned by the broker: read them, never mutate them.
 """
 
@@ -26,6 +31,16 @@ class Refuse(Exception):
     def __init__(self, code: str, message: str = "", **details: object) -> None:
         super().__init__(f"{code}: {message}")
         self.code, self.message, self.details = code, message, details
+
+
+class Defer(Exception):
+    """Raised by `choose` to hold the request until capacity frees (see the module docstring)."""
+
+    def __init__(self, max_queued: int, timeout_s: float, retry_after_s: float,
+                 message: str = "no capacity") -> None:
+        super().__init__(message)
+        self.max_queued, self.timeout_s = max_queued, timeout_s
+        self.retry_after_s, self.message = retry_after_s, message
 
 
 class RoutingPolicy(Protocol):
