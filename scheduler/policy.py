@@ -1,0 +1,135 @@
+"""`ClusterPolicy`: the broker's `bus.routing.RoutingPolicy` for the disaggregated cluster.
+
+Contract (docs/CLUSTER.md "Services, keys and capacity"):
+- `decode` requests, keyed by session id: a session stays on the node that holds it while that
+  node lives and is not full (sticky: its cached KV is there). A new (or orphaned, or displaced)
+  session goes to the first node clockwise from its key on a `BoundedLoadRing` that is not full
+  and holds under (1+epsilon)x the mean number of outstanding streams; if every non-full node is
+  at that bound the first non-full candidate takes it. Full (see `scheduler.registry`) everywhere
+  -> `Defer` into the broker's bounded queue; with `queue_size` 0 -> `Refuse("overloaded")`.
+  A request without a key is placed by its request id and not remembered.
+- `prefill` requests: the live prefill node with the fewest outstanding prefill tokens (reported
+  `queued_tokens` plus tokens routed since the report); a request's tokens are its key when the
+  key is a decimal number (clients may pass the prompt length), else `prefill_tokens_estimate`.
+  Ties: fewer outstanding requests, then fewer requests ever, then node id (deterministic).
+  No prefill node at all never reaches the policy: the broker answers `no_node` and counts it
+  as `rejected.no_node.prefill` (clients then fall back to decode-local prefill).
+- Any other service: fewest outstanding requests (the bus default).
+- Deterministic: placements depend only on the node ids, their loads and capacity, and the
+  sessions seen, never on join order or the process (xxh3 positions), so a restarted broker
+  with the same nodes places new sessions as before.
+- `metrics` (a Counter) counts placements per service and node, stickiness, moves, full skips,
+  deferrals and overload refusals.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, fields
+from typing import Any
+
+from bus.routing import Defer, Refuse
+from scheduler.registry import DECODE_ROLES, NodeView, PrefillLoads, decode_is_full
+from scheduler.ring import BoundedLoadRing
+from scheduler.sessions import SessionTable
+
+OVERLOADED = "overloaded"
+
+
+@dataclass(frozen=True, slots=True)
+class SchedulerSettings:
+    """`[scheduler]` of the cluster config (unknown keys, e.g. `local_suffix_tokens`, are the nodes')."""
+
+    vnodes: int = 64
+    epsilon: float = 0.25
+    queue_size: int = 64
+    queue_timeout_s: float = 30.0
+    retry_after_s: float = 1.0
+    min_free_blocks: int = 1
+    prefill_tokens_estimate: int = 256
+    max_sessions: int = 100_000
+
+    @classmethod
+    def from_settings(cls, values: Mapping[str, Any]) -> SchedulerSettings:
+        known = {f.name: f.type for f in fields(cls)}
+        chosen = {name: (float if kind == "float" else int)(values[name])
+                  for name, kind in known.items() if name in values}
+        settings = cls(**chosen)
+        if settings.queue_size < 0 or settings.queue_timeout_s <= 0 or settings.retry_after_s < 0:
+            raise ValueError("[scheduler] queue_size >= 0, queue_timeout_s > 0, retry_after_s >= 0")
+        return settings
+
+
+class ClusterPolicy:
+    def __init__(self, settings: SchedulerSettings | None = None) -> None:
+        self.settings = settings or SchedulerSettings()
+        self.ring = BoundedLoadRing(self.settings.vnodes, self.settings.epsilon)
+        self.sessions = SessionTable(self.settings.max_sessions)
+        self.prefill_loads = PrefillLoads()
+        self.metrics: Counter[str] = Counter()
+
+    # -- registry events -----------------------------------------------------------------
+
+    def on_join(self, node: NodeView) -> None:
+        if node.role in DECODE_ROLES:
+            self.ring.add_node(node.node_id)
+
+    def on_leave(self, node: NodeView, reason: str) -> None:
+        if node.role in DECODE_ROLES:
+            self.ring.remove_node(node.node_id)
+            self.metrics["sessions.orphaned"] += self.sessions.node_left(node.node_id)
+        self.prefill_loads.forget(node.node_id)
+
+    def on_capacity(self, node: NodeView) -> None:
+        self.prefill_loads.on_report(node.node_id)
+
+    # -- placement -----------------------------------------------------------------------
+
+    def choose(self, service: str, key: str, request_id: str, candidates: Sequence[NodeView]
+               ) -> NodeView | None:
+        if service == "decode":
+            node = self._choose_decode(key or request_id, bool(key), candidates)
+        elif service == "prefill":
+            node = self._choose_prefill(key, candidates)
+        else:
+            node = min(candidates, key=lambda n: (n.num_outstanding, n.num_assigned, n.node_id))
+        self.metrics[f"placed.{service}.{node.node_id}"] += 1
+        return node
+
+    def _choose_decode(self, key: str, is_session: bool, candidates: Sequence[NodeView]) -> NodeView:
+        live = {n.node_id: n for n in candidates if n.node_id in self.ring}
+        full = frozenset(node_id for node_id, n in live.items() if self._is_full(n))
+        self.metrics["decode.skipped_full"] += len(full)
+        if len(full) == len(live):
+            raise self._all_full(len(live))
+        home = self.sessions.node_of(key) if is_session else None
+        if home in live and home not in full:
+            self.metrics["sessions.sticky"] += 1
+            return live[home]
+        node_id = self.ring.place(key, {i: n.num_outstanding for i, n in live.items()}, exclude=full
+                                  ) or next(i for i in self.ring.candidates(key) if i in live and i not in full)
+        if is_session:
+            known = self.sessions.get(key) is not None
+            moved = self.sessions.place(key, node_id)
+            self.metrics["sessions.moved" if moved else "sessions.new" if not known else "sessions.returned"] += 1
+        return live[node_id]
+
+    def _is_full(self, node: NodeView) -> bool:
+        return decode_is_full(node.capacity, node.num_outstanding, self.settings.min_free_blocks)
+
+    def _all_full(self, num_nodes: int) -> Exception:
+        settings = self.settings
+        message = f"all {num_nodes} decode nodes are full"
+        if settings.queue_size == 0:
+            self.metrics["decode.overloaded"] += 1
+            return Refuse(OVERLOADED, message, retry_after_s=settings.retry_after_s)
+        self.metrics["decode.deferred"] += 1
+        return Defer(settings.queue_size, settings.queue_timeout_s, settings.retry_after_s, message)
+
+    def _choose_prefill(self, key: str, candidates: Sequence[NodeView]) -> NodeView:
+        loads = self.prefill_loads
+        node = min(candidates, key=lambda n: (loads.outstanding_tokens(n), n.num_outstanding,
+                                              n.num_assigned, n.node_id))
+        loads.add(node.node_id, int(key) if key.isdecimal() else self.settings.prefill_tokens_estimate)
+        return node
