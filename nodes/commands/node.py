@@ -1,8 +1,12 @@
-"""`pdbus node --role ROLE`: an idle bus node that registers, heartbeats and reconnects.
+"""`pdbus node --role ROLE`: an engine node by role, or an idle bus node with `--idle`.
 
-It answers every REQUEST with one PARTIAL echoing the body and a FINAL (so the bus can be
-exercised end to end without an engine) and logs DIRECT and CANCEL messages. Reads `[broker]`
-and `[heartbeat]` from the config; flags override them. SIGINT/SIGTERM stop it cleanly.
+- `--role both`: the colocated node (nodes/colocated.py): one engine, chunked prefill interleaved
+  with decode; `--role prefill|decode`: the same as `pdbus prefill|decode`. Engine flags as theirs.
+- `--idle` (and `--role gateway`): a bus node without an engine that registers, heartbeats and
+  reconnects, answers every REQUEST with one PARTIAL echoing the body and a FINAL (so the bus can
+  be exercised end to end without an engine) and logs DIRECT and CANCEL messages.
+Reads `[broker]` and `[heartbeat]` (and the engine sections) from the config; flags override
+them. SIGINT/SIGTERM stop it cleanly.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from bus.endpoint import Endpoint
 from bus.log import get_logger
 from bus.messages import Cancel, Direct, Request
 from nodes.commands.broker import heartbeat_config
+from nodes.node_settings import add_node_arguments
 from nodes.settings import load_settings, section
 
 _IDLE_CAPACITY = {
@@ -26,10 +31,8 @@ _IDLE_CAPACITY = {
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--role", required=True, choices=list(c.ROLES))
-    parser.add_argument("--node-id", help="stable node id (default: ROLE-<random>)")
-    parser.add_argument("--broker", help="broker endpoint (default: [broker] endpoint)")
-    parser.add_argument("--heartbeat-ms", type=int, help="heartbeat interval in milliseconds")
-    parser.add_argument("--liveness", type=int, help="missed heartbeats before the broker is dead")
+    parser.add_argument("--idle", action="store_true", help="no engine: an echo node that only exercises the bus")
+    add_node_arguments(parser)
 
 
 def capacity_for(role: str) -> dict[str, float]:
@@ -53,6 +56,10 @@ def serve(endpoint: Endpoint, stop: threading.Event) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    if not args.idle and args.role != "gateway":
+        from nodes.node_main import serve_role
+
+        return serve_role(args, args.role)
     settings = load_settings(args.config)
     broker = args.broker or section(settings, "broker").get("endpoint", c.DEFAULT_ENDPOINT)
     endpoint = Endpoint(broker, args.role, args.node_id, capacity=capacity_for(args.role),

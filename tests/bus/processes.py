@@ -89,7 +89,7 @@ def start_broker(port: int, *extra: str) -> LoggedProcess:
 
 
 def start_node(port: int, role: str, node_id: str) -> LoggedProcess:
-    return LoggedProcess(pdbus("node", "--role", role, "--node-id", node_id,
+    return LoggedProcess(pdbus("node", "--idle", "--role", role, "--node-id", node_id,
                                "--broker", f"tcp://127.0.0.1:{port}"))
 
 

@@ -27,7 +27,7 @@ def test_broker_flags_override_environment_and_config(tmp_path):
 def test_node_command_registers_with_role_capacity_and_leaves_cleanly():
     port = free_port()
     broker = start_broker(port)
-    node = LoggedProcess(pdbus("node", "--role", "both", "--node-id", "colo",
+    node = LoggedProcess(pdbus("node", "--idle", "--role", "both", "--node-id", "colo",
                                "--broker", f"tcp://127.0.0.1:{port}"))
     try:
         joined = broker.wait_for("node_joined", node_id="colo")

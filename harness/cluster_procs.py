@@ -1,0 +1,188 @@
+"""Start a whole cluster as real processes on loopback: a broker and N prefill, M decode (and K
+colocated `both`) nodes on free ports, from one generated config file. Used by the cluster
+integration tests and the chaos harness.
+
+Contract:
+    with ClusterProcs(num_prefill=2, num_decode=2, model="tiny", kv_quant="raw") as cluster:
+        cluster.broker_endpoint                    # "tcp://127.0.0.1:PORT"
+        cluster.nodes["decode-0"]                  # a `Proc` (its JSON log events, signal, stop)
+        cluster.kill("decode-0")                   # SIGKILL (or any signal)
+        cluster.restart_broker(kill=True)          # same port; nodes re-register
+Node ids are `prefill-i`, `decode-i`, `both-i`. `start()` returns once the broker logged every
+node joining. Every process pins one torch thread with passive OpenMP waits (two cores shared).
+`extra_args` adds flags per role (e.g. {"prefill": ["--test-prefill-delay-ms", "2000"]});
+`settings` adds/overrides config sections ({"decode": {"num_kv_blocks": 64}}).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+NODE_ENV = {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "PYTHONUNBUFFERED": "1"}
+
+
+def free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+class Proc:
+    """A child process whose stderr JSON log lines are collected by a reader thread."""
+
+    def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
+        self.args, self.events, self.raw = args, [], []
+        self.process = subprocess.Popen(args, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                        text=True, env={**os.environ, **NODE_ENV, **(env or {})})
+        self._reader = threading.Thread(target=self._read, daemon=True)
+        self._reader.start()
+
+    def _read(self) -> None:
+        for line in self.process.stderr:
+            self.raw.append(line)
+            try:
+                event = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(event, dict):
+                self.events.append(event)
+
+    def find(self, name: str, **fields: Any) -> list[dict]:
+        return [e for e in list(self.events) if e.get("event") == name and all(e.get(k) == v for k, v in fields.items())]
+
+    def wait_for(self, name: str, timeout: float = 60.0, count: int = 1, **fields: Any) -> dict:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            found = self.find(name, **fields)
+            if len(found) >= count:
+                return found[count - 1]
+            if self.process.poll() is not None and not self._reader.is_alive():
+                break
+            time.sleep(0.02)
+        raise AssertionError(f"no {name} {fields} (x{count}) within {timeout}s; log tail:\n" + "".join(self.raw[-25:]))
+
+    @property
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def signal(self, number: int) -> None:
+        if self.alive:
+            self.process.send_signal(number)
+
+    def stop(self, timeout: float = 10.0) -> None:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGCONT)
+            self.process.terminate()
+            try:
+                self.process.wait(timeout)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(5)
+
+
+def pdbus(*args: str) -> list[str]:
+    return [sys.executable, "-m", "nodes.cli", *args, "--log-format", "json"]
+
+
+def _toml_value(value: Any) -> str:
+    return json.dumps(value) if isinstance(value, str) else str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def render_config(sections: dict[str, dict[str, Any]]) -> str:
+    return "".join(f"[{name}]\n" + "".join(f"{k} = {_toml_value(v)}\n" for k, v in values.items()) + "\n"
+                   for name, values in sections.items())
+
+
+class ClusterProcs:
+    def __init__(self, *, num_prefill: int = 1, num_decode: int = 1, num_both: int = 0, model: str = "tiny",
+                 kv_quant: str = "raw", settings: dict[str, dict[str, Any]] | None = None,
+                 extra_args: dict[str, list[str]] | None = None, log_level: str = "info") -> None:
+        self.counts = {"prefill": num_prefill, "decode": num_decode, "both": num_both}
+        self.port = free_port()
+        self.broker_endpoint = f"tcp://127.0.0.1:{self.port}"
+        self.extra_args = extra_args or {}
+        self.log_level = log_level
+        self._dir = tempfile.TemporaryDirectory(prefix="pdbus-cluster-")
+        self.config_path = Path(self._dir.name) / "cluster.toml"
+        sections = {
+            "broker": {"endpoint": self.broker_endpoint},
+            "heartbeat": {"interval_ms": 250, "liveness": 3},
+            "engine": {"model": model, "dtype": "float32", "num_threads": 1},
+            "prefill": {"max_batch_tokens": 2048, "max_wait_ms": 5},
+            "decode": {"num_kv_blocks": 512, "max_num_seqs": 16},
+            "kv": {"quant": kv_quant, "compression": "none" if kv_quant == "raw" else "auto", "compile": False},
+            "scheduler": {"local_suffix_tokens": 64},
+            "failover": {"max_retries": 3},
+        }
+        for name, values in (settings or {}).items():
+            sections.setdefault(name, {}).update(values)
+        self.settings = sections
+        self.config_path.write_text(render_config(sections))
+        self.broker: Proc | None = None
+        self.nodes: dict[str, Proc] = {}
+
+    def _common(self) -> list[str]:
+        return ["--config", str(self.config_path), "--log-level", self.log_level]
+
+    def start_broker(self) -> Proc:
+        self.broker = Proc(pdbus("broker", *self._common()))
+        self.broker.wait_for("broker_started", timeout=30)
+        return self.broker
+
+    def start_node(self, role: str, node_id: str) -> Proc:
+        command = "node" if role == "both" else role
+        args = ["--role", "both"] if role == "both" else []
+        node = Proc(pdbus(command, *args, "--node-id", node_id, *self._common(), *self.extra_args.get(role, [])))
+        self.nodes[node_id] = node
+        return node
+
+    def start(self, timeout: float = 120.0) -> ClusterProcs:
+        self.start_broker()
+        for role, count in self.counts.items():
+            for i in range(count):
+                self.start_node(role, f"{role}-{i}")
+        for node_id in self.nodes:
+            self.broker.wait_for("node_joined", timeout=timeout, node_id=node_id)
+        return self
+
+    def kill(self, node_id: str, number: int = signal.SIGKILL) -> None:
+        self.nodes[node_id].signal(number)
+        if number == signal.SIGKILL:
+            self.nodes[node_id].process.wait(5)
+
+    def restart_broker(self, kill: bool = True) -> Proc:
+        old = self.broker
+        old.signal(signal.SIGKILL if kill else signal.SIGTERM)
+        old.process.wait(10)
+        self.old_brokers = [*getattr(self, "old_brokers", []), old]
+        return self.start_broker()
+
+    def stop(self) -> None:
+        for node in self.nodes.values():
+            node.signal(signal.SIGTERM)
+        for node in self.nodes.values():
+            node.stop()
+        if self.broker is not None:
+            self.broker.stop()
+        self._dir.cleanup()
+
+    def __enter__(self) -> ClusterProcs:
+        try:
+            return self.start()
+        except BaseException:
+            self.stop()
+            raise
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()

@@ -1,0 +1,197 @@
+"""One attempt of a cluster request (docs/CLUSTER.md): a `decode` request, its plan, and for a
+`remote` plan the `prefill` request(s) feeding it, consumed concurrently; used by `Generation`
+in nodes/cluster_client.py.
+
+Contract: `await Attempt(generation, local, num_left).run() -> finish_reason`, or `Retry` (why,
+which node, whether to fall back to local prefill, whether it spends a retry). Token indices
+from the nodes are relative to the attempt; `deliver` maps them onto the stream (`base` = tokens
+delivered before this attempt), drops duplicates and holds tokens that arrive ahead of a gap
+until it is filled — by the stream itself or by the `tokens` list of the decode node's FINAL (or
+the prefill node's FINAL for index 0). A gap left at the end is a `Retry` from the delivered
+offset. Prefill failures are retried here with a new transfer id for the same decode request,
+spending the generation's retry budget (`generation.spend_retry`).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import time
+import uuid
+from typing import Any
+
+from bus.mailbox import BusError
+from bus.messages import Final
+from nodes import cluster_wire as wire
+
+NODE_LOSS = {"node_lost", "request_lost", wire.KV_TIMEOUT, "stalled", "gap"}
+PREFILL_GRACE_S = 2.0
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class StreamToken:
+    index: int
+    token_id: int
+    text: str
+
+
+class Retry(Exception):
+    def __init__(self, code: str, message: str = "", node_id: str = "", *, local: bool = False,
+                 counts: bool = True, delay_s: float = 0.0, **details: Any) -> None:
+        super().__init__(f"{code}: {message}")
+        self.code, self.message, self.node_id = code, message, node_id
+        self.local, self.counts, self.delay_s, self.details = local, counts, delay_s, details
+
+
+def _retry_from(error: BusError, node_id: str = "") -> Retry:
+    node_id = error.details.get("node_id", node_id)
+    delay = float(error.details.get("retry_after_s", 0.0) or 0.0)
+    if error.code == "no_node":
+        delay = max(delay, 0.5)   # maybe mid re-registration after a broker restart
+    return Retry(error.code, error.message, node_id, delay_s=delay, **error.details)
+
+
+class Attempt:
+    def __init__(self, generation: Any, local: bool, num_left: int) -> None:
+        self.g = generation
+        self.local = local
+        self.base = len(generation.tokens)
+        self.prompt = generation.prompt + tuple(t.token_id for t in generation.tokens)
+        self.sampling = dataclasses.replace(generation.sampling, max_tokens=num_left)
+        self.pending: dict[int, StreamToken] = {}
+        self.streams: list[Any] = []
+        self.decode_node_id = ""
+
+    # -- delivery --------------------------------------------------------------------------
+    def deliver(self, relative_index: int, token_id: int, text: str) -> None:
+        index = self.base + int(relative_index)
+        if index < len(self.g.tokens) or index in self.pending:
+            return   # a duplicate (resume, retried prefill, replay after a gap)
+        self.pending[index] = StreamToken(index, int(token_id), text)
+        while len(self.g.tokens) in self.pending:
+            self.g.emit(self.pending.pop(len(self.g.tokens)))
+
+    def _open(self, service: str, body: dict, key: str = "") -> Any:
+        stream = self.g.client.stream(service, body, key=key)
+        self.streams.append(stream)
+        return stream
+
+    # -- the attempt -----------------------------------------------------------------------
+    async def run(self) -> str:
+        body = {"prompt_token_ids": list(self.prompt), "sampling": wire.sampling_to_wire(self.sampling),
+                "session_id": self.g.session_id, "prefill": "local" if self.local else "auto",
+                "resume": {"num_delivered": self.base} if self.base else None}
+        started = time.monotonic()
+        decode = self._open(wire.DECODE, body, key=self.g.session_id)
+        try:
+            plan = await self._plan(decode)
+            self.g.trace.timings["plan_s"] = round(time.monotonic() - started, 6)
+            decode_task = asyncio.create_task(self._consume_decode(decode))
+            prefill_task = (asyncio.create_task(self._prefill(plan, decode.request_id))
+                            if plan["plan"] == wire.PLAN_REMOTE else None)
+            try:
+                return await self._join(decode_task, prefill_task)
+            finally:
+                for task in (decode_task, prefill_task):
+                    if task is not None and not task.done():
+                        task.cancel()
+                        with contextlib.suppress(BaseException):
+                            await task
+        finally:
+            for stream in self.streams:
+                stream.cancel()   # no-op for finished streams; CANCEL frees KV on the nodes
+
+    async def _join(self, decode_task: asyncio.Task, prefill_task: asyncio.Task | None) -> str:
+        if prefill_task is not None:
+            done, _ = await asyncio.wait({decode_task, prefill_task}, return_when=asyncio.FIRST_COMPLETED)
+            if decode_task not in done:
+                prefill_task.result()   # a failed prefill ends the attempt (Retry / ClusterError)
+        finish_reason = await decode_task
+        if self.pending and prefill_task is not None:   # index 0 may still be on its way
+            with contextlib.suppress(BaseException):
+                await asyncio.wait_for(prefill_task, PREFILL_GRACE_S)
+        if self.pending:
+            raise Retry("gap", f"tokens {sorted(self.pending)[:3]}... arrived without their predecessors",
+                        self.decode_node_id)
+        return finish_reason
+
+    async def _plan(self, decode: Any) -> dict:
+        try:
+            reply = await decode.__anext__()
+        except BusError as exc:
+            raise _retry_from(exc) from None
+        except TimeoutError:
+            raise Retry("stalled", "no plan within the stall timeout") from None
+        body = reply.body if isinstance(reply.body, dict) else {}
+        if isinstance(reply, Final) or body.get("type") != "plan":
+            raise Retry("protocol", f"expected a plan, got {reply!r:.200}")
+        self.decode_node_id = body.get("node_id", "")
+        trace = self.g.trace
+        trace.plans.append(body["plan"])
+        trace.decode_node_ids.append(self.decode_node_id)
+        trace.fallback_local = trace.fallback_local or (self.local and body["plan"] == wire.PLAN_LOCAL)
+        return body
+
+    async def _consume_decode(self, decode: Any) -> str:
+        try:
+            async for reply in decode:
+                body = reply.body
+                if isinstance(reply, Final):
+                    return self._on_decode_final(body)
+                if body.get("type") == "token":
+                    self.deliver(body["index"], body["token_id"], body["text"])
+        except BusError as exc:
+            retry = _retry_from(exc, self.decode_node_id)
+        except TimeoutError:
+            retry = Retry("stalled", "the decode stream went silent", self.decode_node_id)
+        else:
+            retry = Retry("protocol", "the decode stream ended without a FINAL", self.decode_node_id)
+        if retry.code in NODE_LOSS:
+            self.g.trace.num_failovers += 1
+        raise retry
+
+    def _on_decode_final(self, body: dict) -> str:
+        for index, token_id, text in body.get("tokens", []):
+            self.deliver(index, token_id, text)
+        trace = self.g.trace
+        trace.decode_final = body
+        trace.timings.update({k: v for k, v in body.get("timings", {}).items() if v is not None})
+        return body.get("finish_reason") or "stop"
+
+    async def _prefill(self, plan: dict, decode_request_id: str) -> None:
+        transfer_id = plan["transfer_id"]
+        while True:
+            stream = self._open(wire.PREFILL, {
+                "prompt_token_ids": list(self.prompt), "sampling": wire.sampling_to_wire(self.sampling),
+                "decode_node_id": plan["node_id"], "data_endpoint": plan["data_endpoint"],
+                "transfer_id": transfer_id, "request_id": decode_request_id})
+            try:
+                await self._consume_prefill(stream)
+                return
+            except BusError as exc:
+                if exc.code == "no_node":
+                    raise Retry("no_prefill_node", "no prefill node alive: prefill on the decode node",
+                                local=True, counts=False) from None
+                retry = _retry_from(exc)
+            except TimeoutError:
+                retry = Retry("stalled", "the prefill stream went silent")
+            stream.cancel()
+            self.g.trace.num_prefill_retries += 1
+            self.g.spend_retry(f"prefill_{retry.code}", retry.message, retry.node_id)
+            transfer_id = uuid.uuid4().hex
+            await asyncio.sleep(self.g.client.retry_delay_s)
+
+    async def _consume_prefill(self, stream: Any) -> None:
+        async for reply in stream:
+            body = reply.body
+            if isinstance(reply, Final):
+                trace = self.g.trace
+                trace.prefill_node_ids.append(body.get("node_id", ""))
+                trace.kv_wire_bytes += body.get("transfer", {}).get("wire_bytes", 0)
+                trace.timings.update({k: v for k, v in body.get("timings", {}).items() if v is not None})
+                if body.get("token"):
+                    self.deliver(*body["token"])
+                return
+            if body.get("type") == "token":
+                self.deliver(body["index"], body["token_id"], body["text"])

@@ -1,0 +1,29 @@
+"""The main of an engine node process, shared by `pdbus prefill`, `pdbus decode` and
+`pdbus node --role both`: settings -> engine -> `run_node` with the role's works.
+
+Contract: `serve_role(args, role) -> int` (exit code; 2 with one line on stderr when the model or
+the settings are unusable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from nodes.runtime import prefer_passive_openmp
+
+
+def serve_role(args: argparse.Namespace, role: str) -> int:
+    prefer_passive_openmp()   # before torch is imported
+    from nodes.colocated import node_works
+    from nodes.engines.model_loader import ModelLoadError
+    from nodes.node_settings import node_settings
+    from nodes.runtime import build_engine, run_node
+
+    settings = node_settings(args, role)
+    try:
+        engine = build_engine(settings)
+    except (ModelLoadError, ValueError) as exc:
+        print(f"pdbus {role}: {exc}", file=sys.stderr)
+        return 2
+    return run_node(settings, lambda kv_thread: node_works(role, settings, engine, kv_thread))

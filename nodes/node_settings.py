@@ -1,0 +1,93 @@
+"""Settings of an engine node process: the config file's sections, then CLI flags, as one value.
+
+Contract: `node_settings(args, role) -> NodeSettings`, reading `[broker]`, `[heartbeat]`, `[engine]`,
+`[prefill]`, `[decode]`, `[kv]`, `[scheduler]` through `nodes.settings` (file < env < flags).
+`NodeSettings.engine_config()` is the `EngineConfig` the engine is built with. No torch here.
+"""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+
+from bus import constants as c
+from bus.liveness import HeartbeatConfig
+from nodes.commands.broker import heartbeat_config
+from nodes.engines.base import EngineConfig
+from nodes.settings import load_settings, section
+
+DEFAULT_MODEL = "SmolLM2-135M-Instruct"
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    role: str
+    broker: str
+    node_id: str | None
+    heartbeat: HeartbeatConfig
+    model: str
+    model_dir: str | None
+    engine: dict = field(default_factory=dict)     # [engine] values for EngineConfig
+    kv_quant: str = "int8"
+    kv_compression: str = "auto"
+    kv_bind: str = "tcp://127.0.0.1:0"
+    kv_compile: bool = True
+    kv_timeout_s: float = 30.0                     # a decode node waits this long for admitted KV
+    local_suffix_tokens: int = 64
+    prefill_delay_s: float = 0.0                   # test-only: sleep before each prefill pass
+
+    def engine_config(self) -> EngineConfig:
+        return EngineConfig.from_dict(self.engine)
+
+
+def add_node_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--node-id", help="stable node id (default: ROLE-<random>)")
+    parser.add_argument("--broker", help="broker endpoint (default: [broker] endpoint)")
+    parser.add_argument("--model", help="model spec: the packaged default, 'tiny', an HF folder or a .gguf")
+    parser.add_argument("--model-dir", help="model cache directory")
+    parser.add_argument("--dtype", help="engine dtype (default: [engine] dtype)")
+    parser.add_argument("--threads", type=int, help="torch threads (default: [engine] num_threads)")
+    parser.add_argument("--kv-quant", choices=["raw", "bf16", "int8", "int8_sym"], help="KV mode on the wire")
+    parser.add_argument("--kv-compression", choices=["auto", "lz4", "zstd", "none"])
+    parser.add_argument("--kv-bind", help="KV data endpoint to bind (decode side)")
+    parser.add_argument("--heartbeat-ms", type=int, help="heartbeat interval in milliseconds")
+    parser.add_argument("--liveness", type=int, help="missed heartbeats before the broker is dead")
+    parser.add_argument("--test-prefill-delay-ms", type=int, default=0, help=argparse.SUPPRESS)
+
+
+def _engine_values(settings: dict, args: argparse.Namespace, role: str) -> dict:
+    values = {k: v for k, v in section(settings, "engine").items() if k not in ("model", "model_dir")}
+    prefill, decode = section(settings, "prefill"), section(settings, "decode")
+    if "max_batch_tokens" in prefill and role != "decode":
+        values["max_batch_tokens"] = prefill["max_batch_tokens"]
+    if "max_wait_ms" in prefill:
+        values["prefill_max_wait_s"] = float(prefill["max_wait_ms"]) / 1000
+    for key in ("num_kv_blocks", "max_num_seqs", "prefill_chunk_tokens"):
+        if key in decode and role != "prefill":
+            values[key] = decode[key]
+    if getattr(args, "dtype", None):
+        values["dtype"] = args.dtype
+    if getattr(args, "threads", None):
+        values["num_threads"] = args.threads
+    return values
+
+
+def node_settings(args: argparse.Namespace, role: str) -> NodeSettings:
+    settings = load_settings(args.config)
+    engine, kv = section(settings, "engine"), section(settings, "kv")
+    return NodeSettings(
+        role=role,
+        broker=args.broker or section(settings, "broker").get("endpoint", c.DEFAULT_ENDPOINT),
+        node_id=args.node_id,
+        heartbeat=heartbeat_config(settings, args),
+        model=args.model or engine.get("model", DEFAULT_MODEL),
+        model_dir=args.model_dir or engine.get("model_dir"),
+        engine=_engine_values(settings, args, role),
+        kv_quant=args.kv_quant or kv.get("quant", "int8"),
+        kv_compression=args.kv_compression or kv.get("compression", "auto"),
+        kv_bind=args.kv_bind or kv.get("data_bind", "tcp://127.0.0.1:0"),
+        kv_compile=bool(kv.get("compile", True)),
+        kv_timeout_s=float(kv.get("timeout_s", 30.0)),
+        local_suffix_tokens=int(section(settings, "scheduler").get("local_suffix_tokens", 64)),
+        prefill_delay_s=args.test_prefill_delay_ms / 1000,
+    )

@@ -1,0 +1,185 @@
+"""The prefill side of a node (`pdbus prefill`, and the prefill half of `pdbus node --role both`).
+
+Contract (docs/CLUSTER.md step 3): a `prefill` REQUEST `{prompt_token_ids, sampling,
+decode_node_id, data_endpoint, transfer_id, request_id}` joins a `PrefillBatcher` (a batch runs
+when the queued prompts reach `max_batch_tokens` or the oldest waited `max_wait`); after the pass
+the first token goes back at once (PARTIAL `token` index 0), the KV goes to the decode node's data
+endpoint on the KV thread (`KVSender`, mode/compression from `[kv]`), then a DIRECT `kv_ready` to
+the decode node and the FINAL `done` {token, transfer report, timings} to the client. A failed
+send answers ERROR `kv_failed`. CANCEL drops a queued prompt or aborts its send (the receiver
+frees its buffer), logged as `prefill_cancelled` with `stage`.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from bus.endpoint import Endpoint
+from bus.kv import KVError, KVSender, TransferReport
+from bus.log import get_logger
+from bus.messages import Cancel, Request
+from nodes import cluster_wire as wire
+from nodes.engines.base import PrefillRequest, PrefillResult
+from nodes.engines.kv_quant import TorchQuantizer
+from nodes.engines.prefill import PrefillBatcher
+from nodes.node_settings import NodeSettings
+from nodes.runtime import LoopThread, StageClock
+
+
+@dataclass(frozen=True, slots=True)
+class KvSendDone:
+    """Posted by the KV thread into the node's inbox when a send ended."""
+
+    request_id: str
+    report: TransferReport | None
+    error: str = ""
+
+
+@dataclass
+class PrefillJob:
+    request_id: str          # the prefill REQUEST's id (our reply stream)
+    decode_request_id: str   # the decode request the KV is for
+    decode_node_id: str
+    data_endpoint: str
+    transfer_id: str
+    num_prompt_tokens: int
+    clock: StageClock = field(default_factory=StageClock)
+    first_token: tuple[int, str] | None = None
+    sending: bool = False
+
+
+class PrefillWork:
+    def __init__(self, settings: NodeSettings, engine: Any, kv_thread: LoopThread) -> None:
+        self.settings, self.engine, self.kv_thread = settings, engine, kv_thread
+        config = engine.config
+        self.batcher = PrefillBatcher(max_batch_tokens=config.max_batch_tokens, max_wait_s=config.prefill_max_wait_s)
+        self.quantizer = TorchQuantizer(compile=settings.kv_compile)
+        self.sender = KVSender(quantizer=self.quantizer)
+        self.jobs: dict[str, PrefillJob] = {}
+        self.endpoint: Endpoint | None = None
+        self.log = get_logger("prefill")
+        self.num_kv_bytes_sent = 0
+
+    # -- Work ------------------------------------------------------------------------------
+    def prepare(self) -> str:
+        if self.settings.kv_compile and self.settings.kv_quant != "raw":
+            self.quantizer.warmup()   # compile now, not inside the first request's transfer
+        return ""
+
+    def attach(self, endpoint: Endpoint) -> None:
+        self.endpoint = endpoint
+        self.log = get_logger("prefill", node_id=endpoint.node_id)
+
+    def on_message(self, message: Any) -> bool:
+        if isinstance(message, Request) and message.service == wire.PREFILL:
+            self._on_request(message)
+        elif isinstance(message, Cancel) and message.request_id in self.jobs:
+            self._on_cancel(message.request_id)
+        elif isinstance(message, KvSendDone):
+            self._on_send_done(message)
+        else:
+            return False
+        return True
+
+    def work(self, now: float) -> bool:
+        batch = self.batcher.next_batch(now)
+        if not batch:
+            return False
+        if self.settings.prefill_delay_s:
+            self.log.info("prefill_started", request_ids=[r.request_id for r in batch])
+            time.sleep(self.settings.prefill_delay_s)
+        for request in batch:
+            self.jobs[request.request_id].clock.mark("prefill_started")
+        for result in self.engine.prefill(batch):
+            self._on_prefilled(result)
+        return True
+
+    def next_deadline(self) -> float | None:
+        return self.batcher.deadline()
+
+    def capacity(self) -> dict[str, float]:
+        return {"max_batch_tokens": self.batcher.max_batch_tokens, "queued_tokens": self.batcher.num_queued_tokens}
+
+    def close(self) -> None:
+        self.kv_thread.run(self.sender.close(), timeout=5)
+
+    # -- requests --------------------------------------------------------------------------
+    def _on_request(self, request: Request) -> None:
+        try:
+            job, prefill = self._parse(request)
+        except wire.BadRequest as exc:
+            self.endpoint.reply_error(request.request_id, wire.BAD_REQUEST, str(exc))
+            return
+        job.clock.mark("received")
+        self.jobs[job.request_id] = job
+        self.batcher.add(prefill, time.monotonic())
+
+    def _parse(self, request: Request) -> tuple[PrefillJob, PrefillRequest]:
+        body = wire.body_map(request.body)
+        prompt = wire.token_ids_from_wire(body)
+        limit, vocab = self.engine.max_model_len, self.engine.runner.config.vocab_size
+        if len(prompt) >= limit:
+            raise wire.BadRequest(f"prompt of {len(prompt)} tokens leaves no room in the context of {limit}")
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise wire.BadRequest(f"token id outside the vocabulary (0..{vocab - 1})")
+        for key in ("decode_node_id", "data_endpoint", "transfer_id", "request_id"):
+            if not isinstance(body.get(key), str) or not body[key]:
+                raise wire.BadRequest(f"{key} is required")
+        job = PrefillJob(request.request_id, body["request_id"], body["decode_node_id"], body["data_endpoint"],
+                         body["transfer_id"], len(prompt))
+        return job, PrefillRequest(request.request_id, prompt, wire.sampling_from_wire(body.get("sampling", {})))
+
+    def _on_prefilled(self, result: PrefillResult) -> None:
+        job = self.jobs.get(result.request_id)
+        if job is None:   # cancelled while the pass ran
+            return
+        job.clock.mark("prefilled")
+        job.first_token = (result.first_token_id, result.text)
+        self.endpoint.reply(job.request_id, wire.token_body(0, result.first_token_id, result.text))
+        job.sending = True
+        self.kv_thread.submit(self._send(job, result.kv))
+
+    async def _send(self, job: PrefillJob, kv: Any) -> None:
+        try:
+            report = await self.sender.send(job.data_endpoint, job.transfer_id, job.decode_request_id, kv,
+                                            mode=self.settings.kv_quant, compression=self.settings.kv_compression)
+            done = KvSendDone(job.request_id, report)
+        except KVError as exc:
+            done = KvSendDone(job.request_id, None, str(exc))
+        self.endpoint.inbox.put(done)
+
+    def _on_send_done(self, done: KvSendDone) -> None:
+        job = self.jobs.pop(done.request_id, None)
+        if job is None:
+            return
+        job.clock.mark("sent")
+        if done.report is None:
+            self.log.warning("kv_send_failed", request_id=job.request_id, error=done.error)
+            self.endpoint.reply_error(job.request_id, wire.KV_FAILED, done.error, transfer_id=job.transfer_id)
+            return
+        stats = done.report.stats
+        self.num_kv_bytes_sent += stats.wire_bytes
+        self.endpoint.send_direct(job.decode_node_id, wire.kv_ready_body(job.decode_request_id, job.transfer_id,
+                                                                         job.first_token[0]))
+        self.endpoint.reply_final(job.request_id, {
+            "type": "done", "node_id": self.endpoint.node_id, "token": [0, *job.first_token],
+            "transfer": {"transfer_id": job.transfer_id, "mode": stats.mode, "compression": stats.compression,
+                         "raw_bytes": stats.raw_bytes, "wire_bytes": stats.wire_bytes, "retries": stats.retries,
+                         "seconds": round(stats.seconds, 6)},
+            "timings": {"queue_s": job.clock.seconds("received", "prefill_started"),
+                        "prefill_s": job.clock.seconds("prefill_started", "prefilled"),
+                        "kv_transfer_s": job.clock.seconds("prefilled", "sent")},
+            "stats": {"num_prefilled_tokens": self.engine.stats.num_prefilled_tokens,
+                      "num_kv_bytes_sent": self.num_kv_bytes_sent}})
+
+    def _on_cancel(self, request_id: str) -> None:
+        job = self.jobs.pop(request_id)
+        if job.sending:
+            self.kv_thread.submit(self.sender.abort(job.transfer_id, "cancelled by the client"))
+            stage = "transfer"
+        else:
+            self.batcher.remove(request_id)
+            stage = "queue"
+        self.log.info("prefill_cancelled", request_id=request_id, stage=stage, transfer_id=job.transfer_id)

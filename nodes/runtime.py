@@ -1,0 +1,189 @@
+"""The shape of every engine node process (prefill, decode, colocated), after vLLM's engine core:
+three threads, queues between them, and the engine's busy loop never touching a socket.
+
+- bus I/O thread: the `Endpoint` (its own uvloop loop) registers, heartbeats, and puts each
+  Request / Direct / Cancel into its inbox; replies are handed back to it thread-safely. Engine
+  compute never delays a heartbeat.
+- KV thread: a `LoopThread` (uvloop) runs the `KVSender` / `KVReceiver`; what finishes there is
+  posted into the same inbox as a plain event (`KvSendDone`, `KvArrived`).
+- engine thread (the process's main thread): `NodeLoop.run()` takes inputs, gives each `Work`
+  (prefill side, decode side) its turn, then publishes capacity when it changed.
+
+Contract for a `Work` (nodes/prefill.py, nodes/decode.py): `prepare() -> data endpoint | ""`
+(before the endpoint exists), `attach(endpoint)`, `on_message(message) -> bool` (True: mine),
+`work(now) -> bool` (True: did something, poll again at once), `next_deadline() -> float | None`,
+`capacity() -> dict`, `close()`. `run_node(settings, make_works)` wires it all and serves until
+SIGINT/SIGTERM.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import concurrent.futures
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable, Coroutine
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+import uvloop
+
+from bus.endpoint import Endpoint
+from bus.log import get_logger
+from bus.messages import Cancel, Direct, Error, Request
+from nodes.node_settings import NodeSettings
+
+IDLE_POLL_S = 0.1
+CAPACITY_MIN_INTERVAL_S = 0.02
+
+
+class LoopThread:
+    """A uvloop event loop on its own daemon thread; coroutines are submitted from any thread."""
+
+    def __init__(self, name: str) -> None:
+        self.loop = uvloop.new_event_loop()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def _run(self) -> None:
+        asyncio.set_event_loop(self.loop)
+        self.loop.run_forever()
+
+    def submit(self, coro: Coroutine) -> concurrent.futures.Future:
+        return asyncio.run_coroutine_threadsafe(coro, self.loop)
+
+    def run(self, coro: Coroutine, timeout: float | None = 30.0) -> Any:
+        return self.submit(coro).result(timeout)
+
+    def call(self, function: Callable, *args: Any) -> None:
+        self.loop.call_soon_threadsafe(function, *args)
+
+    def stop(self) -> None:
+        self.loop.call_soon_threadsafe(self.loop.stop)
+        self._thread.join(2.0)
+
+
+class Work(Protocol):
+    def prepare(self) -> str: ...
+    def attach(self, endpoint: Endpoint) -> None: ...
+    def on_message(self, message: Any) -> bool: ...
+    def work(self, now: float) -> bool: ...
+    def next_deadline(self) -> float | None: ...
+    def capacity(self) -> dict[str, float]: ...
+    def close(self) -> None: ...
+
+
+@dataclass
+class StageClock:
+    """Per-request stage timestamps (monotonic), turned into durations for FINAL bodies."""
+
+    marks: dict[str, float] = field(default_factory=dict)
+
+    def mark(self, name: str, now: float | None = None) -> None:
+        self.marks.setdefault(name, time.monotonic() if now is None else now)
+
+    def seconds(self, start: str, end: str) -> float | None:
+        if start in self.marks and end in self.marks:
+            return round(self.marks[end] - self.marks[start], 6)
+        return None
+
+
+class NodeLoop:
+    def __init__(self, endpoint: Endpoint, works: list[Work], stop: threading.Event) -> None:
+        self.endpoint, self.works, self.stop = endpoint, works, stop
+        self.log = get_logger("node", node_id=endpoint.node_id)
+        self._capacity: dict[str, float] = {}
+        self._capacity_sent_at = 0.0
+
+    def run(self) -> None:
+        while not self.stop.is_set():
+            now = time.monotonic()
+            busy = False
+            for work in self.works:
+                busy = work.work(now) or busy
+            self._publish_capacity(now)
+            self._take_inputs(0.0 if busy else self._idle_timeout(now))
+
+    def _idle_timeout(self, now: float) -> float:
+        deadlines = [d for w in self.works if (d := w.next_deadline()) is not None]
+        return max(0.0, min([IDLE_POLL_S, *(d - now for d in deadlines)]))
+
+    def _take_inputs(self, timeout: float) -> None:
+        try:
+            self._dispatch(self.endpoint.receive(timeout))
+        except TimeoutError:
+            return
+        while len(self.endpoint.inbox):
+            self._dispatch(self.endpoint.receive(0))
+
+    def _dispatch(self, message: Any) -> None:
+        for work in self.works:
+            if work.on_message(message):
+                return
+        if isinstance(message, Request):
+            self.endpoint.reply_error(message.request_id, "bad_request", f"no service {message.service!r} here")
+        elif isinstance(message, Error | Direct | Cancel):
+            self.log.info("unhandled_message", kind=type(message).__name__, message=repr(message)[:200])
+
+    def current_capacity(self) -> dict[str, float]:
+        capacity: dict[str, float] = {}
+        for work in self.works:
+            capacity.update(work.capacity())
+        return capacity
+
+    def publish_now(self) -> None:
+        self._publish_capacity(time.monotonic(), force=True)
+
+    def _publish_capacity(self, now: float, force: bool = False) -> None:
+        capacity = self.current_capacity()
+        if capacity != self._capacity and (force or now - self._capacity_sent_at >= CAPACITY_MIN_INTERVAL_S):
+            self._capacity, self._capacity_sent_at = capacity, now
+            self.endpoint.update_capacity(capacity)
+            self.log.info("capacity_updated", capacity=capacity)
+
+
+def prefer_passive_openmp() -> None:
+    """Two engine processes sharing cores must not spin-wait on each other (call before torch)."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def build_engine(settings: NodeSettings) -> Any:
+    """Load the model and build the engine (torch threads are pinned by the engine)."""
+    from nodes.engines.engine import LlamaEngine
+    from nodes.engines.model_loader import load_model
+
+    model = load_model(settings.model, model_dir=settings.model_dir)
+    return LlamaEngine(model, settings.engine_config())
+
+
+def run_node(settings: NodeSettings, make_works: Callable[[LoopThread], list[Work]]) -> int:
+    """Serve as one node process until SIGINT/SIGTERM; the exit code."""
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    kv_thread = LoopThread("kv")
+    works = make_works(kv_thread)
+    data_endpoint = next((e for e in (w.prepare() for w in works) if e), "")
+    endpoint = Endpoint(settings.broker, settings.role, settings.node_id, heartbeat=settings.heartbeat,
+                        data_endpoint=data_endpoint)
+    for work in works:
+        work.attach(endpoint)
+    loop = NodeLoop(endpoint, works, stop)
+    for work in works:
+        if hasattr(work, "publish_capacity"):
+            work.publish_capacity = loop.publish_now
+    endpoint.core.capacity = loop.current_capacity()   # READY carries it
+    log = get_logger("node", node_id=endpoint.node_id, role=settings.role)
+    with endpoint:
+        log.info("node_started", data_endpoint=data_endpoint, model=settings.model,
+                 kv_quant=settings.kv_quant, capacity=endpoint.core.capacity)
+        try:
+            loop.run()
+        finally:
+            for work in works:
+                work.close()
+    kv_thread.stop()
+    log.info("node_stopped")
+    return 0
