@@ -7,7 +7,7 @@ Contract:
   registry (`nodes_by_id`), the routes and `metrics` (a Counter) for tests and the scheduler.
 - `add_listener(callback)`: `callback(event)` for every NodeJoined / NodeLeft /
   CapacityChanged / PeerRejected, on the broker's loop, after the core has handled it.
-- `run_broker(...)`: the `pdbus broker` process: uvloop, SIGINT/SIGTERM stop it cleanly.
+- `run_broker(..., policy=)`: the `pdbus broker` process: uvloop, SIGINT/SIGTERM stop it cleanly.
 Every event is logged (structlog, JSON in production): node_joined, node_left (reason,
 silent_for_s, lost requests), capacity_changed, message_rejected.
 """
@@ -68,7 +68,8 @@ class Broker:
             self.core.shutdown(time.monotonic())
             self._reactor.flush()
             socket.close(linger=200)
-            self.log.info("broker_stopped", metrics=dict(self.core.metrics))
+            self.log.info("broker_stopped", metrics=dict(self.core.metrics),
+                          policy_metrics=dict(getattr(self.core.policy, "metrics", {})))
 
     def stop(self) -> None:
         if self._reactor is not None:
@@ -108,10 +109,12 @@ class Broker:
 
 
 def run_broker(endpoint: str, heartbeat: HeartbeatConfig,
-               max_message_bytes: int = c.DEFAULT_MAX_MESSAGE_BYTES) -> int:
+               max_message_bytes: int = c.DEFAULT_MAX_MESSAGE_BYTES,
+               policy: RoutingPolicy | None = None) -> int:
     """Serve in the foreground until SIGINT/SIGTERM; the process exit code."""
     async def main() -> None:
-        broker = Broker(endpoint, heartbeat=heartbeat, max_message_bytes=max_message_bytes)
+        broker = Broker(endpoint, heartbeat=heartbeat, max_message_bytes=max_message_bytes,
+                        policy=policy)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, broker.stop)
