@@ -11,7 +11,8 @@ export OMP_NUM_THREADS ?= 1
 # Benchmarks share one lock so two never run at once on this 2-core machine.
 BENCH    := flock /tmp/pdbus-bench.lock $(PY)
 
-.PHONY: help install test test-all test-slow lint demo broker node model model-info \
+.PHONY: help install test test-all test-slow lint demo broker node prefill decode cluster colocated \
+        model model-info \
         bench-bus bench-kv bench-kv-quality bench-engine clean
 
 help:            ## list the targets
@@ -44,6 +45,18 @@ broker: install  ## run the broker in the foreground (Ctrl-C stops it)
 
 node: install    ## run one idle bus node in the foreground (ROLE=decode by default)
 	$(BIN)/pdbus node --config $(CONFIG) --role $(or $(ROLE),decode)
+
+prefill: install ## run one prefill node in the foreground (joins the broker in CONFIG)
+	$(BIN)/pdbus prefill --config $(CONFIG)
+
+decode: install  ## run one decode node in the foreground (joins the broker in CONFIG)
+	$(BIN)/pdbus decode --config $(CONFIG)
+
+cluster: install ## broker + prefill + decode nodes from CONFIG, foreground (PREFILL=n DECODE=m; Ctrl-C stops all)
+	$(BIN)/pdbus cluster --config $(CONFIG) $(if $(PREFILL),--prefill $(PREFILL)) $(if $(DECODE),--decode $(DECODE))
+
+colocated: install ## broker + one colocated (prefill+decode) node per core, foreground
+	$(BIN)/pdbus cluster --config $(CONFIG) --colocated
 
 model: install   ## convert the packaged GGUF model into the local model cache
 	$(BIN)/pdbus model prepare

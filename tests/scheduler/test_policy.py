@@ -31,6 +31,12 @@ def test_settings_come_from_the_scheduler_section_of_the_shipped_config(repo_roo
     assert settings.queue_timeout_s == values["queue_timeout_s"]
 
 
+def test_the_multihost_example_is_valid_toml_with_valid_scheduler_settings(repo_root):
+    settings = load_settings(repo_root / "config" / "multihost.example.toml", environ={})
+    assert SchedulerSettings.from_settings(section(settings, "scheduler")).queue_size == 256
+    assert not settings["kv"]["data_bind"].startswith(("tcp://127.", "tcp://0.0.0.0"))
+
+
 @pytest.mark.parametrize("bad", [{"queue_size": -1}, {"queue_timeout_s": 0}, {"retry_after_s": -1}])
 def test_impossible_queue_settings_are_refused(bad):
     with pytest.raises(ValueError, match="scheduler"):

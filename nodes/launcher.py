@@ -1,0 +1,258 @@
+"""Run a whole local cluster as child processes: one broker, then the nodes, in the foreground.
+
+Contract:
+- `cluster_plan(...) -> list[ChildSpec]` (pure): the broker first, then `pdbus prefill` x N and
+  `pdbus decode` x M (or `pdbus node --role both` x K when colocated; `pdbus node --idle --role R`
+  for nodes without an engine). Node ids are stable (`prefill-0`, `decode-1`, `both-0`), so the
+  scheduler's hash ring places sessions the same way on every start.
+- `Supervisor(plan).run(stop) -> exit code`: starts the broker, learns the endpoint it bound
+  from its `broker_started` log event (so `tcp://host:0` works), starts the nodes pointing at it,
+  logs `cluster_broker_ready`, `cluster_node_ready` (the broker's `node_joined` for that node)
+  and `cluster_ready` once every node has registered. A node that exits is reported
+  (`cluster_child_exited`) and the rest keep serving; a broker that exits ends the cluster with
+  exit code 1. `stop` set (SIGINT/SIGTERM in `pdbus cluster`) -> nodes get SIGTERM, then the
+  broker, and whatever is still alive after `grace_s` gets SIGKILL; exit code 0.
+- Children log JSON on stderr; the supervisor parses every line and re-renders it (console
+  format in a terminal, JSON otherwise) tagged with the child's name. Children get
+  PR_SET_PDEATHSIG, so even a SIGKILLed launcher leaves no orphans behind.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import json
+import os
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+
+import structlog
+
+from bus.log import get_logger
+
+_PR_SET_PDEATHSIG = 1
+_POLL_S = 0.1
+
+
+@dataclass(frozen=True)
+class ChildSpec:
+    name: str                 # the node id (or "broker")
+    argv: tuple[str, ...]     # without --broker: the supervisor adds it once the broker is up
+    is_broker: bool = False
+
+
+@dataclass(frozen=True)
+class ClusterShape:
+    num_prefill: int = 1
+    num_decode: int = 1
+    num_colocated: int = 0    # > 0: that many `both` nodes instead of prefill/decode ones
+    idle: bool = False        # nodes without an engine (`pdbus node --idle`)
+    model: str | None = None
+    node_args: tuple[str, ...] = field(default_factory=tuple)   # passed to every node
+
+
+def _pdbus(*args: str) -> tuple[str, ...]:
+    return (sys.executable, "-m", "nodes.cli", *args, "--log-format", "json")
+
+
+def cluster_plan(shape: ClusterShape, broker_endpoint: str, common: tuple[str, ...] = ()) -> list[ChildSpec]:
+    """What to start, in order; `common` (e.g. --config, --log-level) goes to every child."""
+    plan = [ChildSpec("broker", _pdbus("broker", "--endpoint", broker_endpoint, *common), True)]
+    roles = ([("both", shape.num_colocated)] if shape.num_colocated > 0
+             else [("prefill", shape.num_prefill), ("decode", shape.num_decode)])
+    for role, count in roles:
+        for index in range(count):
+            node_id = f"{role}-{index}"
+            plan.append(ChildSpec(node_id, _pdbus(*_node_command(role, shape), "--node-id", node_id,
+                                                  *common, *shape.node_args)))
+    return plan
+
+
+def _node_command(role: str, shape: ClusterShape) -> tuple[str, ...]:
+    if shape.idle:
+        return ("node", "--idle", "--role", role)
+    command = ("node", "--role", "both") if role == "both" else (role,)
+    return (*command, "--model", shape.model) if shape.model else command
+
+
+_prctl = ctypes.CDLL(None, use_errno=True).prctl   # looked up here: no dlopen after fork
+
+
+def _die_with_parent() -> None:
+    # Runs in the child between fork and exec: SIGTERM it if the launcher dies first.
+    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
+class Child:
+    """One child process; a thread parses its stderr lines into the supervisor's queue."""
+
+    def __init__(self, spec: ChildSpec, argv: tuple[str, ...], lines: queue.Queue) -> None:
+        self.spec = spec
+        self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                        text=True, errors="replace", preexec_fn=_die_with_parent,
+                                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+        self.reported_exit = False
+        self._reader = threading.Thread(target=self._read, args=(lines,), daemon=True)
+        self._reader.start()
+
+    def _read(self, lines: queue.Queue) -> None:
+        for line in self.process.stderr:
+            lines.put((self, line.rstrip("\n")))
+
+    @property
+    def pid(self) -> int:
+        return self.process.pid
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def signal(self, number: int) -> None:
+        if self.alive():
+            with contextlib.suppress(ProcessLookupError):   # it exited just now
+                self.process.send_signal(number)
+
+
+def parse_line(line: str) -> dict | None:
+    try:
+        event = json.loads(line)
+    except ValueError:
+        return None
+    return event if isinstance(event, dict) else None
+
+
+class Supervisor:
+    def __init__(self, plan: list[ChildSpec], *, grace_s: float = 5.0, start_timeout_s: float = 30.0,
+                 json_output: bool = False) -> None:
+        self.plan, self.grace_s, self.start_timeout_s = plan, grace_s, start_timeout_s
+        self.json_output = json_output
+        self.children: list[Child] = []
+        self.broker_endpoint: str | None = None
+        self.ready: set[str] = set()
+        self.log = get_logger("cluster")
+        self._lines: queue.Queue = queue.Queue()
+        self._console = structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty())
+        self._started_at = time.monotonic()
+
+    # -- the foreground loop -------------------------------------------------------------
+
+    def run(self, stop: threading.Event) -> int:
+        broker_spec, node_specs = self.plan[0], self.plan[1:]
+        broker = self._spawn(broker_spec, broker_spec.argv)
+        code = self._wait_for_broker(broker, stop)
+        if code is None:
+            for spec in node_specs:
+                self._spawn(spec, (*spec.argv, "--broker", self.broker_endpoint))
+            code = self._serve(broker, stop)
+        self.stop_all()
+        return code
+
+    def _wait_for_broker(self, broker: Child, stop: threading.Event) -> int | None:
+        deadline = time.monotonic() + self.start_timeout_s
+        while self.broker_endpoint is None:
+            if stop.is_set():
+                return 0
+            if not broker.alive() or time.monotonic() > deadline:
+                self._drain()
+                self.log.error("cluster_broker_failed", returncode=broker.process.poll(),
+                               waited_s=round(time.monotonic() - self._started_at, 1))
+                return 1
+            self._drain(_POLL_S)
+        return None
+
+    def _serve(self, broker: Child, stop: threading.Event) -> int:
+        while not stop.is_set():
+            self._drain(_POLL_S)
+            for child in self.children:
+                if not child.alive() and not child.reported_exit:
+                    self._report_exit(child)
+            if not broker.alive():
+                self.log.error("cluster_broker_died", returncode=broker.process.returncode)
+                return 1
+        return 0
+
+    # -- children ------------------------------------------------------------------------
+
+    def _spawn(self, spec: ChildSpec, argv: tuple[str, ...]) -> Child:
+        child = Child(spec, argv, self._lines)
+        self.children.append(child)
+        self.log.info("cluster_child_started", child=spec.name, pid=child.pid)
+        return child
+
+    def _report_exit(self, child: Child) -> None:
+        child.reported_exit = True
+        self.ready.discard(child.spec.name)
+        self.log.warning("cluster_child_exited", child=child.spec.name, pid=child.pid,
+                         returncode=child.process.returncode)
+
+    def stop_all(self) -> None:
+        """SIGTERM the nodes, then the broker (so nodes can say DISCONNECT); SIGKILL stragglers."""
+        nodes = [c for c in self.children if not c.spec.is_broker]
+        brokers = [c for c in self.children if c.spec.is_broker]
+        for group in (nodes, brokers):
+            for child in group:
+                child.signal(signal.SIGCONT)   # a stopped child cannot act on SIGTERM
+                child.signal(signal.SIGTERM)
+            self._wait_exit(group, self.grace_s)
+        for child in self.children:
+            if child.alive():
+                self.log.warning("cluster_child_killed", child=child.spec.name, pid=child.pid)
+                child.signal(signal.SIGKILL)
+            child.process.wait()
+        self._drain()
+        self.log.info("cluster_stopped", returncodes={c.spec.name: c.process.returncode for c in self.children})
+
+    def _wait_exit(self, children: list[Child], timeout: float) -> None:
+        deadline = time.monotonic() + timeout
+        while any(c.alive() for c in children) and time.monotonic() < deadline:
+            self._drain(0.05)
+
+    # -- child output --------------------------------------------------------------------
+
+    def _drain(self, timeout: float = 0.0) -> None:
+        """Forward every waiting child line; wait up to `timeout` for the first one."""
+        try:
+            first = self._lines.get(timeout=timeout) if timeout else self._lines.get_nowait()
+        except queue.Empty:
+            return
+        self._forward(*first)
+        while True:
+            try:
+                self._forward(*self._lines.get_nowait())
+            except queue.Empty:
+                return
+
+    def _forward(self, child: Child, line: str) -> None:
+        event = parse_line(line)
+        if event is None:
+            print(f"[{child.spec.name}] {line}", file=sys.stderr, flush=True)
+            return
+        event.setdefault("child", child.spec.name)
+        if self.json_output:
+            print(json.dumps(event), file=sys.stderr, flush=True)
+        else:
+            print(self._console(None, event.get("level", "info"), dict(event)), file=sys.stderr, flush=True)
+        if child.spec.is_broker:
+            self._on_broker_event(event)
+
+    def _on_broker_event(self, event: dict) -> None:
+        name = event.get("event")
+        if name == "broker_started" and self.broker_endpoint is None:
+            self.broker_endpoint = event["endpoint"]
+            self.log.info("cluster_broker_ready", endpoint=self.broker_endpoint)
+        elif name == "node_joined" and event.get("node_id") in self._node_names():
+            self.ready.add(event["node_id"])
+            self.log.info("cluster_node_ready", node_id=event["node_id"], role=event.get("role"),
+                          num_ready=len(self.ready), num_nodes=len(self._node_names()))
+            if self.ready == self._node_names():
+                self.log.info("cluster_ready", endpoint=self.broker_endpoint, num_nodes=len(self.ready),
+                              elapsed_s=round(time.monotonic() - self._started_at, 2))
+        elif name == "node_left" and event.get("node_id") in self._node_names():
+            self.ready.discard(event["node_id"])
+
+    def _node_names(self) -> set[str]:
+        return {spec.name for spec in self.plan if not spec.is_broker}

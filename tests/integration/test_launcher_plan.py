@@ -1,0 +1,81 @@
+"""`pdbus cluster`'s plan, without processes: which children, with which flags, from the config."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+import pytest
+
+from nodes.commands import cluster as command
+from nodes.launcher import ClusterShape, cluster_plan, parse_line
+from nodes.settings import SettingsError
+
+
+def _args(**overrides):
+    parser = argparse.ArgumentParser()
+    command.add_arguments(parser)
+    args = parser.parse_args([])
+    for name, value in overrides.items():
+        setattr(args, name, value)
+    return args
+
+
+def _commands(plan):
+    """Each child's pdbus arguments up to its --node-id / common flags."""
+    def head(argv):
+        ends = [argv.index(flag) for flag in ("--node-id", "--config", "--log-format") if flag in argv]
+        return argv[3:min(ends)]
+    return [head(spec.argv) for spec in plan]
+
+
+def test_the_broker_comes_first_then_prefill_then_decode_nodes_with_stable_ids():
+    plan = cluster_plan(ClusterShape(num_prefill=1, num_decode=2), "tcp://127.0.0.1:5555", ("--config", "c.toml"))
+    assert [spec.name for spec in plan] == ["broker", "prefill-0", "decode-0", "decode-1"]
+    assert plan[0].is_broker and not any(spec.is_broker for spec in plan[1:])
+    assert _commands(plan) == [("broker", "--endpoint", "tcp://127.0.0.1:5555"), ("prefill",), ("decode",), ("decode",)]
+    assert all(spec.argv[:3] == (sys.executable, "-m", "nodes.cli") for spec in plan)
+    assert plan[0].argv[-4:] == ("--config", "c.toml", "--log-format", "json")
+    assert plan[2].argv[-6:] == ("--node-id", "decode-0", "--config", "c.toml", "--log-format", "json")
+
+
+def test_colocated_runs_both_nodes_only_and_the_model_reaches_every_node():
+    plan = cluster_plan(ClusterShape(num_colocated=2, model="tiny"), "tcp://h:1")
+    assert [spec.name for spec in plan] == ["broker", "both-0", "both-1"]
+    assert _commands(plan)[1] == ("node", "--role", "both", "--model", "tiny")
+
+
+def test_idle_nodes_are_echo_nodes_of_each_role():
+    plan = cluster_plan(ClusterShape(num_prefill=1, num_decode=1, idle=True, model="ignored"), "tcp://h:1")
+    assert _commands(plan)[1:] == [("node", "--idle", "--role", "prefill"), ("node", "--idle", "--role", "decode")]
+
+
+def test_counts_come_from_the_config_and_flags_override_them():
+    settings = {"cluster": {"prefill": 2, "decode": 3}}
+    assert (command.cluster_shape(settings, _args()).num_prefill,
+            command.cluster_shape(settings, _args()).num_decode) == (2, 3)
+    shape = command.cluster_shape(settings, _args(decode=1, prefill=0))
+    assert (shape.num_prefill, shape.num_decode) == (0, 1)
+
+
+def test_colocated_defaults_to_one_node_per_core():
+    shape = command.cluster_shape({"cluster": {"colocated": 0}}, _args(colocated=True))
+    assert shape.num_colocated == (os.cpu_count() or 1)
+    assert command.cluster_shape({}, _args(colocated=True, nodes=3)).num_colocated == 3
+
+
+@pytest.mark.parametrize("settings, overrides, message", [
+    ({}, {"decode": 0}, "at least one decode node"),
+    ({}, {"prefill": -1}, "prefill must be a whole number"),
+    ({"cluster": {"decode": "two"}}, {}, "decode must be a whole number"),
+])
+def test_impossible_shapes_are_configuration_errors(settings, overrides, message):
+    with pytest.raises(SettingsError, match=message):
+        command.cluster_shape(settings, _args(**overrides))
+
+
+def test_only_json_object_lines_are_events():
+    assert parse_line('{"event": "node_joined"}') == {"event": "node_joined"}
+    assert parse_line("Traceback (most recent call last):") is None
+    assert parse_line("[1, 2]") is None
