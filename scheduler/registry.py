@@ -5,7 +5,9 @@ Contract: plain data, no I/O. Nodes are read through `NodeView` (the broker's `b
 satisfies it; tests use small fakes). Capacity keys are those of docs/CLUSTER.md:
 - decode: `kv_blocks_total`, `kv_blocks_free`, `block_size`, `max_running`, `num_running`;
 - prefill: `max_batch_tokens`, `queued_tokens`.
-A decode node is **full** when it reports a KV budget (`kv_blocks_total` > 0) with fewer than
+A decode node is **full** when it says so (`full` > 0: a node that refuses a request for want of
+room, e.g. a long prompt, sets it in the CAPACITY it sends before its ERROR `full`, and clears it
+when blocks free), when it reports a KV budget (`kv_blocks_total` > 0) with fewer than
 `min_free_blocks` free, or when it reports `max_running` > 0 and runs (by its report or by the
 streams the broker has routed to it and not seen finish, whichever is higher) that many. A node
 that reports no budget (0 or missing, e.g. an idle test node) is never full.
@@ -31,6 +33,8 @@ class NodeView(Protocol):
 
 
 def decode_is_full(capacity: Mapping[str, float], num_outstanding: int, min_free_blocks: int = 1) -> bool:
+    if capacity.get("full", 0) > 0:
+        return True
     if capacity.get("kv_blocks_total", 0) > 0 and capacity.get("kv_blocks_free", 0) < min_free_blocks:
         return True
     max_running = capacity.get("max_running", 0)

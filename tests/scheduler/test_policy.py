@@ -121,6 +121,13 @@ def test_nodes_that_report_no_kv_budget_are_never_full():
     assert all(cluster.request("decode", f"s{i}").node_id == "decode-0" for i in range(50))
 
 
+def test_a_node_that_says_full_is_skipped_whatever_its_free_blocks():
+    cluster = _cluster(2)
+    home = cluster.request("decode", "chat")
+    cluster.report(home.node_id, **ROOMY_KV, full=1)      # refused a prompt too long for its room
+    assert cluster.request("decode", "chat") is not home
+
+
 def test_min_free_blocks_sets_the_full_threshold():
     cluster = _cluster(1, min_free_blocks=4)
     cluster.report("decode-0", kv_blocks_total=100, kv_blocks_free=3)
