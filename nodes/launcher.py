@@ -104,6 +104,10 @@ class Child:
         for line in self.process.stderr:
             lines.put((self, line.rstrip("\n")))
 
+    def finish_reading(self, timeout: float = 2.0) -> None:
+        """Wait until the exited child's last lines are queued."""
+        self._reader.join(timeout)
+
     @property
     def pid(self) -> int:
         return self.process.pid
@@ -203,6 +207,7 @@ class Supervisor:
                 self.log.warning("cluster_child_killed", child=child.spec.name, pid=child.pid)
                 child.signal(signal.SIGKILL)
             child.process.wait()
+            child.finish_reading()
         self._drain()
         self.log.info("cluster_stopped", returncodes={c.spec.name: c.process.returncode for c in self.children})
 
