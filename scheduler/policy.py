@@ -94,11 +94,14 @@ class ClusterPolicy:
             node = self._choose_prefill(key, candidates)
         else:
             node = min(candidates, key=lambda n: (n.num_outstanding, n.num_assigned, n.node_id))
-        self.metrics[f"placed.{service}.{node.node_id}"] += 1
+        if node is not None:
+            self.metrics[f"placed.{service}.{node.node_id}"] += 1
         return node
 
-    def _choose_decode(self, key: str, is_session: bool, candidates: Sequence[NodeView]) -> NodeView:
+    def _choose_decode(self, key: str, is_session: bool, candidates: Sequence[NodeView]) -> NodeView | None:
         live = {n.node_id: n for n in candidates if n.node_id in self.ring}
+        if not live:   # only if a node joined before this policy was attached: no_node, not "full"
+            return None
         full = frozenset(node_id for node_id, n in live.items() if self._is_full(n))
         self.metrics["decode.skipped_full"] += len(full)
         if len(full) == len(live):

@@ -116,3 +116,16 @@ def test_an_impossible_shape_is_a_configuration_error():
     assert launcher.process.wait(20) == 2
     launcher._reader.join(5)
     assert "at least one decode node" in "".join(launcher.raw)
+
+
+def test_colocated_runs_one_both_node_each_and_serves_both_services(cleanup):
+    launcher, pids = _start_cluster("--colocated", "--nodes", "2")
+    cleanup[0].append(launcher)
+    cleanup[1].extend(pids.values())
+    assert set(pids) == {"broker", "both-0", "both-1"}
+    endpoint = launcher.find("cluster_broker_ready")[0]["endpoint"]
+    with BusClient(endpoint) as client:
+        for service in ("prefill", "decode"):
+            assert client.call_blocking(service, {}, key="chat", timeout=10)[-1].body["node_id"] in pids
+    launcher.signal(signal.SIGTERM)
+    assert launcher.process.wait(15) == 0

@@ -177,6 +177,11 @@ def test_both_nodes_sit_on_the_ring_and_gateways_do_not():
     assert cluster.request("decode", "s").node_id == "colo"
 
 
+def test_candidates_the_policy_never_saw_join_are_no_node_rather_than_full():
+    stranger = SimCluster(ClusterPolicy(), ["decode-0"]).nodes["decode-0"]
+    assert ClusterPolicy().choose("decode", "s", "r1", [stranger]) is None
+
+
 def test_placements_are_counted_per_service_and_node():
     cluster = _cluster(1)
     cluster.request("decode", "s")
