@@ -37,6 +37,20 @@ def test_the_multihost_example_is_valid_toml_with_valid_scheduler_settings(repo_
     assert not settings["kv"]["data_bind"].startswith(("tcp://127.", "tcp://0.0.0.0"))
 
 
+def test_the_broker_command_builds_the_policy_from_the_scheduler_section():
+    from bus.routing import LeastOutstandingPolicy
+    from nodes.commands.broker import routing_policy
+    from nodes.settings import SettingsError
+
+    policy = routing_policy({"scheduler": {"epsilon": 0.5, "vnodes": 16}})
+    assert isinstance(policy, ClusterPolicy) and (policy.ring.epsilon, policy.ring.num_vnodes) == (0.5, 16)
+    assert isinstance(routing_policy({}, "least-outstanding"), LeastOutstandingPolicy)
+    with pytest.raises(SettingsError, match="scheduler"):
+        routing_policy({"scheduler": {"epsilon": 0}})
+    with pytest.raises(SettingsError, match="scheduler"):
+        routing_policy({"scheduler": {"queue_size": "many"}})
+
+
 @pytest.mark.parametrize("bad", [{"queue_size": -1}, {"queue_timeout_s": 0}, {"retry_after_s": -1}])
 def test_impossible_queue_settings_are_refused(bad):
     with pytest.raises(ValueError, match="scheduler"):
