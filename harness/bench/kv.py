@@ -60,7 +60,7 @@ async def bare_send_seconds(socket: zmq.asyncio.Socket, frames: list, shaper: Li
 
 
 async def run_end_to_end(endpoints: dict, sources: dict, quantizer: TorchQuantizer, chunk_bytes: int,
-                         repeats: int, link: float | None, loopback_rate: float) -> dict:
+                         repeats: int, link: float | None, loopback_rate: float, cases=CASES, bare_too=True) -> dict:
     rate = link or loopback_rate
     sender = KVSender(quantizer=quantizer, chunk_bytes=chunk_bytes, link_bytes_per_s=rate,
                       config=SendConfig(window=4, ack_timeout=5.0, transfer_timeout=60.0))
@@ -72,11 +72,11 @@ async def run_end_to_end(endpoints: dict, sources: dict, quantizer: TorchQuantiz
     times: dict[str, list[float]] = {}
     ratios: dict[str, float] = {}
     for round_ in range(repeats + 1):  # round 0 warms up sockets, pages and caches
-        for name, frames in bare_frames.items():
+        for name, frames in (bare_frames.items() if bare_too else ()):
             seconds = await bare_send_seconds(bare, frames, LinkShaper(link) if link else None)
             if round_:
                 times.setdefault(f"{name} bare pyzmq", []).append(seconds)
-        for dtype, mode, compression in CASES:
+        for dtype, mode, compression in cases:
             sender.shaper = LinkShaper(link) if link else None
             started = time.perf_counter()
             report = await sender.send(endpoints["kv"], f"{dtype}-{mode}-{compression}-{link}-{round_}", "bench",
@@ -123,12 +123,33 @@ def print_targets(loop: dict, shaped: dict) -> None:
     print("\n".join(rows))
 
 
+SWEEP_CASES = [("fp32", "raw", "none"), ("fp32", "int8", "auto"), ("bf16", "raw", "none"), ("bf16", "int8", "auto")]
+
+
+def sweep(sources: dict, quantizer: TorchQuantizer, repeats: int, loopback_rate: float) -> None:
+    """End-to-end time per chunk size, to choose the default (loopback and 10 Gbit/s)."""
+    print("\n### Chunk size (end-to-end ms, median)\n\n| chunk | link | " +
+          " | ".join(f"{d} {m}+{c}" for d, m, c in SWEEP_CASES) + " |\n|---|---|" + "---:|" * len(SWEEP_CASES))
+    peer, endpoints = start_peer()
+    try:
+        for mib in (0.5, 1, 2, 4, 8):
+            for link in (None, gbit(10)):
+                results = asyncio.run(run_end_to_end(endpoints, sources, quantizer, int(mib * MiB), repeats, link,
+                                                     link or loopback_rate, SWEEP_CASES, bare_too=False))
+                cells = " | ".join(f"{results[f'{d} {m}+{c}'][0] * 1e3:.1f}" for d, m, c in SWEEP_CASES)
+                print(f"| {mib} MiB | {'10 Gbit/s' if link else 'loopback'} | {cells} |", flush=True)
+    finally:
+        peer.stdin.close()
+        peer.wait(timeout=30)
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=1024)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--chunk-mib", type=float, default=None, help="chunk size (default: bus.kv's)")
     parser.add_argument("--skip-stages", action="store_true")
+    parser.add_argument("--sweep", action="store_true", help="also time chunk sizes 0.5-8 MiB")
     args = parser.parse_args()
     torch.set_num_threads(1)
     from bus.kv.layout import DEFAULT_CHUNK_BYTES
@@ -155,6 +176,8 @@ def main() -> int:
     print_end_to_end("loopback TCP, two processes", loop_results, raw_bytes)
     print_end_to_end("10 Gbit/s shaped link (token bucket in the sender)", shaped, raw_bytes)
     print_targets(loop_results, shaped)
+    if args.sweep:
+        sweep(sources, quantizer, args.repeats, loopback_rate)
     if not args.skip_stages:
         print("\n### Stages (one process, one thread; GB/s of the engine's KV)\n\n| stage | GB/s |\n|---|---:|")
         for stage, value in measure_stages(kv, quantizer, chunk_bytes):

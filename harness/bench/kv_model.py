@@ -66,7 +66,7 @@ def prompt_kv(model, ids) -> np.ndarray:
 
     with torch.inference_mode():
         out = model(torch.tensor([ids]), use_cache=True)
-    return cache_to_array(out.past_key_values)
+    return cache_to_array(out.cache)
 
 
 def held_out_text() -> str:

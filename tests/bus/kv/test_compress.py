@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from bus.kv.compress import (
+    RESAMPLE_EVERY,
     AutoCompression,
     Choice,
     compress_frame,
@@ -66,7 +67,7 @@ def test_auto_caches_its_choice_and_resamples():
     first = auto.choose("slot", bytes(100_000), 1)
     noise = np.random.default_rng(2).integers(0, 256, 100_000, dtype=np.uint8).tobytes()
     assert auto.choose("slot", noise, 1) == first          # cached: no sampling cost
-    choices = [auto.choose("slot", noise, 1) for _ in range(10)]
+    choices = [auto.choose("slot", noise, 1) for _ in range(RESAMPLE_EVERY)]
     assert choices[-1] == Choice("none", 0)                # re-sampled after a few chunks
 
 
