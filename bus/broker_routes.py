@@ -166,7 +166,8 @@ class RouteTable:
                                      now, entry):
                     break
                 self.queue.remove(entry.request_id)
-                self.metrics["queue.dispatched"] += 1
+                if entry.request_id in self.routes:   # not refused or no_node on the way out
+                    self.metrics["queue.dispatched"] += 1
                 entry = self.queue.head(entry.service)
 
     def expire_queued(self, now: float) -> None:

@@ -18,8 +18,10 @@ Contract (docs/CLUSTER.md "Services, keys and capacity"):
 - Deterministic: placements depend only on the node ids, their loads and capacity, and the
   sessions seen, never on join order or the process (xxh3 positions), so a restarted broker
   with the same nodes places new sessions as before.
-- `metrics` (a Counter) counts placements per service and node, stickiness, moves, full skips,
-  deferrals and overload refusals.
+- `metrics` (a Counter): `placed.<service>.<node_id>`; `sessions.new|sticky|moved|returned|
+  orphaned`; `decode.skipped_full` (full nodes passed over), `decode.all_full` (choices that found
+  every node full, re-offers of a queued request included), `decode.overloaded` (refusals when
+  there is no queue). The broker counts the requests themselves (`queue.*`, `rejected.*`).
 """
 
 from __future__ import annotations
@@ -127,7 +129,7 @@ class ClusterPolicy:
         if settings.queue_size == 0:
             self.metrics["decode.overloaded"] += 1
             return Refuse(OVERLOADED, message, retry_after_s=settings.retry_after_s)
-        self.metrics["decode.deferred"] += 1
+        self.metrics["decode.all_full"] += 1
         return Defer(settings.queue_size, settings.queue_timeout_s, settings.retry_after_s, message)
 
     def _choose_prefill(self, key: str, candidates: Sequence[NodeView]) -> NodeView:

@@ -172,7 +172,7 @@ def test_a_policy_may_refuse_a_queued_request_when_it_is_offered_again(broker):
     broker.core.policy.refuse_next = True
     broker.send(W, CapacityUpdate({"slots": 1}))
     assert [(m.request_id, m.code) for m in broker.to(G)] == [("r1", "bad_key")]
-    assert len(broker.core.queue) == 0
+    assert len(broker.core.queue) == 0 and broker.core.metrics["queue.dispatched"] == 0
 
 
 def test_nothing_waits_in_a_queue_the_policy_never_defers_into(clock):

@@ -157,7 +157,7 @@ def test_all_full_defers_with_the_queue_settings():
         cluster.request("decode", "s")
     assert (deferred.value.max_queued, deferred.value.timeout_s, deferred.value.retry_after_s) == (7, 3.0, 0.5)
     assert "all 2 decode nodes are full" in deferred.value.message
-    assert cluster.policy.metrics["decode.deferred"] == 1
+    assert cluster.policy.metrics["decode.all_full"] == 1
 
 
 def test_all_full_without_a_queue_is_an_overload_refusal():

@@ -75,7 +75,7 @@ def test_every_decode_node_full_is_answered_overloaded_with_a_retry_hint(cluster
     processes[0].stop()
     stopped = processes[0].wait_for("broker_stopped")
     assert stopped["metrics"]["queue.timed_out"] == 1 and stopped["metrics"]["rejected.overloaded"] == 2
-    assert stopped["policy_metrics"]["decode.deferred"] >= 2
+    assert stopped["policy_metrics"]["decode.all_full"] >= 2
 
 
 def test_a_queued_request_is_served_when_a_node_frees_capacity(cluster):
