@@ -13,8 +13,10 @@ Contract:
   exit code 1. `stop` set (SIGINT/SIGTERM in `pdbus cluster`) -> nodes get SIGTERM, then the
   broker, and whatever is still alive after `grace_s` gets SIGKILL; exit code 0.
 - Children log JSON on stderr; the supervisor parses every line and re-renders it (console
-  format in a terminal, JSON otherwise) tagged with the child's name. Children get
-  PR_SET_PDEATHSIG, so even a SIGKILLed launcher leaves no orphans behind.
+  format in a terminal, JSON otherwise) tagged with the child's name. Each child runs in its
+  own process group, so a terminal's Ctrl-C reaches only the supervisor, which then stops the
+  nodes before the broker; and each gets PR_SET_PDEATHSIG, so even a SIGKILLed launcher leaves
+  no orphans behind.
 """
 
 from __future__ import annotations
@@ -95,7 +97,7 @@ class Child:
         self.spec = spec
         self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                         text=True, errors="replace", preexec_fn=_die_with_parent,
-                                        env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                        process_group=0, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self.reported_exit = False
         self._reader = threading.Thread(target=self._read, args=(lines,), daemon=True)
         self._reader.start()

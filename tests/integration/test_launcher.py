@@ -4,6 +4,7 @@ broker dies, and leaves no process behind on SIGTERM, SIGINT or its own SIGKILL.
 
 from __future__ import annotations
 
+import os
 import signal
 import time
 
@@ -17,8 +18,9 @@ pytestmark = pytest.mark.integration
 
 
 def _start_cluster(*flags: str) -> tuple[LoggedProcess, dict[str, int]]:
-    launcher = LoggedProcess(pdbus("cluster", "--idle", "--endpoint", "tcp://127.0.0.1:0",
-                                   "--stop-grace-s", "3", *flags))
+    # setsid: the launcher leads its own process group, like a shell's foreground job.
+    launcher = LoggedProcess(["setsid", *pdbus("cluster", "--idle", "--endpoint", "tcp://127.0.0.1:0",
+                                               "--stop-grace-s", "3", *flags)])
     ready = launcher.wait_for("cluster_ready", timeout=30)
     pids = {e["child"]: e["pid"] for e in launcher.find("cluster_child_started")}
     assert ready["num_nodes"] == len(pids) - 1
@@ -53,8 +55,8 @@ def cleanup():
             psutil.Process(pid).kill()
 
 
-@pytest.mark.parametrize("stop_signal", [signal.SIGTERM, signal.SIGINT])
-def test_cluster_starts_every_child_and_a_stop_signal_ends_them_all(cleanup, stop_signal):
+@pytest.mark.parametrize("stop", ["sigterm", "ctrl-c"])
+def test_cluster_starts_every_child_and_a_stop_signal_ends_them_all(cleanup, stop):
     launcher, pids = _start_cluster("--prefill", "1", "--decode", "2")
     cleanup[0].append(launcher)
     cleanup[1].extend(pids.values())
@@ -62,7 +64,10 @@ def test_cluster_starts_every_child_and_a_stop_signal_ends_them_all(cleanup, sto
     children = {p.pid for p in psutil.Process(launcher.process.pid).children()}
     assert children == set(pids.values())
     assert launcher.find("cluster_broker_ready")[0]["endpoint"].startswith("tcp://127.0.0.1:")
-    launcher.signal(stop_signal)
+    if stop == "ctrl-c":   # the terminal signals the whole foreground process group
+        os.killpg(launcher.process.pid, signal.SIGINT)
+    else:
+        launcher.signal(signal.SIGTERM)
     assert launcher.process.wait(15) == 0
     assert _gone(pids.values(), timeout=1)
     stopped = launcher.wait_for("cluster_stopped")
