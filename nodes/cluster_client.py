@@ -141,6 +141,9 @@ class Generation:
         except asyncio.CancelledError:
             self._queue.put_nowait(None)
             raise
+        except Exception as exc:   # a bug must end the stream, never hang the caller
+            self._queue.put_nowait(ClusterError("internal", repr(exc), self.trace))
+            raise
 
     async def _attempts(self) -> None:
         local = False

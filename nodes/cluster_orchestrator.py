@@ -38,18 +38,19 @@ class StreamToken:
 
 class Retry(Exception):
     def __init__(self, code: str, message: str = "", node_id: str = "", *, local: bool = False,
-                 counts: bool = True, delay_s: float = 0.0, **details: Any) -> None:
+                 counts: bool = True, delay_s: float = 0.0, details: dict | None = None) -> None:
         super().__init__(f"{code}: {message}")
         self.code, self.message, self.node_id = code, message, node_id
-        self.local, self.counts, self.delay_s, self.details = local, counts, delay_s, details
+        self.local, self.counts, self.delay_s, self.details = local, counts, delay_s, details or {}
 
 
 def _retry_from(error: BusError, node_id: str = "") -> Retry:
-    node_id = error.details.get("node_id", node_id)
-    delay = float(error.details.get("retry_after_s", 0.0) or 0.0)
+    details = dict(error.details)
+    node_id = str(details.pop("node_id", node_id))
+    delay = float(details.get("retry_after_s", 0.0) or 0.0)
     if error.code == "no_node":
         delay = max(delay, 0.5)   # maybe mid re-registration after a broker restart
-    return Retry(error.code, error.message, node_id, delay_s=delay, **error.details)
+    return Retry(error.code, error.message, node_id, delay_s=delay, details=details)
 
 
 class Attempt:

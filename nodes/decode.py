@@ -100,6 +100,8 @@ class DecodeWork:
         self._expire_waiting(now)
         if not self.engine.has_unfinished():
             return False
+        if self.settings.step_delay_s:   # test-only: a slow stream to fail mid-way
+            time.sleep(self.settings.step_delay_s)
         for event in self.engine.step():
             self._on_token(event)
         return True

@@ -35,6 +35,7 @@ class NodeSettings:
     kv_timeout_s: float = 30.0                     # a decode node waits this long for admitted KV
     local_suffix_tokens: int = 64
     prefill_delay_s: float = 0.0                   # test-only: sleep before each prefill pass
+    step_delay_s: float = 0.0                      # test-only: sleep before each decode step
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig.from_dict(self.engine)
@@ -53,6 +54,7 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--heartbeat-ms", type=int, help="heartbeat interval in milliseconds")
     parser.add_argument("--liveness", type=int, help="missed heartbeats before the broker is dead")
     parser.add_argument("--test-prefill-delay-ms", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--test-step-delay-ms", type=int, default=0, help=argparse.SUPPRESS)
 
 
 def _engine_values(settings: dict, args: argparse.Namespace, role: str) -> dict:
@@ -90,4 +92,5 @@ def node_settings(args: argparse.Namespace, role: str) -> NodeSettings:
         kv_timeout_s=float(kv.get("timeout_s", 30.0)),
         local_suffix_tokens=int(section(settings, "scheduler").get("local_suffix_tokens", 64)),
         prefill_delay_s=args.test_prefill_delay_ms / 1000,
+        step_delay_s=args.test_step_delay_ms / 1000,
     )
