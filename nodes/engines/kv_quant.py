@@ -23,7 +23,6 @@ from bus.kv.quant import EncodedPayload, NumpyQuantizer
 
 TORCH_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 NAMES_TO_TORCH = {name: dtype for dtype, name in TORCH_DTYPES.items()}
-F16_MAX = 65504.0
 OUTWARD = 2.0**-10   # > half a float16 ulp, relative: rounding to nearest stays outward
 F16_TINY = 2.0**-24  # the float16 subnormal step
 # Round through float16 where the code says so (inductor elides such casts by default).
@@ -86,7 +85,8 @@ def convert_into(source: torch.Tensor, out: torch.Tensor) -> None:
     out.copy_(source.to(out.dtype))
 
 
-KERNELS = {"encode_int8": encode_asym, "encode_int8_sym": encode_sym, "decode_int8": decode_int8_rows, "decode_int8_sym": decode_int8_sym_rows, "convert": convert_into}
+KERNELS = {"encode_int8": encode_asym, "encode_int8_sym": encode_sym, "decode_int8": decode_int8_rows,
+           "decode_int8_sym": decode_int8_sym_rows, "convert": convert_into}
 
 
 class TorchQuantizer:
@@ -95,8 +95,8 @@ class TorchQuantizer:
     def __init__(self, compile: bool = True) -> None:
         self.numpy = NumpyQuantizer()
         self.compile = compile
-        # One compiled function per (kernel, argument dtypes): dynamo would otherwise pile up
-        # recompiles of one function object past its limit and silently fall back to eager.
+        # Compiled lazily per (kernel, argument dtypes), with dynamic shapes so that chunk and
+        # prompt sizes do not trigger recompiles (dynamo gives up after 8 and runs eager).
         self._compiled: dict[tuple, Any] = {}
 
     @property
