@@ -1,0 +1,68 @@
+"""Abort frees the request's KV on both nodes (real processes): cancelled while the prefill runs,
+the decode node releases its reservation and the prefill node drops the prompt; cancelled
+mid-decode, the decode node's free KV blocks return to their baseline."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from harness.cluster_procs import ClusterProcs
+from tests.integration.cluster_helpers import PROMPTS, client_for, greedy, load, wait_until
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return load("tiny")
+
+
+def kv_blocks_free(node) -> int:
+    return [e for e in node.events if e.get("event") in ("node_started", "capacity_updated")][-1]["capacity"]["kv_blocks_free"]
+
+
+def test_abort_during_prefill_frees_the_reservation_and_drops_the_prompt(tiny):
+    prompt = tuple(tiny.tokenizer.encode(PROMPTS[0]))
+    delay = {"prefill": ["--test-prefill-delay-ms", "1500"]}
+    with ClusterProcs(num_prefill=1, num_decode=1, extra_args=delay) as cluster, client_for(cluster) as client:
+        decode, prefill = cluster.nodes["decode-0"], cluster.nodes["prefill-0"]
+        baseline = kv_blocks_free(decode)
+
+        async def run():
+            generation = client.generate(prompt, greedy(16))
+            task = asyncio.ensure_future(generation.collect())
+            await asyncio.to_thread(prefill.wait_for, "prefill_started")
+            assert kv_blocks_free(decode) < baseline   # admitted: blocks reserved for the KV
+            await generation.aclose()
+            await asyncio.gather(task, return_exceptions=True)
+            return generation
+
+        generation = asyncio.run(run())
+        assert generation.result is None   # aborted: no result
+        assert decode.wait_for("decode_cancelled")["stage"] == "kv_wait"
+        assert prefill.wait_for("prefill_cancelled")["transfer_id"]
+        wait_until(lambda: kv_blocks_free(decode) == baseline, message="decode KV back to baseline")
+        assert not decode.find("kv_arrived", ok=True)   # the dropped prompt never sent its KV
+
+
+def test_abort_mid_decode_returns_the_blocks(tiny):
+    prompt = tuple(tiny.tokenizer.encode(PROMPTS[1]))
+    slow = {"decode": ["--test-step-delay-ms", "40"]}
+    with ClusterProcs(num_prefill=1, num_decode=1, extra_args=slow) as cluster, client_for(cluster) as client:
+        decode = cluster.nodes["decode-0"]
+        baseline = kv_blocks_free(decode)
+
+        async def run():
+            generation = client.generate(prompt, greedy(200))
+            count = 0
+            async for _ in generation:
+                count += 1
+                if count == 5:
+                    await generation.aclose()
+            return count
+
+        assert asyncio.run(run()) == 5
+        assert decode.wait_for("decode_cancelled")["stage"] == "decode"
+        wait_until(lambda: kv_blocks_free(decode) == baseline, message="decode KV back to baseline")
