@@ -2,10 +2,13 @@
 
 Contract (docs/CLUSTER.md "Services, keys and capacity"):
 - `decode` requests, keyed by session id: a session stays on the node that holds it while that
-  node lives and is not full (sticky: its cached KV is there). A new (or orphaned, or displaced)
-  session goes to the first node clockwise from its key on a `BoundedLoadRing` that is not full
-  and holds under (1+epsilon)x the mean number of outstanding streams; if every non-full node is
-  at that bound the first non-full candidate takes it. Full (see `scheduler.registry`) everywhere
+  node lives, is not full and is not over the load bound (sticky: its cached KV is there). Over
+  the bound means (1+epsilon)x the mean number of outstanding streams and more than
+  `sticky_slack_streams` above the idlest node: old sessions cannot pile onto one node, and a
+  stream or two of imbalance at low load never costs a session its cache. A
+  new (or orphaned, or displaced) session goes to the first node clockwise from its key on a
+  `BoundedLoadRing` that is not full and under that bound; if every non-full node is at the
+  bound the first non-full candidate takes it. Full (see `scheduler.registry`) everywhere
   -> `Defer` into the broker's bounded queue; with `queue_size` 0 -> `Refuse("overloaded")`.
   A request without a key is placed by its request id and not remembered.
 - `prefill` requests: the live prefill node with the fewest outstanding prefill tokens (reported
@@ -19,7 +22,7 @@ Contract (docs/CLUSTER.md "Services, keys and capacity"):
   sessions seen, never on join order or the process (xxh3 positions), so a restarted broker
   with the same nodes places new sessions as before.
 - `metrics` (a Counter): `placed.<service>.<node_id>`; `sessions.new|sticky|moved|returned|
-  orphaned`; `decode.skipped_full` (full nodes passed over), `decode.all_full` (choices that found
+  orphaned|over_bound`; `decode.skipped_full` (full nodes passed over), `decode.all_full` (choices that found
   every node full, re-offers of a queued request included), `decode.overloaded` (refusals when
   there is no queue). The broker counts the requests themselves (`queue.*`, `rejected.*`).
 """
@@ -49,6 +52,7 @@ class SchedulerSettings:
     queue_timeout_s: float = 30.0
     retry_after_s: float = 1.0
     min_free_blocks: int = 1
+    sticky_slack_streams: int = 4
     prefill_tokens_estimate: int = 256
     max_sessions: int = 100_000
 
@@ -108,17 +112,27 @@ class ClusterPolicy:
         self.metrics["decode.skipped_full"] += len(full)
         if len(full) == len(live):
             raise self._all_full(len(live))
+        loads = {node_id: n.num_outstanding for node_id, n in live.items()}
         home = self.sessions.node_of(key) if is_session else None
         if home in live and home not in full:
-            self.metrics["sessions.sticky"] += 1
-            return live[home]
-        node_id = self.ring.place(key, {i: n.num_outstanding for i, n in live.items()}, exclude=full
+            if not self._over_bound(home, loads):
+                self.metrics["sessions.sticky"] += 1
+                return live[home]
+            self.metrics["sessions.over_bound"] += 1
+        node_id = self.ring.place(key, loads, exclude=full
                                   ) or next(i for i in self.ring.candidates(key) if i in live and i not in full)
         if is_session:
             known = self.sessions.get(key) is not None
             moved = self.sessions.place(key, node_id)
             self.metrics["sessions.moved" if moved else "sessions.new" if not known else "sessions.returned"] += 1
         return live[node_id]
+
+    def _over_bound(self, node_id: str, loads: dict[str, int]) -> bool:
+        """Too busy to keep a session for its cached KV: over the ring's bound and more than
+        `sticky_slack_streams` above the idlest node (no churn over a stream or two at low load)."""
+        load = loads[node_id]
+        return (load >= self.ring.capacity(sum(loads.values()))
+                and load - min(loads.values()) > self.settings.sticky_slack_streams)
 
     def _is_full(self, node: NodeView) -> bool:
         return decode_is_full(node.capacity, node.num_outstanding, self.settings.min_free_blocks)

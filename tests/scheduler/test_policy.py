@@ -103,10 +103,20 @@ def test_same_nodes_give_the_same_placements_after_a_broker_restart():
 def test_a_session_stays_on_its_node_even_when_others_are_idler():
     cluster = _cluster(3)
     home = cluster.request("decode", "chat-1")
-    for _ in range(5):
+    home.num_outstanding = 4                      # other sessions' streams: over the bound, within the slack
+    for _ in range(5):                            # turn after turn, one at a time
         assert cluster.request("decode", "chat-1") is home
-    assert home.num_outstanding == 6
+        home.num_outstanding -= 1
     assert cluster.policy.metrics["sessions.sticky"] == 5
+
+
+def test_a_session_leaves_a_node_that_is_over_the_load_bound():
+    cluster = _cluster(2, epsilon=0.25)
+    home = cluster.request("decode", "chat-1")
+    home.num_outstanding = 6                      # bound: ceil(1.25 * 7 / 2) = 5; 6 - 0 > slack 4
+    other = cluster.request("decode", "chat-1")
+    assert other is not home
+    assert (cluster.policy.metrics["sessions.over_bound"], cluster.policy.metrics["sessions.moved"]) == (1, 1)
 
 
 def test_a_full_node_is_skipped_and_its_session_moves_until_it_has_room():
