@@ -124,6 +124,23 @@ def remap_on_leave(num_nodes: int, num_sessions: int, settings: SchedulerSetting
     return Remap(_fraction_moved(before, after), 1 / num_nodes, 0.0, _fraction_moved(before, restarted))
 
 
+def remap_on_join_busy(num_nodes: int, num_sessions: int, epsilon: float) -> tuple[float, float]:
+    """Every session streams all the time; a node joins; each session's next turn replaces its
+    stream. (fraction of sessions moved, max/mean streams per node afterwards)."""
+    settings = SchedulerSettings(epsilon=epsilon)
+    cluster = SimCluster(ClusterPolicy(settings), node_ids(num_nodes))
+    sessions = session_ids(num_sessions)
+    before = {s: cluster.request("decode", s) for s in sessions}
+    cluster.join("decode-new")
+    moved = 0
+    for session_id in sessions:
+        before[session_id].num_outstanding -= 1          # its turn ended...
+        after = cluster.request("decode", session_id)   # ...and its next one starts
+        moved += after is not before[session_id]
+    loads = [n.num_outstanding for n in cluster.nodes.values()]
+    return moved / num_sessions, max(loads) / statistics.mean(loads)
+
+
 def _fraction_moved(before: dict[str, str], after: dict[str, str]) -> float:
     return sum(before[k] != after[k] for k in before) / len(before)
 
@@ -142,6 +159,10 @@ def main() -> None:
               f" (ideal {join.ideal:.3f})")
         print(f"  leave {num_nodes}->{num_nodes - 1}: sticky {leave.moved:.3f}, after a broker restart"
               f" {leave.restart_moved:.3f} (ideal {leave.ideal:.3f})")
+    print("join while every session streams: fraction moved by the load bound, max/mean after one turn each")
+    for epsilon in (0.25, 0.10):
+        moved, ratio = remap_on_join_busy(4, 10_000, epsilon)
+        print(f"  join 4->5, eps={epsilon:.2f}: moved {moved:.3f}, max/mean {ratio:.3f} (ideal move 0.200)")
 
 
 if __name__ == "__main__":

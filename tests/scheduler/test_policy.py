@@ -11,7 +11,15 @@ import pytest
 from bus.routing import Defer, Refuse
 from nodes.settings import load_settings, section
 from scheduler.policy import ClusterPolicy, SchedulerSettings
-from scheduler.simulation import SimCluster, balance, node_ids, remap_on_join, remap_on_leave, session_ids
+from scheduler.simulation import (
+    SimCluster,
+    balance,
+    node_ids,
+    remap_on_join,
+    remap_on_join_busy,
+    remap_on_leave,
+    session_ids,
+)
 
 FULL_KV = {"kv_blocks_total": 100, "kv_blocks_free": 0}
 ROOMY_KV = {"kv_blocks_total": 100, "kv_blocks_free": 50, "max_running": 8, "num_running": 0}
@@ -71,6 +79,12 @@ def test_a_joining_node_takes_only_its_share_of_new_sessions_and_none_of_the_liv
     assert remap.moved == 0.0                               # sticky: live sessions stay put
     assert abs(remap.new_share - remap.ideal) < 0.3 * remap.ideal
     assert abs(remap.restart_moved - remap.ideal) < 0.3 * remap.ideal   # no session table: ~1/(N+1)
+
+
+def test_a_node_joining_a_busy_cluster_takes_only_what_the_bound_pushes_off_the_others():
+    moved, ratio = remap_on_join_busy(4, 2000, epsilon=0.1)
+    assert 0.05 < moved < 0.2        # some sessions give up their node; fewer than a full 1/(N+1)
+    assert ratio <= 1.1 + 5 / 2000 + 0.01
 
 
 def test_a_leaving_node_moves_only_its_own_sessions():
