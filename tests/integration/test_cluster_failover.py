@@ -115,9 +115,8 @@ def test_broker_killed_and_restarted_mid_stream_loses_and_repeats_nothing(tiny):
 def test_a_request_that_exhausts_its_retries_ends_with_a_clear_error(tiny):
     prompt = tuple(tiny.tokenizer.encode(PROMPTS[0]))
     with ClusterProcs(num_prefill=1, num_decode=1, extra_args=SLOW_DECODE) as cluster, \
-            client_for(cluster, max_retries=1) as client:
-        with pytest.raises(ClusterError) as info:
-            asyncio.run(stream_and_act(client, prompt, greedy(40), 3, lambda g: cluster.kill("decode-0")))
+            client_for(cluster, max_retries=1) as client, pytest.raises(ClusterError) as info:
+        asyncio.run(stream_and_act(client, prompt, greedy(40), 3, lambda g: cluster.kill("decode-0")))
     error = info.value
     assert error.code == "retries_exhausted"
     assert error.trace.failures[0] == "node_lost@decode-0" and len(error.trace.failures) == 2

@@ -1,0 +1,62 @@
+"""The client's delivery rules, sans I/O: indices are mapped onto the stream, duplicates dropped,
+tokens after a gap held until it fills; and the wire helpers both sides share."""
+
+from __future__ import annotations
+
+import pytest
+
+from nodes import cluster_wire as wire
+from nodes.cluster_client import ClusterClient, Generation
+from nodes.cluster_orchestrator import Attempt, StreamToken
+from nodes.engines.base import SamplingParams
+
+
+class FakeGeneration:
+    def __init__(self, delivered=()):
+        self.prompt = (1, 2, 3)
+        self.sampling = SamplingParams(temperature=0.0, max_tokens=10)
+        self.tokens = [StreamToken(i, t, str(t)) for i, t in enumerate(delivered)]
+        self.emitted = []
+
+    def emit(self, token):
+        self.tokens.append(token)
+        self.emitted.append(token)
+
+
+def test_a_resumed_attempt_continues_the_indices_and_drops_what_was_delivered():
+    generation = FakeGeneration(delivered=[7, 8, 9])
+    attempt = Attempt(generation, local=False, num_left=7)
+    assert attempt.prompt == (1, 2, 3, 7, 8, 9) and attempt.sampling.max_tokens == 7
+    attempt.deliver(0, 10, "a")   # relative index 0 of the resumed request is stream index 3
+    attempt.deliver(0, 10, "a")   # a retried prefill's first token again: dropped
+    assert [(t.index, t.token_id) for t in generation.emitted] == [(3, 10)]
+
+
+def test_tokens_after_a_gap_wait_for_it():
+    generation = FakeGeneration()
+    attempt = Attempt(generation, local=False, num_left=10)
+    attempt.deliver(1, 11, "b")
+    attempt.deliver(2, 12, "c")
+    assert generation.emitted == [] and sorted(attempt.pending) == [1, 2]
+    attempt.deliver(0, 10, "a")
+    assert [t.token_id for t in generation.emitted] == [10, 11, 12] and not attempt.pending
+
+
+def test_text_prompts_need_a_tokenizer_and_empty_prompts_are_refused():
+    client = ClusterClient("tcp://127.0.0.1:1")
+    with pytest.raises(ValueError, match="tokenizer"):
+        client.generate("hello")
+    with pytest.raises(ValueError, match="empty"):
+        client.generate([])
+    generation = client.generate([1, 2], session_id="s", request_id="r")
+    assert isinstance(generation, Generation) and (generation.session_id, generation.request_id) == ("s", "r")
+
+
+def test_sampling_round_trips_and_bad_values_are_bad_requests():
+    sampling = SamplingParams(temperature=0.7, top_k=5, seed=3, max_tokens=9, stop=("x",), stop_token_ids=(2,))
+    assert wire.sampling_from_wire(wire.sampling_to_wire(sampling)) == sampling
+    assert wire.sampling_from_wire({"max_tokens": 4, "unknown": 1}).max_tokens == 4
+    with pytest.raises(wire.BadRequest):
+        wire.sampling_from_wire({"max_tokens": 0})
+    with pytest.raises(wire.BadRequest):
+        wire.token_ids_from_wire({"prompt_token_ids": [1, "2"]})

@@ -1,0 +1,142 @@
+"""The decode side of a node, in process (tiny engine, a recording endpoint, no sockets): plans,
+refusals, streaming, cancellation, KV that never arrives, and bad requests."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from bus.messages import Cancel, Direct, Request
+from nodes import cluster_wire as wire
+from nodes.decode import DecodeWork
+from nodes.engines.base import SamplingParams
+from nodes.runtime import LoopThread
+from tests.nodes.cluster_fakes import FakeEndpoint, tiny_engine, tiny_settings
+
+GREEDY = wire.sampling_to_wire(SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]
+
+
+@pytest.fixture
+def kv_thread():
+    thread = LoopThread("kv-test")
+    yield thread
+    thread.stop()
+
+
+def make_work(kv_thread, *, always_local=False, engine=None, **settings):
+    work = DecodeWork(tiny_settings("decode", **settings), engine or tiny_engine(), kv_thread, always_local=always_local)
+    endpoint = FakeEndpoint()
+    work.attach(endpoint)
+    published = []
+    work.publish_capacity = lambda: published.append(work.capacity())
+    return work, endpoint, published
+
+
+def request(request_id="r1", **body):
+    values = {"prompt_token_ids": PROMPT, "sampling": GREEDY, "session_id": None, "prefill": "auto", "resume": None}
+    values.update(body)
+    return Request("decode", request_id, values)
+
+
+def run_until_idle(work, limit=1000):
+    for _ in range(limit):
+        if not work.work(time.monotonic()):
+            return
+    raise AssertionError("decode work did not go idle")
+
+
+def test_remote_plan_reserves_blocks_until_the_kv_arrives(kv_thread):
+    work, endpoint, _ = make_work(kv_thread)
+    free = work.capacity()["kv_blocks_free"]
+    assert work.on_message(request())
+    (plan,) = endpoint.of("partial", "r1")
+    assert plan["plan"] == "remote" and plan["transfer_id"] and plan["data_endpoint"] == endpoint.core.data_endpoint
+    assert work.capacity()["kv_blocks_free"] < free and work.capacity()["num_running"] == 1
+    assert work.on_message(Cancel("r1"))
+    assert work.capacity()["kv_blocks_free"] == free and work.capacity()["num_running"] == 0
+
+
+def test_local_plan_streams_every_token_then_a_final_with_them(kv_thread):
+    work, endpoint, _ = make_work(kv_thread)
+    work.on_message(request(prefill="local"))
+    run_until_idle(work)
+    plan, *tokens = endpoint.of("partial", "r1")
+    (final,) = endpoint.of("final", "r1")
+    assert plan["plan"] == "local" and [t["index"] for t in tokens] == list(range(6))
+    assert [t[1] for t in final["tokens"]] == [t["token_id"] for t in tokens]
+    assert final["finish_reason"] == "length" and final["usage"] == {"prompt_tokens": 8, "completion_tokens": 6}
+
+
+def test_colocated_always_plans_local(kv_thread):
+    work, endpoint, _ = make_work(kv_thread, always_local=True)
+    work.on_message(request(prefill="auto"))
+    assert endpoint.of("partial", "r1")[0]["plan"] == "local"
+
+
+def test_full_node_publishes_capacity_then_answers_full(kv_thread):
+    work, endpoint, published = make_work(kv_thread, engine=tiny_engine(num_kv_blocks=1, block_size=16))
+    work.on_message(request("r1"))   # takes the only block while its KV is awaited
+    work.on_message(request("r2"))
+    (error,) = endpoint.of("error", "r2")
+    assert error["code"] == "full" and error["node_id"] == "node-a"
+    assert published[-1]["kv_blocks_free"] == 0
+
+
+def test_too_long_a_request_is_rejected_not_full(kv_thread):
+    work, endpoint, _ = make_work(kv_thread)
+    work.on_message(request("r1", prompt_token_ids=[5] * 4096))            # beyond the context
+    work.on_message(request("r2", prompt_token_ids=[10**6], prefill="local"))  # outside the vocabulary
+    assert endpoint.of("error", "r1")[0]["code"] == "rejected" and "context" in endpoint.of("error", "r1")[0]["message"]
+    assert endpoint.of("error", "r2")[0]["code"] == "rejected" and "vocabulary" in endpoint.of("error", "r2")[0]["message"]
+    assert not work.jobs
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ({"prompt_token_ids": []}, "prompt_token_ids"),
+    ({"prompt_token_ids": "abc"}, "prompt_token_ids"),
+    ({"prefill": "sometimes"}, "prefill must be"),
+    ({"sampling": {"temperature": -1}}, "bad sampling"),
+    ({"sampling": "greedy"}, "sampling must be a map"),
+])
+def test_bad_requests_get_a_clear_error_and_change_nothing(kv_thread, body, message):
+    work, endpoint, _ = make_work(kv_thread)
+    before = work.capacity()
+    work.on_message(request(**body))
+    (error,) = endpoint.of("error", "r1")
+    assert error["code"] == "bad_request" and message in error["message"]
+    assert work.capacity() == before and not work.jobs
+
+
+def test_non_map_body_is_a_bad_request(kv_thread):
+    work, endpoint, _ = make_work(kv_thread)
+    work.on_message(Request("decode", "r1", [1, 2, 3]))
+    assert endpoint.of("error", "r1")[0]["code"] == "bad_request"
+
+
+def test_kv_that_never_arrives_is_freed_with_kv_timeout(kv_thread):
+    work, endpoint, _ = make_work(kv_thread, kv_timeout_s=0.0)
+    free = work.capacity()["kv_blocks_free"]
+    work.on_message(request())
+    work.work(time.monotonic() + 1)
+    assert endpoint.of("error", "r1")[0]["code"] == "kv_timeout"
+    assert work.capacity()["kv_blocks_free"] == free
+
+
+def test_kv_ready_without_verified_kv_starts_nothing(kv_thread):
+    work, endpoint, _ = make_work(kv_thread)
+    work.on_message(request())
+    transfer_id = endpoint.of("partial", "r1")[0]["transfer_id"]
+    assert work.on_message(Direct("prefill-0", wire.kv_ready_body("r1", transfer_id, 3)))
+    assert not work.jobs["r1"].running and not work.engine.has_unfinished()
+
+
+def test_cached_plan_for_a_short_follow_up_turn(kv_thread):
+    work, endpoint, _ = make_work(kv_thread)
+    work.on_message(request("t1", prefill="local", session_id="s"))
+    run_until_idle(work)
+    output = [t[1] for t in endpoint.of("final", "t1")[0]["tokens"]]
+    work.on_message(request("t2", session_id="s", prompt_token_ids=PROMPT + output + [20, 21]))
+    plan = endpoint.of("partial", "t2")[0]
+    assert plan["plan"] == "cached" and plan["num_cached_tokens"] == len(PROMPT) + len(output) - 1

@@ -1,0 +1,115 @@
+"""The prefill side of a node, in process (tiny engine, a recording endpoint): batching, the first
+token before the KV, the KV to a real receiver over loopback, cancellation, bad requests."""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+
+from bus.kv import KVReceiver
+from bus.messages import Cancel, Request
+from nodes import cluster_wire as wire
+from nodes.engines.base import SamplingParams
+from nodes.prefill import KvSendDone, PrefillWork
+from nodes.runtime import LoopThread
+from tests.nodes.cluster_fakes import FakeEndpoint, tiny_engine, tiny_settings
+
+GREEDY = wire.sampling_to_wire(SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]
+
+
+@pytest.fixture
+def kv_thread():
+    thread = LoopThread("kv-test")
+    yield thread
+    thread.stop()
+
+
+def make_work(kv_thread, **settings):
+    work = PrefillWork(tiny_settings("prefill", **settings), tiny_engine(), kv_thread)
+    endpoint = FakeEndpoint("prefill-a")
+    work.attach(endpoint)
+    return work, endpoint
+
+
+def request(request_id="p1", **body):
+    values = {"prompt_token_ids": PROMPT, "sampling": GREEDY, "decode_node_id": "decode-a",
+              "data_endpoint": "tcp://127.0.0.1:1", "transfer_id": "t1", "request_id": "d1"}
+    values.update(body)
+    return Request("prefill", request_id, values)
+
+
+def take_inbox(work, endpoint, timeout=10.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            message = endpoint.inbox.get(0.05)
+        except TimeoutError:
+            continue
+        work.on_message(message)
+        return message
+    raise AssertionError("nothing arrived from the KV thread")
+
+
+def test_first_token_then_kv_then_kv_ready_then_final(kv_thread):
+    receiver = KVReceiver()
+    data_endpoint = kv_thread.run(receiver.start())
+    work, endpoint = make_work(kv_thread)
+    work.on_message(request(data_endpoint=data_endpoint))
+    assert work.capacity()["queued_tokens"] == len(PROMPT)
+    work.work(time.monotonic() + 1)   # past max_wait: the batch runs
+    (token,) = endpoint.of("partial", "p1")
+    assert token["type"] == "token" and token["index"] == 0 and not endpoint.of("direct")
+    assert isinstance(take_inbox(work, endpoint), KvSendDone)
+    (ready,) = endpoint.of("direct", "decode-a")
+    (final,) = endpoint.of("final", "p1")
+    assert ready == wire.kv_ready_body("d1", "t1", token["token_id"])
+    assert final["transfer"]["raw_bytes"] == final["transfer"]["wire_bytes"] > 0
+    result = kv_thread.run(receiver.result("t1", timeout=5))
+    assert result.ok and result.request_id == "d1" and result.kv.shape[3] == len(PROMPT)
+    kv_thread.run(receiver.close())
+    work.close()
+
+
+def test_an_unreachable_decode_node_ends_with_kv_failed(kv_thread):
+    from bus.kv import SendConfig
+    work, endpoint = make_work(kv_thread)
+    work.sender.config = SendConfig(ack_timeout=0.05, max_attempts=1, transfer_timeout=0.3)
+    work.on_message(request(data_endpoint="tcp://127.0.0.1:9"))
+    work.work(time.monotonic() + 1)
+    take_inbox(work, endpoint)
+    (error,) = endpoint.of("error", "p1")
+    assert error["code"] == "kv_failed" and error["transfer_id"] == "t1" and not endpoint.of("direct")
+    work.close()
+
+
+def test_batcher_waits_for_max_wait_or_the_token_budget(kv_thread):
+    work, endpoint = make_work(kv_thread)
+    work.on_message(request())
+    assert not work.work(time.monotonic() - 1) and work.next_deadline() is not None
+    assert not endpoint.of("partial")
+
+
+def test_cancel_drops_a_queued_prompt(kv_thread):
+    work, endpoint = make_work(kv_thread)
+    work.on_message(request())
+    assert work.on_message(Cancel("p1"))
+    assert work.capacity()["queued_tokens"] == 0 and not work.jobs
+    assert not work.work(time.monotonic() + 1) and not endpoint.sent
+
+
+@pytest.mark.parametrize(("body", "message"), [
+    ({"prompt_token_ids": []}, "prompt_token_ids"),
+    ({"prompt_token_ids": [5] * 4096}, "no room"),
+    ({"prompt_token_ids": [10**6]}, "vocabulary"),
+    ({"transfer_id": ""}, "transfer_id is required"),
+    ({"data_endpoint": None}, "data_endpoint is required"),
+    ({"sampling": {"top_p": 0}}, "bad sampling"),
+])
+def test_bad_requests_get_a_clear_error_and_queue_nothing(kv_thread, body, message):
+    work, endpoint = make_work(kv_thread)
+    work.on_message(request(**body))
+    (error,) = endpoint.of("error", "p1")
+    assert error["code"] == "bad_request" and message in error["message"]
+    assert work.capacity()["queued_tokens"] == 0 and not work.jobs
