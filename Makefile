@@ -43,8 +43,8 @@ demo: install    ## prepare the real model and stream a completion (see README)
 broker: install  ## run the broker in the foreground (Ctrl-C stops it)
 	$(BIN)/pdbus broker --config $(CONFIG)
 
-node: install    ## run one idle bus node in the foreground (ROLE=decode by default)
-	$(BIN)/pdbus node --config $(CONFIG) --role $(or $(ROLE),decode)
+node: install    ## run one idle bus node (no engine) that registers and heartbeats (ROLE=decode)
+	$(BIN)/pdbus node --idle --config $(CONFIG) --role $(or $(ROLE),decode)
 
 prefill: install ## run one prefill node in the foreground (joins the broker in CONFIG)
 	$(BIN)/pdbus prefill --config $(CONFIG)

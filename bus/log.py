@@ -18,7 +18,7 @@ _LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARN
            "error": logging.ERROR}
 
 
-def _wants_json(fmt: str | None) -> bool:
+def wants_json(fmt: str | None) -> bool:
     fmt = fmt or os.environ.get("PDBUS_LOG_FORMAT")
     if fmt in ("json", "console"):
         return fmt == "json"
@@ -41,7 +41,7 @@ def _stderr_logger_factory(*_args: object) -> _StderrLogger:
 def configure_logging(fmt: str | None = None, level: str | None = None) -> None:
     """Configure structlog for this process (idempotent)."""
     level_name = (level or os.environ.get("PDBUS_LOG_LEVEL") or "info").lower()
-    renderer = (structlog.processors.JSONRenderer() if _wants_json(fmt)
+    renderer = (structlog.processors.JSONRenderer() if wants_json(fmt)
                 else structlog.dev.ConsoleRenderer(colors=sys.stderr.isatty()))
     structlog.configure(
         processors=[

@@ -16,7 +16,7 @@ import signal
 import threading
 
 from bus import constants as c
-from bus.log import _wants_json
+from bus.log import wants_json
 from nodes.launcher import ClusterShape, Supervisor, cluster_plan
 from nodes.settings import SettingsError, load_settings, section
 
@@ -62,7 +62,7 @@ def main(args: argparse.Namespace) -> int:
     plan = cluster_plan(cluster_shape(settings, args), endpoint, common)
     supervisor = Supervisor(plan, grace_s=float(args.stop_grace_s or cluster.get("stop_grace_s", 5.0)),
                             start_timeout_s=float(cluster.get("start_timeout_s", 30.0)),
-                            json_output=_wants_json(args.log_format))
+                            json_output=wants_json(args.log_format))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
