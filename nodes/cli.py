@@ -20,6 +20,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "prefill": ("nodes.commands.prefill", "run a prefill node"),
     "decode": ("nodes.commands.decode", "run a decode node"),
     "node": ("nodes.commands.node", "run a node by role (`--role both`: colocated prefill+decode)"),
+    "gateway": ("nodes.commands.gateway", "run the OpenAI-compatible HTTP/SSE + WebSocket gateway"),
+    "client": ("nodes.commands.client", "stream a completion or chat over the gateway's WebSocket"),
     "complete": ("nodes.commands.complete", "stream a completion through the cluster (bus-level client)"),
     "model": ("nodes.commands.model", "prepare or inspect the model (`pdbus model prepare`)"),
     "generate": ("nodes.commands.generate", "generate locally with the built-in engine (no cluster)"),
