@@ -8,6 +8,7 @@ to fail in the middle; waits poll with deadlines, nothing asserts on timing."""
 from __future__ import annotations
 
 import asyncio
+import signal
 
 import pytest
 
@@ -120,3 +121,22 @@ def test_a_request_that_exhausts_its_retries_ends_with_a_clear_error(tiny):
     error = info.value
     assert error.code == "retries_exhausted"
     assert error.trace.failures[0] == "node_lost@decode-0" and len(error.trace.failures) == 2
+
+
+def test_frozen_decode_node_is_failed_over_then_frees_the_stale_request_on_thaw(tiny):
+    prompt = tuple(tiny.tokenizer.encode(PROMPTS[3]))
+    with ClusterProcs(num_prefill=1, num_decode=2, extra_args=SLOW_DECODE) as cluster, client_for(cluster) as client:
+        frozen = []
+
+        def freeze_serving(generation):
+            frozen.append(generation.trace.decode_node_ids[-1])
+            cluster.kill(frozen[0], signal.SIGSTOP)
+
+        # Long enough that the thawed node is still decoding when the broker cancels the orphan.
+        result = asyncio.run(stream_and_act(client, prompt, greedy(120), 10, freeze_serving))
+        assert result.token_ids == reference(tiny, prompt, greedy(120))
+        assert result.trace.failures == [f"node_lost@{frozen[0]}"]
+        node = cluster.nodes[frozen[0]]
+        node.signal(signal.SIGCONT)   # (the stream already finished elsewhere)
+        cluster.broker.wait_for("node_joined", node_id=frozen[0], count=2)   # it registers again
+        node.wait_for("decode_cancelled")   # and the stream nobody reads any more is freed
