@@ -36,6 +36,7 @@ class NodeSettings:
     local_suffix_tokens: int = 64
     prefill_delay_s: float = 0.0                   # test-only: sleep before each prefill pass
     step_delay_s: float = 0.0                      # test-only: sleep before each decode step
+    kv_faults: int = 0                             # test-only: corrupt the first N KV chunks sent
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig.from_dict(self.engine)
@@ -55,6 +56,7 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--liveness", type=int, help="missed heartbeats before the broker is dead")
     parser.add_argument("--test-prefill-delay-ms", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--test-step-delay-ms", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--test-kv-faults", type=int, default=0, help=argparse.SUPPRESS)
 
 
 def _engine_values(settings: dict, args: argparse.Namespace, role: str) -> dict:
@@ -93,4 +95,5 @@ def node_settings(args: argparse.Namespace, role: str) -> NodeSettings:
         local_suffix_tokens=int(section(settings, "scheduler").get("local_suffix_tokens", 64)),
         prefill_delay_s=args.test_prefill_delay_ms / 1000,
         step_delay_s=args.test_step_delay_ms / 1000,
+        kv_faults=args.test_kv_faults,
     )

@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from bus.endpoint import Endpoint
-from bus.kv import KVError, KVSender, TransferReport
+from bus.kv import FaultInjector, KVError, KVSender, TransferReport
+from bus.kv.frames import CHUNK
 from bus.log import get_logger
 from bus.messages import Cancel, Request
 from nodes import cluster_wire as wire
@@ -56,7 +57,9 @@ class PrefillWork:
         config = engine.config
         self.batcher = PrefillBatcher(max_batch_tokens=config.max_batch_tokens, max_wait_s=config.prefill_max_wait_s)
         self.quantizer = TorchQuantizer(compile=settings.kv_compile)
-        self.sender = KVSender(quantizer=self.quantizer)
+        faults = (FaultInjector(flip_probability=1.0, only_kinds=(CHUNK,), max_faults=settings.kv_faults)
+                  if settings.kv_faults else None)   # test-only: checksum failures on the data plane
+        self.sender = KVSender(quantizer=self.quantizer, faults=faults)
         self.jobs: dict[str, PrefillJob] = {}
         self.endpoint: Endpoint | None = None
         self.log = get_logger("prefill")
@@ -157,7 +160,8 @@ class PrefillWork:
         job.clock.mark("sent")
         if done.report is None:
             self.log.warning("kv_send_failed", request_id=job.request_id, error=done.error)
-            self.endpoint.reply_error(job.request_id, wire.KV_FAILED, done.error, transfer_id=job.transfer_id)
+            self.endpoint.reply_error(job.request_id, wire.KV_FAILED, done.error, transfer_id=job.transfer_id,
+                                      node_id=self.endpoint.node_id)
             return
         stats = done.report.stats
         self.num_kv_bytes_sent += stats.wire_bytes

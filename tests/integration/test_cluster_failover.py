@@ -1,9 +1,10 @@
 """Failover with real processes on loopback (tiny model, fp32, greedy, raw KV), per
-docs/CLUSTER.md: a decode node SIGKILLed mid-stream, a prefill node SIGKILLed mid-prefill, every
-prefill node dead (decode-local fallback), the broker killed and restarted mid-stream, and a
-request that exhausts its retries. In every surviving case the client receives exactly the
-fault-free token ids, and no node is restarted. Test-only delay flags make the streams slow enough
-to fail in the middle; waits poll with deadlines, nothing asserts on timing."""
+docs/CLUSTER.md: a decode node SIGKILLed or frozen mid-stream, a prefill node SIGKILLed
+mid-prefill, every prefill node dead (decode-local fallback), the broker killed and restarted
+mid-stream, KV that fails its checksums, and a request that exhausts its retries. In every
+surviving case the client receives exactly the fault-free token ids, and no node is restarted.
+Test-only flags make streams slow enough to fail in the middle and corrupt KV chunks; waits poll
+with deadlines, nothing asserts on timing."""
 
 from __future__ import annotations
 
@@ -140,3 +141,15 @@ def test_frozen_decode_node_is_failed_over_then_frees_the_stale_request_on_thaw(
         node.signal(signal.SIGCONT)   # (the stream already finished elsewhere)
         cluster.broker.wait_for("node_joined", node_id=frozen[0], count=2)   # it registers again
         node.wait_for("decode_cancelled")   # and the stream nobody reads any more is freed
+
+
+def test_kv_that_fails_its_checksums_is_never_decoded_and_the_prefill_is_resent(tiny):
+    prompt = tuple(tiny.tokenizer.encode(PROMPTS[2]))
+    faults = {"prefill": ["--test-kv-faults", "4"]}   # every attempt of the first transfer's chunk
+    with ClusterProcs(num_prefill=1, num_decode=1, extra_args=faults) as cluster, client_for(cluster) as client:
+        result = client.generate_blocking(prompt, greedy(10))
+        decode = cluster.nodes["decode-0"]
+    assert result.token_ids == reference(tiny, prompt, greedy(10))
+    assert result.trace.num_prefill_retries == 1 and result.trace.failures == ["prefill_kv_failed@prefill-0"]
+    failed, verified = decode.find("kv_arrived", ok=False), decode.find("kv_arrived", ok=True)
+    assert len(failed) == 1 and len(verified) == 1 and failed[0]["transfer_id"] != verified[0]["transfer_id"]

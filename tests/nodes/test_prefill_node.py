@@ -80,7 +80,8 @@ def test_an_unreachable_decode_node_ends_with_kv_failed(kv_thread):
     work.work(time.monotonic() + 1)
     take_inbox(work, endpoint)
     (error,) = endpoint.of("error", "p1")
-    assert error["code"] == "kv_failed" and error["transfer_id"] == "t1" and not endpoint.of("direct")
+    assert error["code"] == "kv_failed" and error["transfer_id"] == "t1" and error["node_id"] == "prefill-a"
+    assert not endpoint.of("direct")
     work.close()
 
 
