@@ -114,3 +114,15 @@ def test_bad_requests_get_a_clear_error_and_queue_nothing(kv_thread, body, messa
     (error,) = endpoint.of("error", "p1")
     assert error["code"] == "bad_request" and message in error["message"]
     assert work.capacity()["queued_tokens"] == 0 and not work.jobs
+
+
+def test_cancel_while_the_kv_is_in_flight_aborts_the_send(kv_thread):
+    work, endpoint = make_work(kv_thread)
+    work.on_message(request(data_endpoint="tcp://127.0.0.1:9"))   # nobody acknowledges: stays in flight
+    work.work(time.monotonic() + 1)
+    assert work.jobs["p1"].sending
+    assert work.on_message(Cancel("p1"))
+    done = take_inbox(work, endpoint)   # ended by the abort, not by the ACK timeout (its reason says so)
+    assert isinstance(done, KvSendDone) and done.report is None and "cancel" in done.error
+    assert not work.jobs and not endpoint.of("direct") and not endpoint.of("error") and not endpoint.of("final")
+    work.close()
