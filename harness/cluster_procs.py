@@ -51,12 +51,7 @@ class Proc:
     def _read(self) -> None:
         for line in self.process.stderr:
             self.raw.append(line)
-            try:
-                event = json.loads(line)
-            except ValueError:
-                continue
-            if isinstance(event, dict):
-                self.events.append(event)
+            self.events.extend(parse_log_line(line))
 
     def find(self, name: str, **fields: Any) -> list[dict]:
         return [e for e in list(self.events) if e.get("event") == name and all(e.get(k) == v for k, v in fields.items())]
@@ -89,6 +84,21 @@ class Proc:
             except subprocess.TimeoutExpired:
                 self.process.kill()
                 self.process.wait(5)
+
+
+def parse_log_line(line: str) -> list[dict]:
+    """The JSON events on one stderr line. Two threads logging at once can leave two objects on
+    one line (a message and its newline are separate writes), so decode them one after another."""
+    events, position, decoder = [], 0, json.JSONDecoder()
+    line = line.strip()
+    while position < len(line):
+        try:
+            event, position = decoder.raw_decode(line, position)
+        except ValueError:
+            break
+        if isinstance(event, dict):
+            events.append(event)
+    return events
 
 
 def pdbus(*args: str) -> list[str]:

@@ -261,7 +261,10 @@ class DecodeWork:
         if event.finished:
             del self.jobs[job.request_id]
             job.clock.mark("finished")
-            self.endpoint.reply_final(job.request_id, self._final_body(job, event))
+            final = self._final_body(job, event)
+            self.endpoint.reply_final(job.request_id, final)
+            self.log.info("request_done", request_id=job.request_id, session_id=job.session_id, plan=job.plan,
+                          finish_reason=event.finish_reason, usage=final["usage"], timings=final["timings"])
 
     def _final_body(self, job: DecodeJob, event: TokenEvent) -> dict:
         stats = self.engine.stats

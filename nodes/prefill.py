@@ -167,7 +167,7 @@ class PrefillWork:
         self.num_kv_bytes_sent += stats.wire_bytes
         self.endpoint.send_direct(job.decode_node_id, wire.kv_ready_body(job.decode_request_id, job.transfer_id,
                                                                          job.first_token[0]))
-        self.endpoint.reply_final(job.request_id, {
+        final = {
             "type": "done", "node_id": self.endpoint.node_id, "token": [0, *job.first_token],
             "transfer": {"transfer_id": job.transfer_id, "mode": stats.mode, "compression": stats.compression,
                          "raw_bytes": stats.raw_bytes, "wire_bytes": stats.wire_bytes, "retries": stats.retries,
@@ -176,7 +176,10 @@ class PrefillWork:
                         "prefill_s": job.clock.seconds("prefill_started", "prefilled"),
                         "kv_transfer_s": job.clock.seconds("prefilled", "sent")},
             "stats": {"num_prefilled_tokens": self.engine.stats.num_prefilled_tokens,
-                      "num_kv_bytes_sent": self.num_kv_bytes_sent}})
+                      "num_kv_bytes_sent": self.num_kv_bytes_sent}}
+        self.endpoint.reply_final(job.request_id, final)
+        self.log.info("prefill_done", request_id=job.request_id, decode_request_id=job.decode_request_id,
+                      num_prompt_tokens=job.num_prompt_tokens, wire_bytes=stats.wire_bytes, timings=final["timings"])
 
     def _on_cancel(self, request_id: str) -> None:
         job = self.jobs.pop(request_id)
