@@ -112,9 +112,14 @@ class DecodeWork:
     def capacity(self) -> dict[str, float]:
         usage = self.engine.kv_usage()
         num_waiting = sum(not j.running for j in self.jobs.values())
-        return {"kv_blocks_total": usage.num_blocks, "kv_blocks_free": usage.num_free_blocks - self._reserved_blocks(),
-                "block_size": usage.block_size, "max_running": self.engine.config.max_num_seqs,
-                "num_running": len(self.engine.running) + num_waiting}
+        return {"kv_blocks_total": usage.num_blocks, "kv_blocks_free": self._num_available_blocks(usage),
+                "kv_blocks_cached": usage.num_session_blocks, "block_size": usage.block_size,
+                "max_running": self.engine.config.max_num_seqs, "num_running": len(self.engine.running) + num_waiting}
+
+    def _num_available_blocks(self, usage: Any) -> int:
+        """Blocks a new request could get: free ones plus finished sessions' (evicted LRU-first
+        when needed), minus those held for requests whose KV is on its way."""
+        return usage.num_free_blocks + usage.num_session_blocks - self._reserved_blocks()
 
     def close(self) -> None:
         if not self.always_local:
@@ -156,7 +161,7 @@ class DecodeWork:
         """Admit a remote-prefill request: hold its blocks until its KV arrives."""
         admission = self.engine.check_admission(DecodeRequest(job.request_id, job.prompt, job.sampling))
         num_waiting = sum(not j.running for j in self.jobs.values())
-        fits = (admission.ok and admission.num_blocks_needed + self._reserved_blocks() <= admission.num_blocks_free
+        fits = (admission.ok and admission.num_blocks_needed <= self._num_available_blocks(self.engine.kv_usage())
                 and len(self.engine.running) + num_waiting < self.engine.config.max_num_seqs)
         if not fits:
             return self._refuse(job, admission.status if admission.status == "rejected" else "full",

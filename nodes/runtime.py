@@ -119,6 +119,14 @@ class NodeLoop:
             self._dispatch(self.endpoint.receive(0))
 
     def _dispatch(self, message: Any) -> None:
+        try:
+            self._offer(message)
+        except Exception:   # a bad message must not take the node (and every other stream) down
+            self.log.exception("message_failed", message=repr(message)[:200])
+            if isinstance(message, Request):
+                self.endpoint.reply_error(message.request_id, "internal", "the node failed to handle this request")
+
+    def _offer(self, message: Any) -> None:
         for work in self.works:
             if work.on_message(message):
                 return

@@ -140,3 +140,18 @@ def test_cached_plan_for_a_short_follow_up_turn(kv_thread):
     work.on_message(request("t2", session_id="s", prompt_token_ids=PROMPT + output + [20, 21]))
     plan = endpoint.of("partial", "t2")[0]
     assert plan["plan"] == "cached" and plan["num_cached_tokens"] == len(PROMPT) + len(output) - 1
+
+
+def test_finished_sessions_count_as_available_kv_not_as_full(kv_thread):
+    engine = tiny_engine(num_kv_blocks=2, block_size=16)
+    work, endpoint, _ = make_work(kv_thread, engine=engine)
+    work.on_message(request("t1", prefill="local", session_id="old"))
+    run_until_idle(work)
+    usage = engine.kv_usage()
+    assert usage.num_session_blocks == 1 and usage.num_free_blocks == 1   # the finished session holds a block
+    assert work.capacity()["kv_blocks_free"] == 2 and work.capacity()["kv_blocks_cached"] == 1
+    work.on_message(request("r1"))   # needs one block: there is one free
+    work.on_message(request("r2", session_id="other"))   # needs the session's block: evictable
+    assert [p["plan"] for p in endpoint.of("partial", "r1") + endpoint.of("partial", "r2")] == ["remote", "remote"]
+    work.on_message(request("r3"))   # nothing left to evict: full
+    assert endpoint.of("error", "r3")[0]["code"] == "full"
