@@ -3,7 +3,7 @@
 The seam, by side (docs/PROTOCOL.md part 2 is the wire contract):
 
 Prefill side (sender)
-    KVSender(quantizer=None, config=SendConfig(), chunk_bytes=2 MiB, link_bytes_per_s=10 Gbit/s)
+    KVSender(quantizer=None, config=SendConfig(), chunk_bytes=4 MiB, link_bytes_per_s=10 Gbit/s)
     await sender.send(endpoint, transfer_id, request_id, kv, mode="int8", compression="auto",
                       token_offset=0, dtype=None) -> TransferReport    # raises KVTransferFailed
     await sender.abort(transfer_id, reason) -> bool

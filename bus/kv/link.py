@@ -1,9 +1,9 @@
 """A shaped link for benchmarks: store-and-forward at a fixed rate (a token bucket with no burst).
 
 Contract: `LinkShaper(bytes_per_s).release_time(nbytes, now)` reserves the link for `nbytes` and
-returns when the last byte would arrive at the far end; the sender waits until then before handing
-the message to the socket. It stands in for a network between machines on loopback: messages
-queue behind each other exactly as on a link of that speed, while encoding continues meanwhile.
+returns when the last byte would arrive at the far end; the sender's link task hands the message to
+the socket then, while encoding continues. It stands in for a network between machines on
+loopback: messages queue behind each other exactly as on a link of that speed.
 """
 
 from __future__ import annotations

@@ -1,7 +1,7 @@
 """The asyncio shell of the KV sender (prefill side): one DEALER per decode node's data endpoint.
 
 Contract:
-    sender = KVSender(quantizer=None, config=SendConfig(), chunk_bytes=2 MiB, link_bytes_per_s=...)
+    sender = KVSender(quantizer=None, config=SendConfig(), chunk_bytes=4 MiB, link_bytes_per_s=...)
     report = await sender.send(endpoint, transfer_id, request_id, kv, mode="int8", compression="auto")
         -> TransferReport once the receiver verified every chunk; raises KVTransferFailed (or
            KVTransferTimeout) when the transfer failed closed; KVValueError for KV it cannot encode.
@@ -42,6 +42,8 @@ class _Connection:
     socket: zmq.asyncio.Socket
     reader: asyncio.Task | None = None
     transfers: dict[str, tuple[SendTransfer, asyncio.Event]] = field(default_factory=dict)
+    link: asyncio.Task | None = None                      # shaped links only: the "wire"
+    outbox: asyncio.Queue = field(default_factory=asyncio.Queue)
 
 
 class KVSender:
@@ -85,7 +87,7 @@ class KVSender:
                    loop: asyncio.AbstractEventLoop) -> None:
         while not transfer.finished:
             while (frames := transfer.next_frames(loop.time())) is not None:
-                await self._put(connection.socket, frames, loop)
+                await self._put(connection, frames, loop)
             if transfer.finished:
                 return
             deadline = transfer.next_deadline() or loop.time()
@@ -94,15 +96,28 @@ class KVSender:
                 await asyncio.wait_for(wakeup.wait(), max(0.0, deadline - loop.time()))
             transfer.poll(loop.time())
 
-    async def _put(self, socket: zmq.asyncio.Socket, frames: list[Any], loop: asyncio.AbstractEventLoop) -> None:
-        if self.shaper is not None:
-            nbytes = sum(len(memoryview(f).cast("B")) for f in frames)
-            delay = self.shaper.release_time(nbytes, loop.time()) - loop.time()
-            if delay > 0:
-                await asyncio.sleep(delay)
+    async def _put(self, connection: _Connection, frames: list[Any], loop: asyncio.AbstractEventLoop) -> None:
         if self.faults is not None and (frames := self.faults.apply(frames)) is None:
             return
-        await socket.send_multipart(frames, copy=False)
+        if self.shaper is None:
+            await connection.socket.send_multipart(frames, copy=False)
+            return
+        # Shaped link: schedule the message on the virtual wire and go on encoding; a separate
+        # task hands it to the socket when its last byte would arrive, so a late timer wake-up
+        # delays one message instead of shifting the whole schedule.
+        nbytes = sum(len(memoryview(f).cast("B")) for f in frames)
+        connection.outbox.put_nowait((self.shaper.release_time(nbytes, loop.time()), frames))
+        if connection.link is None:
+            connection.link = loop.create_task(self._drive_link(connection))
+
+    @staticmethod
+    async def _drive_link(connection: _Connection) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            release_at, frames = await connection.outbox.get()
+            if release_at > loop.time():
+                await asyncio.sleep(release_at - loop.time())
+            await connection.socket.send_multipart(frames, copy=False)
 
     def _connect(self, endpoint: str) -> _Connection:
         connection = self._connections.get(endpoint)
@@ -142,9 +157,10 @@ class KVSender:
 
     async def close(self) -> None:
         for connection in self._connections.values():
-            if connection.reader is not None:
-                connection.reader.cancel()
-                with contextlib.suppress(asyncio.CancelledError):
-                    await connection.reader
+            for task in (connection.reader, connection.link):
+                if task is not None:
+                    task.cancel()
+                    with contextlib.suppress(asyncio.CancelledError):
+                        await task
             connection.socket.close(linger=0)
         self._connections.clear()

@@ -50,10 +50,10 @@ def start_peer() -> tuple[subprocess.Popen, dict]:
 
 async def bare_send_seconds(socket: zmq.asyncio.Socket, frames: list, shaper: LinkShaper | None) -> float:
     started = time.perf_counter()
-    if shaper is not None:  # the same store-and-forward link model the KV sender uses
+    if shaper is not None:  # the same link model as the KV sender: delivered when its last byte arrives
         loop = asyncio.get_running_loop()
-        for frame in frames:
-            await asyncio.sleep(max(0.0, shaper.release_time(len(frame), loop.time()) - loop.time()))
+        release_at = [shaper.release_time(len(frame), loop.time()) for frame in frames][-1]
+        await asyncio.sleep(max(0.0, release_at - loop.time()))
     await socket.send_multipart(frames, copy=False)
     await socket.recv_multipart()
     return time.perf_counter() - started
@@ -87,14 +87,16 @@ async def run_end_to_end(endpoints: dict, sources: dict, quantizer: TorchQuantiz
                 ratios[key] = report.stats.ratio
     await sender.close()
     bare.close(linger=0)
-    return {key: (statistics.median(values), ratios.get(key, 1.0)) for key, values in times.items()}
+    # Best of N (as timeit does): on this shared machine, noise only ever adds time.
+    return {key: (min(values), ratios.get(key, 1.0), statistics.median(values)) for key, values in times.items()}
 
 
 def print_end_to_end(title: str, results: dict, raw_bytes: dict) -> None:
-    print(f"\n### End to end, {title} (median seconds; GB/s of the engine's KV)\n")
-    print("| case | ms | GB/s | wire ratio |\n|---|---:|---:|---:|")
-    for key, (seconds, ratio) in results.items():
-        print(f"| {key} | {seconds * 1e3:.1f} | {raw_bytes[key.split()[0]] / seconds / 1e9:.2f} | {ratio:.2f}x |")
+    print(f"\n### End to end, {title} (best of N; GB/s of the engine's KV)\n")
+    print("| case | ms (best) | ms (median) | GB/s (best) | wire ratio |\n|---|---:|---:|---:|---:|")
+    for key, (seconds, ratio, median) in results.items():
+        print(f"| {key} | {seconds * 1e3:.1f} | {median * 1e3:.1f} | {raw_bytes[key.split()[0]] / seconds / 1e9:.2f} "
+              f"| {ratio:.2f}x |")
 
 
 def target(label: str, value: float, goal: float, higher_is_better: bool = True) -> str:
@@ -119,7 +121,7 @@ def print_targets(loop: dict, shaped: dict) -> None:
                        t(loop, "fp32 bare pyzmq") / t(loop, "fp32 raw+none"), 0.8))
     rows.append(target("loopback: bf16 raw+none throughput / bare pyzmq",
                        t(loop, "bf16 bare pyzmq") / t(loop, "bf16 raw+none"), 0.8))
-    print("\n### Targets (ratios from this run)\n\n| target | measured | goal | |\n|---|---:|---|---|")
+    print("\n### Targets (ratios of best-of-N times from this run)\n\n| target | measured | goal | |\n|---|---:|---|---|")
     print("\n".join(rows))
 
 
@@ -128,7 +130,7 @@ SWEEP_CASES = [("fp32", "raw", "none"), ("fp32", "int8", "auto"), ("bf16", "raw"
 
 def sweep(sources: dict, quantizer: TorchQuantizer, repeats: int, loopback_rate: float) -> None:
     """End-to-end time per chunk size, to choose the default (loopback and 10 Gbit/s)."""
-    print("\n### Chunk size (end-to-end ms, median)\n\n| chunk | link | " +
+    print("\n### Chunk size (end-to-end ms, best of N)\n\n| chunk | link | " +
           " | ".join(f"{d} {m}+{c}" for d, m, c in SWEEP_CASES) + " |\n|---|---|" + "---:|" * len(SWEEP_CASES))
     peer, endpoints = start_peer()
     try:
@@ -146,7 +148,7 @@ def sweep(sources: dict, quantizer: TorchQuantizer, repeats: int, loopback_rate:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--tokens", type=int, default=1024)
-    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--repeats", type=int, default=7)
     parser.add_argument("--chunk-mib", type=float, default=None, help="chunk size (default: bus.kv's)")
     parser.add_argument("--skip-stages", action="store_true")
     parser.add_argument("--sweep", action="store_true", help="also time chunk sizes 0.5-8 MiB")
@@ -158,7 +160,7 @@ def main() -> int:
     sources = {"fp32": torch.from_numpy(kv), "bf16": torch.from_numpy(kv).to(torch.bfloat16)}
     raw_bytes = {name: s.numel() * s.element_size() for name, s in sources.items()}
     print(f"# bench-kv: SmolLM2-135M KV of a {args.tokens}-token prompt, {kv.shape}, "
-          f"{raw_bytes['fp32'] / MiB:.1f} MiB fp32; chunks of {chunk_bytes / MiB:.2f} MiB; median of {args.repeats}")
+          f"{raw_bytes['fp32'] / MiB:.1f} MiB fp32; chunks of {chunk_bytes / MiB:.2f} MiB; best of {args.repeats}")
     quantizer = TorchQuantizer()
     started = time.perf_counter()
     quantizer.warmup()

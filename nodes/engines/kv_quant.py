@@ -98,6 +98,7 @@ class TorchQuantizer:
         # Compiled lazily per (kernel, argument dtypes), with dynamic shapes so that chunk and
         # prompt sizes do not trigger recompiles (dynamo gives up after 8 and runs eager).
         self._compiled: dict[tuple, Any] = {}
+        self._scratch = torch.empty(0)
 
     @property
     def compiled(self) -> bool:
@@ -171,11 +172,20 @@ class TorchQuantizer:
         code_dtype = torch.uint8 if mode == "int8" else torch.int8
         codes = _tensor(outs[0], rows.numel(), code_dtype).view(rows.shape)
         params = _tensor(outs[1], num_params * 2, torch.float16)
+        if rows.dtype != torch.float32:  # ATen's bf16 row reductions are ~3x slower than fp32 here
+            rows = self._float32_scratch(rows)
         # Row reductions run eager: ATen's are ~5x faster than inductor's here.
         finite = self._run("encode_" + mode, rows, rows.amin(dim=1), rows.amax(dim=1), params, codes)
         if not bool(finite):  # a range beyond float16 (or non-finite KV): float32 params via numpy
             return self.numpy.encode(_numpy_view(kv, info), info, spec, mode, outs)
         return EncodedPayload([outs[0][: rows.numel()], outs[1][: num_params * 2]], "f16")
+
+    def _float32_scratch(self, rows: torch.Tensor) -> torch.Tensor:
+        if self._scratch.numel() < rows.numel():
+            self._scratch = torch.empty(rows.numel())
+        scratch = self._scratch[: rows.numel()].view(rows.shape)
+        scratch.copy_(rows)
+        return scratch
 
     def decode(self, payload: list[np.ndarray], info: KVInfo, spec: ChunkSpec, mode: str,
                scale_dtype: str, dst: Any) -> None:

@@ -21,6 +21,7 @@ from bus.kv import (
     ReceiveConfig,
     SendConfig,
 )
+from bus.kv.link import LinkShaper
 from tests.bus.kv.conftest import synthetic_kv
 
 pytestmark = pytest.mark.integration
@@ -105,7 +106,7 @@ async def test_waiting_for_a_transfer_that_never_comes_times_out(pair):
 
 async def test_an_abort_mid_flight_frees_the_receiver(pair):
     sender, receiver, endpoint = pair
-    sender.shaper = __import__("bus.kv.link", fromlist=["LinkShaper"]).LinkShaper(2e6)   # slow: ~0.1 s
+    sender.shaper = LinkShaper(2e5)   # slow: ~0.25 s
     task = asyncio.ensure_future(sender.send(endpoint, "t1", "r1", synthetic_kv(tokens=64), mode="raw"))
     await asyncio.sleep(0.03)
     assert await sender.abort("t1", "client went away")
@@ -118,7 +119,7 @@ async def test_an_abort_mid_flight_frees_the_receiver(pair):
 
 async def test_a_receiver_cancel_fails_the_sender(pair):
     sender, receiver, endpoint = pair
-    sender.shaper = __import__("bus.kv.link", fromlist=["LinkShaper"]).LinkShaper(2e6)
+    sender.shaper = LinkShaper(2e5)
     task = asyncio.ensure_future(sender.send(endpoint, "t1", "r1", synthetic_kv(tokens=64), mode="raw"))
     await asyncio.sleep(0.03)
     receiver.cancel("t1", "request aborted")
