@@ -1,0 +1,126 @@
+"""The gateway's aiohttp application and its lifecycle.
+
+Contract:
+- `Gateway(config, backend)` holds what handlers share: config, backend, metrics, rate limiter,
+  the live relays (for the buffered-tokens gauge), start time.
+- `build_app(gateway) -> web.Application`: routes (docs/API.md) and two middlewares: `errors`
+  (ApiError -> OpenAI error JSON with its status and headers; aiohttp's HTTP errors in the same
+  shape; anything unexpected -> 500 with no stack trace in the body, logged) and `auth` (Bearer
+  API key on /v1/*, 401; sets `request["identity"]` for rate limiting: the key, or the client
+  address when no keys are configured).
+- `run_gateway(config, broker_endpoint, model_info, stop)`: registers with the broker as a bus
+  client, serves until `stop` is set, then closes the HTTP server and the bus client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import weakref
+from typing import Any
+
+from aiohttp import web
+
+from bus.log import get_logger
+from nodes.gateway import http, websocket
+from nodes.gateway.backend import Backend, ModelInfo
+from nodes.gateway.config import GatewayConfig
+from nodes.gateway.errors import ApiError, error_body
+from nodes.gateway.metrics import GatewayMetrics
+from nodes.gateway.protect import RateLimiter, check_api_key
+
+log = get_logger("gateway")
+OPEN_PATHS = ("/health", "/ready", "/metrics")
+
+
+class Gateway:
+    def __init__(self, config: GatewayConfig, backend: Backend) -> None:
+        self.config, self.backend = config, backend
+        self.metrics = GatewayMetrics()
+        self.limiter = RateLimiter(config.rate_limit_rps, config.rate_limit_burst, config.max_streams_per_key)
+        self.relays: weakref.WeakSet = weakref.WeakSet()
+        self.created = int(time.time())
+        self.metrics.buffered.set_function(lambda: sum(r.queue.qsize() for r in list(self.relays)))
+
+
+def _error_response(error: ApiError) -> web.Response:
+    return web.json_response(error.body(), status=error.status, headers=error.headers)
+
+
+@web.middleware
+async def errors(request: web.Request, handler: Any) -> web.StreamResponse:
+    try:
+        return await handler(request)
+    except ApiError as exc:
+        return _error_response(exc)
+    except web.HTTPException as exc:
+        if exc.status < 400:
+            raise
+        return web.json_response(error_body(exc.status, exc.reason or "error"), status=exc.status,
+                                 headers={k: v for k, v in exc.headers.items() if k in ("Allow", "Retry-After")})
+    except (asyncio.CancelledError, ConnectionError):
+        raise
+    except Exception:
+        log.exception("internal_error", path=request.path)
+        return web.json_response(error_body(500, "internal error (logged on the gateway)"), status=500)
+
+
+@web.middleware
+async def auth(request: web.Request, handler: Any) -> web.StreamResponse:
+    config = request.app["gateway"].config
+    if request.path in OPEN_PATHS or not config.api_keys:
+        request["identity"] = request.remote or "local"
+    else:
+        header = request.headers.get("Authorization")
+        if header is None and "api_key" in request.query:
+            header = f"Bearer {request.query['api_key']}"
+        try:
+            request["identity"] = "key:" + check_api_key(header, config.api_keys)
+        except ApiError as exc:
+            request.app["gateway"].metrics.observe_request(request.path, "unauthorized")
+            raise exc
+    return await handler(request)
+
+
+def build_app(gateway: Gateway) -> web.Application:
+    app = web.Application(middlewares=[errors, auth], client_max_size=gateway.config.max_body_bytes)
+    app["gateway"] = gateway
+    app.add_routes([
+        web.post("/v1/completions", http.completions), web.post("/v1/chat/completions", http.chat_completions),
+        web.get("/v1/models", http.models), web.get("/v1/stream", websocket.stream),
+        web.get("/health", http.health), web.get("/ready", http.ready), web.get("/metrics", http.metrics)])
+    return app
+
+
+async def serve(gateway: Gateway, stop: asyncio.Event) -> None:
+    runner = web.AppRunner(build_app(gateway), handler_cancellation=True, access_log=None)
+    await runner.setup()
+    site = web.TCPSite(runner, gateway.config.host, gateway.config.port)
+    await site.start()
+    port = runner.addresses[0][1] if runner.addresses else gateway.config.port
+    log.info("gateway_started", host=gateway.config.host, port=port, url=f"http://{gateway.config.host}:{port}",
+             model=gateway.config.model_name, max_model_len=gateway.backend.max_model_len,
+             auth=bool(gateway.config.api_keys))
+    try:
+        await stop.wait()
+    finally:
+        await runner.cleanup()
+
+
+def run_gateway(config: GatewayConfig, client: Any, model: ModelInfo) -> None:
+    """Serve on this thread (uvloop) until SIGINT/SIGTERM; `client` is a started ClusterClient."""
+    import signal
+
+    import uvloop
+
+    async def main() -> None:
+        stop = asyncio.Event()
+        for number in (signal.SIGINT, signal.SIGTERM):
+            asyncio.get_running_loop().add_signal_handler(number, stop.set)
+        try:
+            await serve(Gateway(config, Backend(client, model, config)), stop)
+        finally:
+            await asyncio.to_thread(client.close)
+        log.info("gateway_stopped")
+
+    uvloop.run(main())

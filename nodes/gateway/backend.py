@@ -1,0 +1,96 @@
+"""What the gateway serves with: the model's tokenizer and context length, the cluster client, and
+the readiness probe.
+
+Contract:
+- `load_model_info(spec, model_dir) -> ModelInfo(tokenizer, max_model_len)`: the tokenizer only
+  (the weights stay on the nodes): "tiny" builds the tiny model's, a real model's converted folder
+  (`prepare_model`, cached in `.models/`) gives `tokenizer.json` and `config.json`.
+- `Backend(client, model, config)`: `start_generation(api_request) -> Generation` (tokenize,
+  check the context, build SamplingParams; ApiError 400 for what cannot run),
+  `await readiness() -> dict` (cached for `ready_cache_s`).
+Readiness: the broker has no query for its registry, so the gateway probes it with what it
+already has: one deliberately empty request to each service (`prefill`, `decode`). No live node
+-> the broker answers `no_node` at once; a live node answers `bad_request` without touching its
+engine or KV (`overloaded` also proves a node is there). Costs two tiny messages per
+`ready_cache_s`, nothing on the engines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from dataclasses import dataclass
+from typing import Any
+
+from bus.mailbox import BusError
+from nodes.engines.base import SamplingParams
+from nodes.gateway.config import GatewayConfig
+from nodes.gateway.errors import bad_request
+from nodes.gateway.schema import ApiRequest, tokenize
+
+PROBE_SERVICES = ("prefill", "decode")
+PROBE_KEY = "pdbus-ready-probe"
+PROBE_TIMEOUT_S = 2.0
+ALIVE_CODES = {"bad_request", "overloaded", "full", "rejected"}
+
+
+@dataclass(frozen=True)
+class ModelInfo:
+    tokenizer: Any
+    max_model_len: int
+
+
+def load_model_info(spec: str, model_dir: str | None = None) -> ModelInfo:
+    from nodes.engines import model_loader
+    from nodes.engines.tokenizer import Tokenizer
+
+    if spec == model_loader.TINY_SPEC:
+        model = model_loader.build_tiny_model()
+        return ModelInfo(model.tokenizer, model.config.max_position_embeddings)
+    folder = model_loader.prepare_model(spec, model_dir=model_dir)
+    config = json.loads((folder / "config.json").read_text())
+    return ModelInfo(Tokenizer.from_folder(folder), int(config.get("max_position_embeddings", 2048)))
+
+
+class Backend:
+    def __init__(self, client: Any, model: ModelInfo, config: GatewayConfig) -> None:
+        self.client, self.model, self.config = client, model, config
+        self.max_model_len = min(filter(None, (config.max_model_len, model.max_model_len)))
+        self._ready: dict[str, Any] | None = None
+        self._ready_at = 0.0
+        self._ready_lock = asyncio.Lock()
+
+    def start_generation(self, request: ApiRequest, request_id: str) -> Any:
+        ids, max_tokens = tokenize(request, self.model.tokenizer, self.max_model_len, self.config.default_max_tokens)
+        try:
+            sampling = SamplingParams(temperature=request.temperature, top_k=request.top_k, top_p=request.top_p,
+                                      seed=request.seed, max_tokens=max_tokens, stop=request.stop,
+                                      ignore_eos=request.ignore_eos)
+        except ValueError as exc:
+            raise bad_request(str(exc)) from exc
+        return self.client.generate(ids, sampling, session_id=request.session_id, request_id=request_id)
+
+    async def readiness(self) -> dict[str, Any]:
+        async with self._ready_lock:
+            if self._ready is None or time.monotonic() - self._ready_at >= self.config.ready_cache_s:
+                services = await asyncio.gather(*(self._probe(s) for s in PROBE_SERVICES))
+                self._ready = dict(zip(PROBE_SERVICES, services, strict=True))
+                self._ready_at = time.monotonic()
+            return {"ready": all(self._ready.values()), "broker": self.client.bus.endpoint.registered,
+                    "services": dict(self._ready)}
+
+    async def _probe(self, service: str) -> bool:
+        if not self.client.bus.endpoint.registered:
+            return False
+        stream = self.client.bus.stream(service, {"type": "probe"}, key=PROBE_KEY, timeout=PROBE_TIMEOUT_S)
+        try:
+            async for _ in stream:
+                return True   # a node answered something: it is alive
+        except BusError as exc:
+            return exc.code in ALIVE_CODES
+        except TimeoutError:
+            return False
+        finally:
+            stream.cancel()
+        return True

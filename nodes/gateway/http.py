@@ -1,0 +1,165 @@
+"""HTTP handlers: `POST /v1/completions`, `POST /v1/chat/completions` (JSON or SSE), `GET /v1/models`,
+`GET /health`, `GET /ready`, `GET /metrics`.
+
+Contract: each handler takes an aiohttp request whose app holds the `Gateway` (app["gateway"]) and
+whose `request["identity"]` the auth middleware set; errors are raised as `ApiError` and rendered
+by the app's middleware. Streaming sends its headers when the first token is ready, so a request
+the cluster refuses (overloaded, rejected) still gets a real HTTP status; `X-Pdbus-Decode-Node` is
+then known, the rest of what served the request is in the last chunk's `pdbus` object. SSE chunks
+follow OpenAI (`data: {...}` then `data: [DONE]`; with `stream_options.include_usage` a last
+chunk with empty `choices` and the usage). A client that disconnects cancels the handler (aiohttp
+`handler_cancellation`), which aborts the cluster request; a client that stops reading is cut off
+after `stall_timeout_s`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+
+from aiohttp import web
+
+from bus.log import get_logger
+from nodes.cluster_client import ClusterError
+from nodes.gateway.errors import ApiError, bad_request, error_body
+from nodes.gateway.openai_format import Shaper, pdbus_headers
+from nodes.gateway.relay import StalledConsumer
+from nodes.gateway.schema import parse_request
+from nodes.gateway.serve import Served, cluster_error
+
+log = get_logger("gateway")
+
+
+async def read_json(request: web.Request, max_bytes: int) -> object:
+    if request.content_length is not None and request.content_length > max_bytes:
+        raise ApiError(413, f"the request body is larger than {max_bytes} bytes")
+    try:
+        raw = await request.content.read(max_bytes + 1)
+    except (ConnectionError, asyncio.IncompleteReadError) as exc:
+        raise bad_request(f"could not read the request body: {exc}") from exc
+    if len(raw) > max_bytes:
+        raise ApiError(413, f"the request body is larger than {max_bytes} bytes")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise bad_request(f"the request body is not valid UTF-8 (byte {exc.start})") from exc
+    try:
+        return json.loads(text)
+    except ValueError as exc:
+        raise bad_request(f"the request body is not valid JSON: {exc}") from exc
+
+
+def sse(data: object) -> bytes:
+    return b"data: " + json.dumps(data, ensure_ascii=False, separators=(",", ":")).encode() + b"\n\n"
+
+
+async def completions(request: web.Request) -> web.StreamResponse:
+    return await _openai(request, chat=False)
+
+
+async def chat_completions(request: web.Request) -> web.StreamResponse:
+    return await _openai(request, chat=True)
+
+
+async def _openai(request: web.Request, chat: bool) -> web.StreamResponse:
+    gateway = request.app["gateway"]
+    config = gateway.config
+    endpoint = "chat" if chat else "completions"
+    async with Served(gateway, endpoint, request["identity"], "chatcmpl" if chat else "cmpl") as served:
+        body = await read_json(request, config.max_body_bytes)
+        api = parse_request(body, chat=chat, model_name=config.model_name, max_tokens_limit=config.max_tokens_limit,
+                            session_header=request.headers.get("X-Session-Id"))
+        if api.ignored_fields:
+            log.info("ignored_fields", request_id=served.request_id, fields=list(api.ignored_fields))
+        served.start(api)
+        shaper = Shaper(chat, config.model_name, served.request_id, int(time.time()))
+        if api.stream:
+            return await _stream(request, served, shaper)
+        return await _complete(served, shaper)
+
+
+async def _complete(served: Served, shaper: Shaper) -> web.Response:
+    try:
+        text = "".join([token.text async for token in served.tokens()])
+    except ClusterError as exc:
+        raise cluster_error(exc) from exc
+    result, info = served.result, served.info()
+    body = shaper.response(text, result.finish_reason, result.usage, info)
+    return web.json_response(body, headers=pdbus_headers(info), dumps=_dumps)
+
+
+def _dumps(value: object) -> str:
+    return json.dumps(value, ensure_ascii=False)
+
+
+async def _stream(request: web.Request, served: Served, shaper: Shaper) -> web.StreamResponse:
+    tokens = served.tokens()
+    try:
+        first = await anext(tokens, None)
+    except ClusterError as exc:
+        raise cluster_error(exc) from exc
+    info = served.info()
+    headers = {k: v for k, v in pdbus_headers(info).items() if k in ("X-Request-Id", "X-Session-Id",
+                                                                      "X-Pdbus-Decode-Node")}
+    response = web.StreamResponse(headers={"Content-Type": "text/event-stream", "Cache-Control": "no-cache",
+                                           **headers})
+    await response.prepare(request)
+    timeout = served.gateway.config.stall_timeout_s
+    try:
+        await _send_stream(response, served, shaper, tokens, first, timeout)
+    except (StalledConsumer, TimeoutError) as exc:
+        stalled = exc if isinstance(exc, StalledConsumer) else StalledConsumer(f"a write blocked for {timeout:g}s")
+        served.finish(stalled)
+        if request.transport is not None:
+            request.transport.close()   # cut the stalled client off; the cluster request is aborted on exit
+        return response
+    except ClusterError as exc:
+        error = cluster_error(exc)
+        served.finish(exc)
+        await asyncio.wait_for(response.write(sse(error_body(error.status, error.message, code=error.code))), timeout)
+        await asyncio.wait_for(response.write(b"data: [DONE]\n\n"), timeout)
+    await response.write_eof()
+    return response
+
+
+async def _send_stream(response: web.StreamResponse, served: Served, shaper: Shaper, tokens, first, timeout: float
+                       ) -> None:
+    async def send(data: object) -> None:
+        await asyncio.wait_for(response.write(sse(data)), timeout)
+
+    if (opening := shaper.first_chunk()) is not None:
+        await send(opening)
+    if first is not None:
+        await send(shaper.chunk(first.text))
+    async for token in tokens:
+        if token.text:
+            await send(shaper.chunk(token.text))
+    result = served.result
+    await send(shaper.final_chunk(result.finish_reason, served.info()))
+    if served.api_request.include_usage:
+        await send(shaper.usage_chunk(result.usage))
+    await asyncio.wait_for(response.write(b"data: [DONE]\n\n"), timeout)
+
+
+async def models(request: web.Request) -> web.Response:
+    gateway = request.app["gateway"]
+    return web.json_response({"object": "list", "data": [{
+        "id": gateway.config.model_name, "object": "model", "created": gateway.created, "owned_by": "pdbus",
+        "max_model_len": gateway.backend.max_model_len}]})
+
+
+async def health(request: web.Request) -> web.Response:
+    return web.json_response({"status": "ok"})
+
+
+async def ready(request: web.Request) -> web.Response:
+    gateway = request.app["gateway"]
+    state = await gateway.backend.readiness()
+    gateway.metrics.set_services(state["services"])
+    return web.json_response(state, status=200 if state["ready"] else 503)
+
+
+async def metrics(request: web.Request) -> web.Response:
+    body, content_type = request.app["gateway"].metrics.render()
+    return web.Response(body=body, headers={"Content-Type": content_type})

@@ -1,0 +1,102 @@
+"""The gateway's Prometheus metrics (prometheus-client), in a registry of its own.
+
+Contract: `GatewayMetrics()`; `observe_request(endpoint, outcome)`, `observe_stream(...)` at the end
+of every generation (TTFT, TPOT, inter-token latency, end-to-end, stage times, KV bytes and
+compression ratio, failovers, retries, failures by code, tokens), `set_services(ready)` from
+/ready, `in_flight` / `buffered` gauges; `render() -> (bytes, content_type)` for GET /metrics.
+Names: `pdbus_*`, seconds and bytes in base units, counters end in `_total`.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from prometheus_client import (
+    CONTENT_TYPE_LATEST,
+    CollectorRegistry,
+    Counter,
+    Gauge,
+    Histogram,
+    disable_created_metrics,
+    generate_latest,
+)
+
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
+STAGES = ("plan_s", "queue_s", "prefill_s", "kv_transfer_s", "kv_wait_s", "decode_queue_s", "decode_s")
+
+
+class GatewayMetrics:
+    def __init__(self) -> None:
+        disable_created_metrics()   # process-wide: the `_created` series only double the output
+        self.registry = r = CollectorRegistry()
+        self.requests = Counter("pdbus_requests_total", "Requests by endpoint and outcome", ["endpoint", "outcome"],
+                                registry=r)
+        self.ttft = Histogram("pdbus_time_to_first_token_seconds", "Time to first token", buckets=LATENCY_BUCKETS,
+                              registry=r)
+        self.tpot = Histogram("pdbus_time_per_output_token_seconds", "Mean time per output token after the first",
+                              buckets=TOKEN_BUCKETS, registry=r)
+        self.itl = Histogram("pdbus_inter_token_latency_seconds", "Time between consecutive tokens",
+                             buckets=TOKEN_BUCKETS, registry=r)
+        self.e2e = Histogram("pdbus_e2e_request_latency_seconds", "Request latency, received to last token",
+                             buckets=LATENCY_BUCKETS, registry=r)
+        self.stage = Histogram("pdbus_stage_seconds", "Per-stage time (plan, queue, prefill, kv_transfer, kv_wait, "
+                               "decode_queue, decode)", ["stage"], buckets=LATENCY_BUCKETS, registry=r)
+        self.kv_bytes = Counter("pdbus_kv_bytes_total", "KV cache bytes moved, raw (before quantization) and on "
+                                "the wire", ["kind"], registry=r)
+        self.kv_ratio = Histogram("pdbus_kv_compression_ratio", "KV raw bytes / wire bytes per transfer",
+                                  buckets=(1, 1.5, 2, 3, 4, 6, 8, 12, 16), registry=r)
+        self.failovers = Counter("pdbus_failovers_total", "Decode resumes after a lost or stalled node", registry=r)
+        self.prefill_retries = Counter("pdbus_prefill_retries_total", "Prefills re-sent (node lost, kv_failed "
+                                       "after checksum retries, timeout)", registry=r)
+        self.fallbacks = Counter("pdbus_prefill_fallback_local_total", "Requests prefilled on their decode node "
+                                 "(no prefill node)", registry=r)
+        self.failures = Counter("pdbus_cluster_failures_total", "Failed attempts inside requests, by code",
+                                ["code"], registry=r)
+        self.tokens = Counter("pdbus_tokens_total", "Tokens by kind (prompt, completion)", ["kind"], registry=r)
+        self.in_flight = Gauge("pdbus_requests_in_flight", "Requests being served now", registry=r)
+        self.buffered = Gauge("pdbus_stream_buffered_tokens", "Tokens waiting in per-stream buffers (the "
+                              "gateway's queue depth)", registry=r)
+        self.services = Gauge("pdbus_service_available", "1 when at least one live node serves the service "
+                              "(from the /ready probe)", ["service"], registry=r)
+
+    def observe_request(self, endpoint: str, outcome: str) -> None:
+        self.requests.labels(endpoint, outcome).inc()
+
+    def observe_stream(self, trace: Any, usage: dict[str, int], token_times: list[float], started: float,
+                       ended: float) -> None:
+        if token_times:
+            self.ttft.observe(token_times[0] - started)
+            gaps = [b - a for a, b in zip(token_times, token_times[1:], strict=False)]
+            for gap in gaps:
+                self.itl.observe(gap)
+            if gaps:
+                self.tpot.observe(sum(gaps) / len(gaps))
+        self.e2e.observe(ended - started)
+        self._observe_trace(trace)
+        self.tokens.labels("prompt").inc(usage.get("prompt_tokens", 0))
+        self.tokens.labels("completion").inc(usage.get("completion_tokens", 0))
+
+    def _observe_trace(self, trace: Any) -> None:
+        for name in STAGES:
+            value = trace.timings.get(name)
+            if isinstance(value, int | float):
+                self.stage.labels(name[:-2]).observe(value)
+        stats = (trace.decode_final or {}).get("stats", {})
+        raw, wire = stats.get("kv_raw_bytes") or 0, stats.get("kv_wire_bytes") or 0
+        if raw and wire:
+            self.kv_bytes.labels("raw").inc(raw)
+            self.kv_bytes.labels("wire").inc(wire)
+            self.kv_ratio.observe(raw / wire)
+        self.failovers.inc(trace.num_failovers)
+        self.prefill_retries.inc(trace.num_prefill_retries)
+        self.fallbacks.inc(1 if trace.fallback_local else 0)
+        for failure in trace.failures:
+            self.failures.labels(failure.split("@", 1)[0]).inc()
+
+    def set_services(self, services: dict[str, bool]) -> None:
+        for service, alive in services.items():
+            self.services.labels(service).set(1 if alive else 0)
+
+    def render(self) -> tuple[bytes, str]:
+        return generate_latest(self.registry), CONTENT_TYPE_LATEST

@@ -1,0 +1,89 @@
+"""OpenAI response objects and stream chunks for completions and chat completions (pure), plus the
+`pdbus` transparency object and headers.
+
+Contract: `Shaper(request, model_name, response_id, created)` builds, for its kind (completion or
+chat): `chunk(text)`, `first_chunk()` (chat's role delta; None for completions), `final_chunk(
+finish_reason, pdbus)`, `usage_chunk(usage)`, `response(text, finish_reason, usage, pdbus)`.
+`pdbus_info(trace, kv_mode)` says which nodes served the request, the KV mode, failovers and
+timings; `pdbus_headers(info)` is the same as `X-Pdbus-*` headers.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+
+def usage_body(usage: dict[str, int]) -> dict[str, int]:
+    prompt, completion = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+
+
+def pdbus_info(trace: Any, kv_mode: str) -> dict[str, Any]:
+    remote = "remote" in trace.plans
+    return {
+        "request_id": trace.request_id, "session_id": trace.session_id,
+        "prefill_node": trace.prefill_node_ids[-1] if trace.prefill_node_ids else None,
+        "decode_node": trace.decode_node_ids[-1] if trace.decode_node_ids else None,
+        "prefill_nodes": list(trace.prefill_node_ids), "decode_nodes": list(trace.decode_node_ids),
+        "plans": list(trace.plans), "kv_mode": kv_mode if remote else "none",
+        "kv_wire_bytes": trace.kv_wire_bytes, "failover": trace.failed_over, "num_failovers": trace.num_failovers,
+        "num_prefill_retries": trace.num_prefill_retries, "fallback_local": trace.fallback_local,
+        "failures": list(trace.failures), "timings": {k: v for k, v in trace.timings.items() if v is not None},
+    }
+
+
+def pdbus_headers(info: dict[str, Any]) -> dict[str, str]:
+    headers = {"X-Request-Id": info["request_id"], "X-Session-Id": info["session_id"]}
+    if info.get("prefill_node") or info.get("plans"):
+        headers["X-Pdbus-Prefill-Node"] = info.get("prefill_node") or (info["decode_node"] or "") + " (local)"
+    if info.get("decode_node"):
+        headers["X-Pdbus-Decode-Node"] = info["decode_node"]
+    if "kv_mode" in info:
+        headers["X-Pdbus-KV-Mode"] = info["kv_mode"]
+    if "failover" in info:
+        headers["X-Pdbus-Failover"] = "true" if info["failover"] else "false"
+    return headers
+
+
+class Shaper:
+    def __init__(self, chat: bool, model_name: str, response_id: str, created: int) -> None:
+        self.chat, self.model, self.id, self.created = chat, model_name, response_id, created
+        self.object = "chat.completion.chunk" if chat else "text_completion"
+
+    def _chunk(self, choice: dict, **extra: Any) -> dict[str, Any]:
+        return {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
+                "choices": [choice], **extra}
+
+    def first_chunk(self) -> dict[str, Any] | None:
+        if not self.chat:
+            return None
+        return self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+                            "finish_reason": None})
+
+    def chunk(self, text: str) -> dict[str, Any]:
+        if self.chat:
+            return self._chunk({"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None})
+        return self._chunk({"index": 0, "text": text, "logprobs": None, "finish_reason": None})
+
+    def final_chunk(self, finish_reason: str | None, pdbus: dict[str, Any], text: str = "") -> dict[str, Any]:
+        if self.chat:
+            choice = {"index": 0, "delta": {"content": text} if text else {}, "logprobs": None,
+                      "finish_reason": finish_reason}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        return self._chunk(choice, pdbus=pdbus)
+
+    def usage_chunk(self, usage: dict[str, int]) -> dict[str, Any]:
+        return {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
+                "choices": [], "usage": usage_body(usage)}
+
+    def response(self, text: str, finish_reason: str | None, usage: dict[str, int],
+                 pdbus: dict[str, Any]) -> dict[str, Any]:
+        if self.chat:
+            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
+                      "finish_reason": finish_reason}
+        else:
+            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
+                "created": self.created, "model": self.model, "choices": [choice], "usage": usage_body(usage),
+                "pdbus": pdbus}

@@ -1,0 +1,81 @@
+"""API keys and per-key rate limits (pure: every call takes `now`; the app passes the clock).
+
+Contract:
+- `check_api_key(authorization_header, keys) -> key` returns the Bearer key, "" when no keys are
+  configured, or raises ApiError 401 (missing or unknown key).
+- `RateLimiter(rps, burst, max_streams)`: `acquire(identity, now)` admits one request (a token
+  bucket of `burst` refilled at `rps`, and at most `max_streams` in flight per identity) or
+  raises ApiError 429 with a `Retry-After` header (seconds until a token, or 1 s for streams);
+  `release(identity)` when the request ends. 0 turns either limit off. Idle identities are
+  forgotten so memory stays bounded by the number of active clients.
+"""
+
+from __future__ import annotations
+
+import hmac
+import math
+from dataclasses import dataclass
+
+from nodes.gateway.errors import ApiError
+
+MAX_IDENTITIES = 100_000
+
+
+def check_api_key(authorization: str | None, keys: tuple[str, ...]) -> str:
+    if not keys:
+        return ""
+    scheme, _, token = (authorization or "").partition(" ")
+    token = token.strip()
+    if scheme.lower() != "bearer" or not token:
+        raise ApiError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
+    # Compare against every key in constant time, so timing does not reveal a key's prefix.
+    if not any(hmac.compare_digest(token.encode(), key.encode()) for key in keys):
+        raise ApiError(401, "invalid API key", code="invalid_api_key")
+    return token
+
+
+@dataclass
+class _Bucket:
+    tokens: float
+    updated: float
+    num_streams: int = 0
+
+
+class RateLimiter:
+    def __init__(self, rps: float = 0.0, burst: int = 20, max_streams: int = 0) -> None:
+        self.rps, self.burst, self.max_streams = rps, max(1, burst), max_streams
+        self.buckets: dict[str, _Bucket] = {}
+
+    def acquire(self, identity: str, now: float) -> None:
+        bucket = self._bucket(identity, now)
+        if self.max_streams and bucket.num_streams >= self.max_streams:
+            raise ApiError(429, f"too many concurrent requests for this key (limit {self.max_streams})",
+                           code="rate_limit_exceeded", headers={"Retry-After": "1"})
+        if self.rps:
+            bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.updated) * self.rps)
+            bucket.updated = now
+            if bucket.tokens < 1.0:
+                wait = math.ceil((1.0 - bucket.tokens) / self.rps)
+                raise ApiError(429, f"rate limit of {self.rps:g} requests/s exceeded", code="rate_limit_exceeded",
+                               headers={"Retry-After": str(max(1, wait))})
+            bucket.tokens -= 1.0
+        bucket.num_streams += 1
+
+    def release(self, identity: str) -> None:
+        bucket = self.buckets.get(identity)
+        if bucket is not None:
+            bucket.num_streams = max(0, bucket.num_streams - 1)
+
+    def _bucket(self, identity: str, now: float) -> _Bucket:
+        bucket = self.buckets.get(identity)
+        if bucket is None:
+            if len(self.buckets) >= MAX_IDENTITIES:
+                self._forget_idle(now)
+            bucket = self.buckets[identity] = _Bucket(float(self.burst), now)
+        return bucket
+
+    def _forget_idle(self, now: float) -> None:
+        full_after = self.burst / self.rps if self.rps else 0.0
+        for identity, bucket in list(self.buckets.items()):
+            if bucket.num_streams == 0 and now - bucket.updated >= full_after:
+                del self.buckets[identity]

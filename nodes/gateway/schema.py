@@ -1,0 +1,223 @@
+"""Validate an OpenAI completions / chat completions request body into an `ApiRequest` (pure).
+
+Contract: `parse_request(body, chat=..., config=..., session_header=None) -> ApiRequest` or
+`ApiError` (400) naming the offending field. Accepted: `model` (must be the served name),
+`prompt` (a string, a list of token ids, or a one-element list of either) or `messages` (role +
+string content or text parts), `max_tokens` (chat also `max_completion_tokens`), `temperature`,
+`top_p`, `top_k`, `seed`, `stop` (string or list), `n` (1 only), `stream`,
+`stream_options.include_usage`, `user`, `ignore_eos` (vLLM's extension), `session_id` (or the
+`X-Session-Id` header). Features we do not serve (`n` > 1, several prompts, `logprobs`, `echo`,
+`best_of` > 1, non-zero penalties, `suffix`, tools) are refused clearly; any other field is
+ignored and listed in `ignored_fields` (the caller logs them), as vLLM does.
+`tokenize(request, tokenizer, max_model_len)` turns it into prompt token ids and checks the
+context length (400 `context_length_exceeded`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+from nodes.gateway.errors import ApiError, bad_request
+
+COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream",
+          "stream_options", "user", "ignore_eos", "session_id", "logprobs", "presence_penalty",
+          "frequency_penalty", "best_of", "echo", "suffix", "max_completion_tokens", "top_logprobs",
+          "tools", "tool_choice", "logit_bias"}
+MAX_STOPS = 8
+
+
+@dataclass(frozen=True)
+class ApiRequest:
+    chat: bool
+    model: str
+    prompt: str | None = None
+    prompt_token_ids: tuple[int, ...] | None = None
+    messages: tuple[dict, ...] | None = None
+    max_tokens: int | None = None
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    stream: bool = False
+    include_usage: bool = False
+    user: str | None = None
+    ignore_eos: bool = False
+    session_id: str | None = None
+    ignored_fields: tuple[str, ...] = field(default=())
+
+
+def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
+    value = body.get(name)
+    if value is None:
+        return default
+    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
+        raise bad_request(f"'{name}' must be a number", name)
+    if not low <= value <= high:
+        raise bad_request(f"'{name}' must be between {low} and {high}, got {value}", name)
+    return float(value)
+
+
+def _integer(body: dict, name: str, low: int, high: int | None = None) -> int | None:
+    value = body.get(name)
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise bad_request(f"'{name}' must be an integer", name)
+    if value < low or (high is not None and value > high):
+        limit = f"between {low} and {high}" if high is not None else f">= {low}"
+        raise bad_request(f"'{name}' must be {limit}, got {value}", name)
+    return value
+
+
+def _boolean(body: dict, name: str) -> bool:
+    value = body.get(name, False)
+    if value is None:
+        return False
+    if not isinstance(value, bool):
+        raise bad_request(f"'{name}' must be a boolean", name)
+    return value
+
+
+def _string(body: dict, name: str) -> str | None:
+    value = body.get(name)
+    if value is not None and not isinstance(value, str):
+        raise bad_request(f"'{name}' must be a string", name)
+    return value
+
+
+def _stop(body: dict) -> tuple[str, ...]:
+    stop = body.get("stop")
+    if stop is None:
+        return ()
+    stops = [stop] if isinstance(stop, str) else stop
+    if not isinstance(stops, list) or not all(isinstance(s, str) for s in stops):
+        raise bad_request("'stop' must be a string or a list of strings", "stop")
+    if len(stops) > MAX_STOPS:
+        raise bad_request(f"'stop' takes at most {MAX_STOPS} strings", "stop")
+    return tuple(s for s in stops if s)
+
+
+def _refuse_unsupported(body: dict) -> None:
+    if _integer(body, "n", 1) not in (None, 1):
+        raise bad_request("only n=1 is supported (one completion per request)", "n")
+    if _integer(body, "best_of", 1) not in (None, 1):
+        raise bad_request("only best_of=1 is supported", "best_of")
+    if body.get("logprobs") not in (None, False, 0) or body.get("top_logprobs") not in (None, 0):
+        raise bad_request("logprobs are not supported", "logprobs")
+    if body.get("echo") not in (None, False):
+        raise bad_request("echo is not supported", "echo")
+    for name in ("presence_penalty", "frequency_penalty"):
+        if _number(body, name, 0.0, -2.0, 2.0) != 0.0:
+            raise bad_request(f"'{name}' is not supported (use 0)", name)
+    if body.get("suffix") or body.get("tools") or body.get("logit_bias"):
+        name = next(n for n in ("suffix", "tools", "logit_bias") if body.get(n))
+        raise bad_request(f"'{name}' is not supported", name)
+
+
+def _prompt(body: dict) -> tuple[str | None, tuple[int, ...] | None]:
+    prompt = body.get("prompt")
+    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
+        prompt = prompt[0]   # a batch of one
+    if isinstance(prompt, str):
+        if not prompt:
+            raise bad_request("'prompt' must not be empty", "prompt")
+        return prompt, None
+    if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
+        return None, tuple(prompt)
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+        raise bad_request("one prompt per request (batches of prompts are not supported)", "prompt")
+    if prompt is None:
+        raise bad_request("'prompt' is required", "prompt")
+    raise bad_request("'prompt' must be a non-empty string or list of token ids", "prompt")
+
+
+def _content(content: Any, index: int) -> str:
+    if isinstance(content, str):
+        return content
+    if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
+                                         and isinstance(p.get("text"), str) for p in content):
+        return "".join(p["text"] for p in content)
+    raise bad_request(f"messages[{index}].content must be a string or a list of text parts", "messages")
+
+
+def _messages(body: dict) -> tuple[dict, ...]:
+    messages = body.get("messages")
+    if not isinstance(messages, list) or not messages:
+        raise bad_request("'messages' must be a non-empty list", "messages")
+    parsed = []
+    for index, message in enumerate(messages):
+        if not isinstance(message, dict) or message.get("role") not in ("system", "user", "assistant", "developer"):
+            raise bad_request(f"messages[{index}] needs a role of system, user or assistant", "messages")
+        parsed.append({"role": message["role"], "content": _content(message.get("content"), index)})
+    if not any(m["content"] for m in parsed):
+        raise bad_request("'messages' must not all be empty", "messages")
+    return tuple(parsed)
+
+
+def _max_tokens(body: dict, chat: bool, limit: int) -> int | None:
+    value = _integer(body, "max_tokens", 1)
+    if chat and value is None:
+        value = _integer(body, "max_completion_tokens", 1)
+    if value is not None and value > limit:
+        raise bad_request(f"'max_tokens' is {value}, above this server's limit of {limit}", "max_tokens")
+    return value
+
+
+def parse_request(body: Any, *, chat: bool, model_name: str, max_tokens_limit: int,
+                  session_header: str | None = None) -> ApiRequest:
+    if not isinstance(body, dict):
+        raise bad_request("the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise bad_request("'model' is required and must be a string", "model")
+    if model != model_name:
+        raise ApiError(404, f"the model '{model}' does not exist; this server serves '{model_name}'",
+                       param="model", code="model_not_found")
+    _refuse_unsupported(body)
+    options = body.get("stream_options")
+    if options is not None and not isinstance(options, dict):
+        raise bad_request("'stream_options' must be an object", "stream_options")
+    prompt, token_ids = (None, None) if chat else _prompt(body)
+    session_id = _string(body, "session_id") or session_header
+    known = COMMON | ({"messages"} if chat else {"prompt"})
+    return ApiRequest(
+        chat=chat, model=model, prompt=prompt, prompt_token_ids=token_ids,
+        messages=_messages(body) if chat else None, max_tokens=_max_tokens(body, chat, max_tokens_limit),
+        temperature=_number(body, "temperature", 1.0, 0.0, 2.0), top_p=_number(body, "top_p", 1.0, 1e-9, 1.0),
+        top_k=max(0, _integer(body, "top_k", -1) or 0), seed=_integer(body, "seed", -(2 ** 63), 2 ** 63 - 1),
+        stop=_stop(body), stream=_boolean(body, "stream"),
+        include_usage=bool(options and _boolean(options, "include_usage")),
+        user=_string(body, "user"), ignore_eos=_boolean(body, "ignore_eos"), session_id=session_id,
+        ignored_fields=tuple(sorted(set(body) - known)))
+
+
+def tokenize(request: ApiRequest, tokenizer: Any, max_model_len: int, default_max_tokens: int
+             ) -> tuple[tuple[int, ...], int]:
+    """(prompt token ids, max_tokens) for the request; 400 when it cannot fit the context."""
+    if request.chat:
+        try:
+            text = tokenizer.apply_chat_template(list(request.messages))
+        except Exception as exc:   # a template that raises (e.g. roles out of order) is the client's input
+            raise bad_request(f"the messages do not fit the model's chat template: {exc}", "messages") from exc
+        ids = tuple(tokenizer.encode(text))
+    elif request.prompt_token_ids is not None:
+        ids = request.prompt_token_ids
+        if any(t < 0 or t >= tokenizer.vocab_size for t in ids):
+            raise bad_request(f"token ids must be in [0, {tokenizer.vocab_size})", "prompt")
+    else:
+        ids = tuple(tokenizer.encode(request.prompt))
+    if not ids:
+        raise bad_request("the prompt is empty after tokenization", "prompt")
+    room = max_model_len - len(ids)
+    if room < 1:
+        raise bad_request(f"this model's maximum context length is {max_model_len} tokens; the prompt has "
+                          f"{len(ids)}", "prompt" if not request.chat else "messages", "context_length_exceeded")
+    max_tokens = request.max_tokens if request.max_tokens is not None else min(default_max_tokens, room)
+    if max_tokens > room:
+        raise bad_request(f"this model's maximum context length is {max_model_len} tokens; you requested "
+                          f"{len(ids) + max_tokens} ({len(ids)} in the prompt, {max_tokens} to generate)",
+                          "max_tokens", "context_length_exceeded")
+    return ids, max_tokens

@@ -1,0 +1,124 @@
+"""One request being served, whatever the transport (SSE, JSON or WebSocket): admission (rate
+limits, in-flight gauge), the relay from the cluster, token timing, metrics and the access log.
+
+Contract: `async with Served(gateway, endpoint, identity) as served:` admits (ApiError 429) and
+always logs one `access` line and counts the outcome on exit; `served.start(api_request)` starts
+the cluster request behind a `Relay`; `async for token in served.tokens()` yields StreamTokens
+(ClusterError / StalledConsumer propagate); `served.info()` is the `pdbus` object.
+`cluster_error(exc) -> ApiError` maps the cluster's refusals: `overloaded` -> 503 + Retry-After,
+`rejected`/`bad_request` -> 400, anything else -> 503.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import math
+import time
+import uuid
+from typing import Any
+
+from bus.log import get_logger
+from nodes.cluster_client import ClusterError
+from nodes.gateway.errors import ApiError
+from nodes.gateway.openai_format import pdbus_info
+from nodes.gateway.relay import Relay, StalledConsumer
+
+BAD_INPUT_CODES = {"rejected", "bad_request", "malformed", "oversized"}
+log = get_logger("gateway")
+
+
+def cluster_error(exc: ClusterError) -> ApiError:
+    if exc.code == "overloaded":
+        retry_after = max(1, math.ceil(float(exc.details.get("retry_after_s") or 1.0)))
+        return ApiError(503, f"the cluster is overloaded; retry after {retry_after}s", code="overloaded",
+                        headers={"Retry-After": str(retry_after)})
+    if exc.code in BAD_INPUT_CODES:
+        return ApiError(400, f"the cluster refused the request: {exc.message}", code=exc.code)
+    return ApiError(503, f"the cluster could not serve the request ({exc.code}): {exc.message}", code=exc.code,
+                    headers={"Retry-After": "1"})
+
+
+def outcome_of(exc: BaseException | None) -> str:
+    if exc is None:
+        return "ok"
+    if isinstance(exc, ApiError):
+        return {400: "bad_request", 401: "unauthorized", 404: "bad_request", 413: "bad_request",
+                429: "rate_limited", 503: "overloaded" if exc.code == "overloaded" else "unavailable"
+                }.get(exc.status, "error")
+    if isinstance(exc, StalledConsumer):
+        return "stalled"
+    if isinstance(exc, asyncio.CancelledError | ConnectionError):
+        return "cancelled"
+    if isinstance(exc, ClusterError):
+        return outcome_of(cluster_error(exc))
+    return "error"
+
+
+class Served:
+    def __init__(self, gateway: Any, endpoint: str, identity: str, prefix: str = "cmpl") -> None:
+        self.gateway, self.endpoint, self.identity = gateway, endpoint, identity
+        self.request_id = f"{prefix}-{uuid.uuid4().hex}"
+        self.relay: Relay | None = None
+        self.api_request: Any = None
+        self.token_times: list[float] = []
+        self.started = time.monotonic()
+        self.outcome: str | None = None
+        self._admitted = False
+
+    async def __aenter__(self) -> Served:
+        self.gateway.limiter.acquire(self.identity, time.monotonic())
+        self._admitted = True
+        self.gateway.metrics.in_flight.inc()
+        return self
+
+    async def __aexit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
+        if self.relay is not None:
+            await self.relay.aclose()   # no-op when finished; aborts the cluster request otherwise
+        if self._admitted:
+            self.gateway.limiter.release(self.identity)
+            self.gateway.metrics.in_flight.dec()
+        self.finish(exc)
+
+    def finish(self, exc: BaseException | None) -> None:
+        if self.outcome is not None:
+            return
+        self.outcome = outcome_of(exc) if exc is not None or self.relay is None or self.relay.result else "cancelled"
+        ended = time.monotonic()
+        self.gateway.metrics.observe_request(self.endpoint, self.outcome)
+        result = self.relay.result if self.relay is not None else None
+        if self.relay is not None:
+            usage = result.usage if result else {"prompt_tokens": len(self.relay.generation.prompt),
+                                                 "completion_tokens": len(self.token_times)}
+            self.gateway.metrics.observe_stream(self.relay.generation.trace, usage, self.token_times,
+                                                self.started, ended)
+        self._log_access(exc, result, ended)
+
+    def _log_access(self, exc: BaseException | None, result: Any, ended: float) -> None:
+        info = self.info() if self.relay is not None else {}
+        log.info("access", endpoint=self.endpoint, outcome=self.outcome, request_id=self.request_id,
+                 session_id=info.get("session_id"), prefill_node=info.get("prefill_node"),
+                 decode_node=info.get("decode_node"), failover=info.get("failover"),
+                 num_tokens=len(self.token_times), finish_reason=result.finish_reason if result else None,
+                 duration_s=round(ended - self.started, 6),
+                 ttft_s=round(self.token_times[0] - self.started, 6) if self.token_times else None,
+                 error=(getattr(exc, "message", None) or repr(exc))[:300] if exc is not None else None,
+                 status=getattr(exc, "status", None))
+
+    def start(self, api_request: Any) -> None:
+        self.api_request = api_request
+        config = self.gateway.config
+        generation = self.gateway.backend.start_generation(api_request, self.request_id)
+        self.relay = Relay(generation, config.stream_buffer_tokens, config.stall_timeout_s)
+        self.gateway.relays.add(self.relay)
+
+    async def tokens(self) -> Any:
+        async for token in self.relay:
+            self.token_times.append(time.monotonic())
+            yield token
+
+    def info(self) -> dict[str, Any]:
+        return pdbus_info(self.relay.generation.trace, self.gateway.config.kv_mode)
+
+    @property
+    def result(self) -> Any:
+        return self.relay.result if self.relay is not None else None
