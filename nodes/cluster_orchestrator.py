@@ -63,6 +63,7 @@ class Attempt:
         self.pending: dict[int, StreamToken] = {}
         self.streams: list[Any] = []
         self.decode_node_id = ""
+        self.decoding = False   # the decode node streams: it has its KV, prefill failures no longer matter
 
     # -- delivery --------------------------------------------------------------------------
     def deliver(self, relative_index: int, token_id: int, text: str) -> None:
@@ -141,6 +142,7 @@ class Attempt:
                 if isinstance(reply, Final):
                     return self._on_decode_final(body)
                 if body.get("type") == "token":
+                    self.decoding = True
                     self.deliver(body["index"], body["token_id"], body["text"])
         except BusError as exc:
             retry = _retry_from(exc, self.decode_node_id)
@@ -178,6 +180,8 @@ class Attempt:
             except TimeoutError:
                 retry = Retry("stalled", "the prefill stream went silent")
             stream.cancel()
+            if self.decoding:   # e.g. the prefill node died after its kv_ready: nothing to redo
+                return
             self.g.trace.num_prefill_retries += 1
             self.g.spend_retry(f"prefill_{retry.code}", retry.message, retry.node_id)
             transfer_id = uuid.uuid4().hex

@@ -60,7 +60,7 @@ def test_decode_node_killed_mid_stream_resumes_exactly_on_another(tiny):
 
 def test_prefill_node_killed_mid_prefill_is_retried_on_another(tiny):
     prompt = tuple(tiny.tokenizer.encode(PROMPTS[0]))
-    delay = {"prefill": ["--test-prefill-delay-ms", "1500"]}
+    delay = {"prefill": ["--test-prefill-delay-ms", "2500"]}
     with ClusterProcs(num_prefill=2, num_decode=2, extra_args=delay) as cluster, client_for(cluster) as client:
         async def run():
             generation = client.generate(prompt, greedy(8))
