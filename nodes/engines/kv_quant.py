@@ -25,46 +25,53 @@ TORCH_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.floa
 NAMES_TO_TORCH = {name: dtype for dtype, name in TORCH_DTYPES.items()}
 OUTWARD = 2.0**-10   # > half a float16 ulp, relative: rounding to nearest stays outward
 F16_TINY = 2.0**-24  # the float16 subnormal step
-# Round through float16 where the code says so (inductor elides such casts by default).
-COMPILE_OPTIONS = {"emulate_precision_casts": True}
+F16_MAX = 65504.0
 
 
-def _outward_f16(low: torch.Tensor, high: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """float16 lo <= low, hi >= high, exactly as bus.kv.quant.outward_params computes them."""
+def _outward(low: torch.Tensor, high: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """lo <= low, hi >= high in float32, such that rounding them to float16 stays outward: the
+    expression of bus.kv.quant.outward_params. Returns also whether both fit float16."""
     low, high = low.float(), high.float()
-    lo = (low - (low.abs() * OUTWARD + F16_TINY)).to(torch.float16)
-    hi = (high + (high.abs() * OUTWARD + F16_TINY)).to(torch.float16)
-    return lo, hi
+    lo = low - (low.abs() * OUTWARD + F16_TINY)
+    hi = high + (high.abs() * OUTWARD + F16_TINY)
+    fits = (lo >= -F16_MAX).all() & (hi <= F16_MAX).all()   # NaN fails both comparisons too
+    return lo, hi, fits
 
 
-def encode_asym(rows: torch.Tensor, low: torch.Tensor, high: torch.Tensor, params: torch.Tensor,
-                codes: torch.Tensor) -> torch.Tensor:
-    """uint8 codes (R, D) and float16 params [lo | hi] of rows; returns whether the params are finite.
-
-    Compiled with emulate_precision_casts, so the quantizer uses the float16-rounded lo/hi it stores
-    (the decoder's values); going through int32 vectorises the float->uint8 conversion (2x here).
-    """
-    lo, hi = _outward_f16(low, high)
-    params.copy_(torch.cat([lo, hi]))
-    lo32, hi32 = lo.float(), hi.float()
-    step = (hi32 - lo32) / 255.0
-    inverse = torch.where(step > 0, 1.0 / step, torch.zeros_like(step))
-    scaled = (rows.float() - lo32[:, None]) * inverse[:, None] + 0.5
-    codes.copy_(scaled.clamp(0.0, 255.5).to(torch.int32).to(torch.uint8))
-    return torch.isfinite(lo32).all() & torch.isfinite(hi32).all()
+def asym_params(low: torch.Tensor, high: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+    """params = float16 [lo | hi] (the store rounds them); returns whether they fit float16."""
+    lo, hi, fits = _outward(low, high)
+    num_rows = low.shape[0]
+    params[:num_rows].copy_(lo)
+    params[num_rows:].copy_(hi)
+    return fits
 
 
-def encode_sym(rows: torch.Tensor, low: torch.Tensor, high: torch.Tensor, params: torch.Tensor,
-               codes: torch.Tensor) -> torch.Tensor:
-    """int8 codes (R, D) in [-127, 127] and float16 scales (max|x| / 127 rounded up)."""
+def sym_params(low: torch.Tensor, high: torch.Tensor, params: torch.Tensor) -> torch.Tensor:
+    """params = float16 [scale], scale = max|x| / 127 rounded up; returns whether it fits."""
     amax = torch.maximum(low.float().abs(), high.float().abs()) / 127.0
-    _, scale = _outward_f16(amax, amax)
+    _, scale, fits = _outward(amax, amax)
     params.copy_(scale)
-    scale32 = scale.float()
-    inverse = torch.where(scale32 > 0, 1.0 / scale32, torch.zeros_like(scale32))
+    return fits
+
+
+def quantize_asym(rows: torch.Tensor, params: torch.Tensor, codes: torch.Tensor) -> None:
+    """uint8 codes (R, D) from rows and the float16 params read back from memory (the decoder's
+    values). Going through int32 vectorises the float->uint8 conversion (2x faster here)."""
+    num_rows = rows.shape[0]
+    lo, hi = params[:num_rows].float(), params[num_rows:].float()
+    step = (hi - lo) / 255.0
+    inverse = torch.where(step > 0, 1.0 / step, torch.zeros_like(step))
+    scaled = (rows.float() - lo[:, None]) * inverse[:, None] + 0.5
+    codes.copy_(scaled.clamp(0.0, 255.5).to(torch.int32).to(torch.uint8))
+
+
+def quantize_sym(rows: torch.Tensor, params: torch.Tensor, codes: torch.Tensor) -> None:
+    """int8 codes (R, D) in [-127, 127] from rows and the float16 scales."""
+    scale = params.float()
+    inverse = torch.where(scale > 0, 1.0 / scale, torch.zeros_like(scale))
     scaled = torch.round(rows.float() * inverse[:, None])
     codes.copy_(scaled.clamp(-127.0, 127.0).to(torch.int32).to(torch.int8))
-    return torch.isfinite(scale32).all()
 
 
 def decode_int8_rows(codes: torch.Tensor, params: torch.Tensor, out: torch.Tensor) -> None:
@@ -85,7 +92,8 @@ def convert_into(source: torch.Tensor, out: torch.Tensor) -> None:
     out.copy_(source.to(out.dtype))
 
 
-KERNELS = {"encode_int8": encode_asym, "encode_int8_sym": encode_sym, "decode_int8": decode_int8_rows,
+KERNELS = {"params_int8": asym_params, "params_int8_sym": sym_params, "quantize_int8": quantize_asym,
+           "quantize_int8_sym": quantize_sym, "decode_int8": decode_int8_rows,
            "decode_int8_sym": decode_int8_sym_rows, "convert": convert_into}
 
 
@@ -110,7 +118,7 @@ class TorchQuantizer:
         key = (name, *(a.dtype for a in args))
         kernel = self._compiled.get(key)
         if kernel is None:
-            kernel = self._compiled[key] = torch.compile(KERNELS[name], dynamic=True, options=COMPILE_OPTIONS)
+            kernel = self._compiled[key] = torch.compile(KERNELS[name], dynamic=True)
         try:
             return kernel(*args)
         except Exception:  # no working compiler toolchain: eager from now on
@@ -175,9 +183,12 @@ class TorchQuantizer:
         if rows.dtype != torch.float32:  # ATen's bf16 row reductions are ~3x slower than fp32 here
             rows = self._float32_scratch(rows)
         # Row reductions run eager: ATen's are ~5x faster than inductor's here.
-        finite = self._run("encode_" + mode, rows, rows.amin(dim=1), rows.amax(dim=1), params, codes)
-        if not bool(finite):  # a range beyond float16 (or non-finite KV): float32 params via numpy
+        # Two kernels: the second reads the float16 params back from memory, so it quantizes with
+        # exactly the decoder's values (one fused kernel ran slower here).
+        if not bool(self._run("params_" + mode, rows.amin(dim=1), rows.amax(dim=1), params)):
+            # a range beyond float16 (or non-finite KV): float32 params, or a clear error, via numpy
             return self.numpy.encode(_numpy_view(kv, info), info, spec, mode, outs)
+        self._run("quantize_" + mode, rows, params, codes)
         return EncodedPayload([outs[0][: rows.numel()], outs[1][: num_params * 2]], "f16")
 
     def _float32_scratch(self, rows: torch.Tensor) -> torch.Tensor:
