@@ -24,7 +24,7 @@ from bus.log import get_logger
 from nodes.cluster_client import ClusterError
 from nodes.gateway.errors import ApiError, bad_request, error_body
 from nodes.gateway.openai_format import Shaper, pdbus_headers
-from nodes.gateway.relay import StalledConsumer
+from nodes.gateway.relay import StalledConsumer, within
 from nodes.gateway.schema import parse_request
 from nodes.gateway.serve import Served, cluster_error
 
@@ -117,8 +117,8 @@ async def _stream(request: web.Request, served: Served, shaper: Shaper) -> web.S
     except ClusterError as exc:
         error = cluster_error(exc)
         served.finish(exc)
-        await asyncio.wait_for(response.write(sse(error_body(error.status, error.message, code=error.code))), timeout)
-        await asyncio.wait_for(response.write(b"data: [DONE]\n\n"), timeout)
+        await within(timeout, response.write(sse(error_body(error.status, error.message, code=error.code))))
+        await within(timeout, response.write(b"data: [DONE]\n\n"))
     await response.write_eof()
     return response
 
@@ -126,7 +126,7 @@ async def _stream(request: web.Request, served: Served, shaper: Shaper) -> web.S
 async def _send_stream(response: web.StreamResponse, served: Served, shaper: Shaper, tokens, first, timeout: float
                        ) -> None:
     async def send(data: object) -> None:
-        await asyncio.wait_for(response.write(sse(data)), timeout)
+        await within(timeout, response.write(sse(data)))
 
     if (opening := shaper.first_chunk()) is not None:
         await send(opening)
@@ -139,7 +139,7 @@ async def _send_stream(response: web.StreamResponse, served: Served, shaper: Sha
     await send(shaper.final_chunk(result.finish_reason, served.info()))
     if served.api_request.include_usage:
         await send(shaper.usage_chunk(result.usage))
-    await asyncio.wait_for(response.write(b"data: [DONE]\n\n"), timeout)
+    await within(timeout, response.write(b"data: [DONE]\n\n"))
 
 
 async def models(request: web.Request) -> web.Response:

@@ -19,6 +19,13 @@ from typing import Any
 _END = object()
 
 
+async def within(timeout_s: float, awaitable: Any) -> Any:
+    """`await awaitable`, TimeoutError after `timeout_s`. Unlike 3.11's `wait_for`, `asyncio.timeout`
+    never swallows a cancellation that races with completion (a disconnect must always abort)."""
+    async with asyncio.timeout(timeout_s):
+        return await awaitable
+
+
 class StalledConsumer(Exception):
     """The client stopped reading: its buffer stayed full past the stall timeout."""
 
@@ -48,7 +55,7 @@ class Relay:
 
     async def _put(self, item: Any) -> None:
         try:
-            await asyncio.wait_for(self.queue.put(item), self.stall_timeout_s)
+            await within(self.stall_timeout_s, self.queue.put(item))
         except TimeoutError:
             self.stalled = True
             raise StalledConsumer(f"the client read nothing for {self.stall_timeout_s:g}s") from None

@@ -23,7 +23,7 @@ from aiohttp import WSMsgType, web
 from nodes.cluster_client import ClusterError
 from nodes.gateway.errors import ApiError, bad_request
 from nodes.gateway.openai_format import usage_body
-from nodes.gateway.relay import StalledConsumer
+from nodes.gateway.relay import StalledConsumer, within
 from nodes.gateway.schema import parse_request
 from nodes.gateway.serve import Served, cluster_error
 
@@ -64,7 +64,7 @@ def _parse(data: str) -> object:
 
 
 async def _send(ws: web.WebSocketResponse, data: dict, timeout: float) -> None:
-    await asyncio.wait_for(ws.send_str(json.dumps(data, ensure_ascii=False)), timeout)
+    await within(timeout, ws.send_str(json.dumps(data, ensure_ascii=False)))
 
 
 async def _send_error(ws: web.WebSocketResponse, error: ApiError, timeout: float) -> None:
