@@ -168,7 +168,8 @@ class Attempt:
             stream = self._open(wire.PREFILL, {
                 "prompt_token_ids": list(self.prompt), "sampling": wire.sampling_to_wire(self.sampling),
                 "decode_node_id": plan["node_id"], "data_endpoint": plan["data_endpoint"],
-                "transfer_id": transfer_id, "request_id": decode_request_id})
+                "transfer_id": transfer_id, "request_id": decode_request_id},
+                key=str(len(self.prompt)))   # the scheduler balances prefill nodes by outstanding tokens
             try:
                 await self._consume_prefill(stream)
                 return
