@@ -25,7 +25,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--max-tokens", type=int, default=128)
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--seed", type=int)
-    parser.add_argument("--session", help="session id (a follow-up turn reuses the decode node's KV)")
+    parser.add_argument("--session", help="session id: stays on one decode node; a prompt that extends the "
+                        "session's earlier prompt and answer reuses its cached KV")
     parser.add_argument("--broker", help="broker endpoint (default: [broker] endpoint)")
     parser.add_argument("--model", help="the cluster's model, for its tokenizer (default: [engine] model)")
     parser.add_argument("--model-dir", help="model cache directory")

@@ -1,5 +1,5 @@
-"""`pdbus node --role both` (one engine, chunked prefill interleaved with decode) and
-`pdbus complete` through real processes."""
+"""`pdbus node --role both` (one engine, chunked prefill interleaved with decode), `pdbus
+complete` through real processes, and node commands that cannot start."""
 
 from __future__ import annotations
 
@@ -54,3 +54,11 @@ def test_complete_command_without_a_broker_fails_with_one_line(tmp_path):
                           "--timeout", "1", "--log-level", "error"], cwd=REPO_ROOT, capture_output=True, text=True,
                          timeout=60)
     assert run.returncode == 1 and "did not answer" in run.stderr
+
+
+def test_a_node_whose_model_cannot_load_exits_2_with_one_line(tmp_path):
+    run = subprocess.run([sys.executable, "-m", "nodes.cli", "decode", "--model", str(tmp_path / "missing.gguf"),
+                          "--broker", "tcp://127.0.0.1:9", "--log-level", "error"], cwd=REPO_ROOT,
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert run.stderr.startswith("pdbus decode: ") and "missing.gguf" in run.stderr
