@@ -17,7 +17,8 @@ prompt plus every token delivered (indices continue; duplicates dropped); a pref
 `kv_failed` -> the prefill is re-sent with a new transfer id; `no_node` for prefill -> the decode
 request is re-asked with `prefill: "local"`. Every retry counts against `max_retries`; past it, or
 on `overloaded` / `rejected` / `bad_request`, iteration raises `ClusterError` (never a hang: every
-wait is bounded by `stall_timeout_s`).
+wait is bounded by `stall_timeout_s`, the wait for a plan by `plan_timeout_s`, which exceeds the
+broker queue's timeout).
 """
 
 from __future__ import annotations
@@ -184,11 +185,12 @@ class Generation:
 class ClusterClient:
     def __init__(self, broker_endpoint: str, *, node_id: str | None = None, heartbeat: HeartbeatConfig | None = None,
                  tokenizer: Any = None, max_retries: int = 3, stall_timeout_s: float = 30.0,
-                 retry_delay_s: float = 0.2) -> None:
+                 plan_timeout_s: float = 60.0, retry_delay_s: float = 0.2) -> None:
         self.bus = BusClient(broker_endpoint, node_id, heartbeat=heartbeat)
         self.tokenizer = tokenizer
         self._started = False
         self.max_retries, self.stall_timeout_s, self.retry_delay_s = max_retries, stall_timeout_s, retry_delay_s
+        self.plan_timeout_s = plan_timeout_s   # > [scheduler] queue_timeout_s: a queued request is not "stalled"
 
     def start(self, timeout: float = 10.0) -> ClusterClient:
         """Register with the broker (idempotent); TimeoutError when no broker answers."""

@@ -119,12 +119,17 @@ class Attempt:
         return finish_reason
 
     async def _plan(self, decode: Any) -> dict:
+        # The broker may hold the request in its queue while every decode node is full: wait for
+        # the plan longer than the stream's stall timeout (past the queue's own timeout).
+        decode.timeout = self.g.client.plan_timeout_s
         try:
             reply = await decode.__anext__()
         except BusError as exc:
             raise _retry_from(exc) from None
         except TimeoutError:
-            raise Retry("stalled", "no plan within the stall timeout") from None
+            raise Retry("stalled", "no plan within the plan timeout") from None
+        finally:
+            decode.timeout = self.g.client.stall_timeout_s
         body = reply.body if isinstance(reply.body, dict) else {}
         if isinstance(reply, Final) or body.get("type") != "plan":
             raise Retry("protocol", f"expected a plan, got {reply!r:.200}")
