@@ -140,6 +140,7 @@ class ClusterProcs:
         self.settings = sections
         self.config_path.write_text(render_config(sections))
         self.broker: Proc | None = None
+        self.old_brokers: list[Proc] = []   # killed by restart_broker, kept for their logs
         self.nodes: dict[str, Proc] = {}
 
     def _common(self) -> list[str]:
@@ -175,7 +176,7 @@ class ClusterProcs:
         old = self.broker
         old.signal(signal.SIGKILL if kill else signal.SIGTERM)
         old.process.wait(10)
-        self.old_brokers = [*getattr(self, "old_brokers", []), old]
+        self.old_brokers.append(old)
         return self.start_broker()
 
     def stop(self) -> None:
