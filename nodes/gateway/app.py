@@ -15,6 +15,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import socket
 import time
 import weakref
 from typing import Any
@@ -92,12 +93,22 @@ def build_app(gateway: Gateway) -> web.Application:
     return app
 
 
+def listening_socket(config: GatewayConfig) -> socket.socket:
+    """The server socket; accepted connections inherit its send buffer size. A fixed size turns
+    off the kernel's send-buffer autotuning (up to tcp_wmem's 4 MiB), which would otherwise let a
+    client that stops reading pin megabytes before the gateway's own stall timer can see it."""
+    sock = socket.create_server((config.host, config.port))
+    if config.send_buffer_bytes:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, config.send_buffer_bytes)
+    return sock
+
+
 async def serve(gateway: Gateway, stop: asyncio.Event) -> None:
     runner = web.AppRunner(build_app(gateway), handler_cancellation=True, access_log=None)
     await runner.setup()
-    site = web.TCPSite(runner, gateway.config.host, gateway.config.port)
-    await site.start()
-    port = runner.addresses[0][1] if runner.addresses else gateway.config.port
+    sock = listening_socket(gateway.config)
+    await web.SockSite(runner, sock).start()
+    port = sock.getsockname()[1]
     log.info("gateway_started", host=gateway.config.host, port=port, url=f"http://{gateway.config.host}:{port}",
              model=gateway.config.model_name, max_model_len=gateway.backend.max_model_len,
              auth=bool(gateway.config.api_keys))

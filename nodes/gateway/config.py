@@ -31,6 +31,7 @@ class GatewayConfig:
     max_body_bytes: int = 1024 * 1024
     stream_buffer_tokens: int = 256         # per-stream buffer between the cluster and the socket
     stall_timeout_s: float = 30.0           # a consumer that takes nothing for this long is cut off
+    send_buffer_bytes: int = 0              # kernel send buffer per connection (0: the OS autotunes it)
     ready_cache_s: float = 1.0              # /ready probes the cluster at most this often
     kv_mode: str = ""                       # what `X-Pdbus-KV-Mode` says for a remote plan (from [kv])
     extra: dict[str, Any] = field(default_factory=dict)
@@ -60,7 +61,7 @@ class GatewayConfig:
 
     def check(self) -> None:
         for name in ("port", "rate_limit_burst", "max_streams_per_key", "max_tokens_limit", "default_max_tokens",
-                     "max_model_len", "max_body_bytes", "stream_buffer_tokens"):
+                     "max_model_len", "max_body_bytes", "stream_buffer_tokens", "send_buffer_bytes"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise SettingsError(f"[gateway] {name} must be a whole number >= 0, got {value!r}")

@@ -66,7 +66,11 @@ class Served:
         self._admitted = False
 
     async def __aenter__(self) -> Served:
-        self.gateway.limiter.acquire(self.identity, time.monotonic())
+        try:
+            self.gateway.limiter.acquire(self.identity, time.monotonic())
+        except ApiError as exc:   # refused: still counted and logged
+            self.finish(exc)
+            raise
         self._admitted = True
         self.gateway.metrics.in_flight.inc()
         return self
