@@ -7,8 +7,9 @@ For each dtype (default: float32 and bfloat16), with the same torch thread count
 - decode tokens/s at batch 1, 8, 32 with 512 tokens of context (random KV: speed does not depend
   on its values): the engine, transformers (DynamicCache) and the GEMM roofline; the bandwidth
   floor of a batch-1 step = weight bytes / single-core read bandwidth measured now.
-Then the thread study: one decode process alone vs two sharing the cores, with OpenMP's default
-wait policy and with OMP_WAIT_POLICY=PASSIVE (each process pinned to one torch thread).
+Then the thread study: decode steps of one engine process alone (1 or 2 torch threads) and of two
+processes (1 thread each) sharing the two cores, under OpenMP's default wait policy and under
+OMP_WAIT_POLICY=PASSIVE, interleaved and repeated.
 Prints tables; `--json PATH` also writes the figures. Run under `flock /tmp/pdbus-bench.lock`.
 """
 
@@ -119,9 +120,11 @@ def hf_model(dtype: torch.dtype):
 
 
 @torch.inference_mode()
-def hf_prefill_seconds(model, num_tokens: int) -> float:
+def hf_prefill_seconds(model, num_tokens: int, last_logits_only: bool) -> float:
+    """`model(ids)` computes logits for every prompt token; `generate` asks for the last only."""
     ids = torch.tensor([random_prompt(num_tokens, num_tokens)])
-    return best_time(lambda: model(input_ids=ids, use_cache=True, logits_to_keep=1), 3)
+    keep = 1 if last_logits_only else 0
+    return best_time(lambda: model(input_ids=ids, use_cache=True, logits_to_keep=keep), 3)
 
 
 @torch.inference_mode()
@@ -156,10 +159,13 @@ def bench_dtype(model, dtype_name: str, threads: int, num_steps: int) -> dict:
     result = {"dtype": dtype_name, "threads": threads, "weight_bytes": weight_bytes, **bandwidth,
               "floor_step_ms": floor_s * 1e3, "prefill": {}, "decode": {}}
     for n in PREFILL_LENGTHS:
-        ours, theirs = engine_prefill_seconds(engine, n), hf_prefill_seconds(hf, n)
+        ours, theirs = engine_prefill_seconds(engine, n), hf_prefill_seconds(hf, n, last_logits_only=True)
+        theirs_all = hf_prefill_seconds(hf, n, last_logits_only=False)
         gemm = gemm_seconds(weights, n, 1)
-        result["prefill"][n] = {"engine_tok_s": n / ours, "hf_tok_s": n / theirs, "gemm_tok_s": n / gemm}
-        print(f"  prefill {n:5d}: engine {n / ours:8.0f} tok/s  hf {n / theirs:8.0f}  gemm {n / gemm:8.0f}", flush=True)
+        result["prefill"][n] = {"engine_tok_s": n / ours, "hf_tok_s": n / theirs, "hf_all_logits_tok_s": n / theirs_all,
+                                "gemm_tok_s": n / gemm}
+        print(f"  prefill {n:5d}: engine {n / ours:8.0f} tok/s  hf {n / theirs:8.0f} (all logits {n / theirs_all:6.0f})"
+              f"  gemm {n / gemm:8.0f}", flush=True)
     for b in DECODE_BATCHES:
         ours = engine_decode_seconds(engine, b, num_steps)
         theirs = hf_decode_seconds(hf, b, max(3, num_steps // 4))
@@ -176,10 +182,12 @@ def print_summary(result: dict) -> None:
     print(f"\n## {result['dtype']}, {result['threads']} thread(s); weights {result['weight_bytes'] / 2**20:.0f} MiB; "
           f"read bandwidth {result['dram_gbs']:.1f} GB/s (1 GiB buffer), {result['weights_pass_gbs']:.1f} GB/s "
           f"(pass over the weights); batch-1 floor {result['floor_step_ms']:.1f} ms/step")
-    print("| prefill tokens | engine tok/s | transformers tok/s | engine/hf | GEMM roofline tok/s | engine/roofline |")
-    print("|---|---|---|---|---|---|")
+    print("| prefill tokens | engine tok/s | hf last-token logits tok/s | engine/hf | hf all logits tok/s | "
+          "engine/hf all | GEMM roofline tok/s | engine/roofline |")
+    print("|---|---|---|---|---|---|---|---|")
     for n, r in p.items():
         print(f"| {n} | {r['engine_tok_s']:.0f} | {r['hf_tok_s']:.0f} | {r['engine_tok_s'] / r['hf_tok_s']:.2f}x | "
+              f"{r['hf_all_logits_tok_s']:.0f} | {r['engine_tok_s'] / r['hf_all_logits_tok_s']:.2f}x | "
               f"{r['gemm_tok_s']:.0f} | {r['engine_tok_s'] / r['gemm_tok_s']:.0%} |")
     print("| decode batch (ctx 512) | engine tok/s | transformers tok/s | engine/hf | GEMM roofline tok/s | vs batch 1 |")
     print("|---|---|---|---|---|---|")
@@ -192,13 +200,14 @@ def print_summary(result: dict) -> None:
 
 
 THREAD_WORKER = """
-import os, sys, time, torch
+import sys, time, torch
 from nodes.engines.base import DecodeRequest, EngineConfig, SamplingParams
 from nodes.engines.engine import LlamaEngine
 from nodes.engines.model_loader import load_model
-engine = LlamaEngine(load_model(), EngineConfig(dtype=sys.argv[1], num_threads=1))
+dtype, batch, seconds, threads = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
+engine = LlamaEngine(load_model(), EngineConfig(dtype=dtype, num_threads=threads))
 c = engine.runner.config
-for i in range(int(sys.argv[2])):
+for i in range(batch):
     kv = torch.randn(c.num_layers, 2, c.num_kv_heads, 512, c.head_dim, dtype=engine.runner.dtype)
     engine.add_request(DecodeRequest(str(i), (5,) * 512, SamplingParams(temperature=0, max_tokens=4096,
                                      ignore_eos=True), kv=kv, first_token_id=7))
@@ -207,32 +216,41 @@ for _ in range(3):
 print("READY", flush=True)
 sys.stdin.readline()
 times = []
-end = time.perf_counter() + float(sys.argv[3])
+end = time.perf_counter() + seconds
 while time.perf_counter() < end:
     t0 = time.perf_counter(); engine.step(); times.append(time.perf_counter() - t0)
 print(sorted(times)[len(times) // 2] * 1e3, flush=True)
 """
+THREAD_LAYOUTS = ((1, 1), (2, 1), (1, 2))   # (processes, torch threads each) on the 2 cores
 
 
-def thread_study(dtype_name: str, batch: int, seconds: float) -> dict:
-    """Median decode step (ms) of one process alone and of two at once, per OpenMP wait policy."""
-    results = {}
-    for policy in ("default", "PASSIVE"):
-        env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | {"OMP_NUM_THREADS": "1"}
-        if policy == "PASSIVE":
-            env["OMP_WAIT_POLICY"] = "PASSIVE"
-        for count in (1, 2):
-            procs = [subprocess.Popen([sys.executable, "-c", THREAD_WORKER, dtype_name, str(batch), str(seconds)],
-                                      env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
-                     for _ in range(count)]
-            for proc in procs:
-                assert proc.stdout.readline().strip() == "READY"
-            for proc in procs:
-                proc.stdin.write("go\n")
-                proc.stdin.flush()
-            step_ms = [float(proc.communicate()[0].strip()) for proc in procs]
-            results[f"{policy}, {count} process(es)"] = step_ms
-            print(f"  OMP_WAIT_POLICY={policy:8s} {count} process(es): decode b={batch} step ms {step_ms}", flush=True)
+def run_layout(dtype_name: str, batch: int, seconds: float, policy: str, processes: int, threads: int) -> list[float]:
+    """Median decode step (ms) of each of `processes` engines stepping at the same time."""
+    env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | {"OMP_NUM_THREADS": str(threads)}
+    if policy == "PASSIVE":
+        env["OMP_WAIT_POLICY"] = "PASSIVE"
+    argv = [sys.executable, "-c", THREAD_WORKER, dtype_name, str(batch), str(seconds), str(threads)]
+    procs = [subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+             for _ in range(processes)]
+    for proc in procs:
+        assert proc.stdout.readline().strip() == "READY"
+    for proc in procs:   # start together so the processes really share the cores
+        proc.stdin.write("go\n")
+        proc.stdin.flush()
+    return [float(proc.communicate()[0].strip()) for proc in procs]
+
+
+def thread_study(dtype_name: str, batch: int, seconds: float, rounds: int = 2) -> dict:
+    """Each (wait policy, layout) `rounds` times, interleaved so machine noise hits all alike."""
+    results: dict[str, list[float]] = {}
+    for _ in range(rounds):
+        for policy in ("default", "PASSIVE"):
+            for processes, threads in THREAD_LAYOUTS:
+                key = f"OMP_WAIT_POLICY={policy}, {processes} process(es) x {threads} thread(s)"
+                results.setdefault(key, []).extend(run_layout(dtype_name, batch, seconds, policy, processes, threads))
+    for key, step_ms in results.items():
+        print(f"  {key:55s} decode b={batch} median step {sorted(step_ms)[len(step_ms) // 2]:6.1f} ms  "
+              f"(all: {', '.join(f'{x:.0f}' for x in step_ms)})", flush=True)
     return results
 
 
@@ -242,20 +260,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--steps", type=int, default=12, help="timed decode steps per batch size")
     parser.add_argument("--skip-threads", action="store_true", help="skip the OMP wait-policy study")
+    parser.add_argument("--only-threads", action="store_true", help="run only the OMP wait-policy study")
     parser.add_argument("--json", help="also write the figures to this JSON file")
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
-    model = load_model(dtype=torch.float32)
+    model = None if args.only_threads else load_model(dtype=torch.float32)
     print(f"torch {torch.__version__}, {args.threads} thread(s), OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'default')}")
     results = {"speed": [], "threads": {}}
-    for dtype_name in args.dtypes.split(","):
+    for dtype_name in [] if args.only_threads else args.dtypes.split(","):
         print(f"[{dtype_name}]", flush=True)
         results["speed"].append(bench_dtype(model, dtype_name, args.threads, args.steps))
     for result in results["speed"]:
         print_summary(result)
     if not args.skip_threads:
         print("\n[threads] two engine processes on this machine's cores", flush=True)
-        results["threads"] = thread_study(args.dtypes.split(",")[-1], 8, 8.0)
+        results["threads"] = thread_study(args.dtypes.split(",")[-1], 8, 6.0)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)

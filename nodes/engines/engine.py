@@ -128,7 +128,9 @@ class LlamaEngine(Engine):
                  num_reused: int) -> None:
         if request.kv is not None:
             self.slots.write(seq.slot, request.kv)
-            seq.num_computed_tokens = int(request.kv.shape[3])
+            # KV for the whole prompt but no first token: the last prompt token runs again (its
+            # KV is rewritten identically) because its logits are needed to sample.
+            seq.num_computed_tokens = min(int(request.kv.shape[3]), len(seq.token_ids) - 1)
             self.stats.num_imported_tokens += seq.num_computed_tokens
         elif reused is not None and num_reused:
             self.slots.write(seq.slot, reused.payload[:, :, :, :num_reused])
@@ -167,7 +169,8 @@ class LlamaEngine(Engine):
                              spans=prefill_spans, decode=self._decode_group(decode))
         logits = self.runner.forward(batch).cpu()
         self.stats.num_steps += 1
-        self.stats.num_prefilled_tokens += sum(c.num_tokens for c in spans)
+        self.stats.num_prefilled_tokens += sum(max(0, min(c.start + c.num_tokens, c.seq.num_prompt_tokens) - c.start)
+                                               for c in chunks)
         if self.on_logits is not None:
             self.on_logits([c.seq.request_id for c in chunks if c.samples], logits)
         return logits
@@ -179,11 +182,17 @@ class LlamaEngine(Engine):
         slots = [c.seq.slot for c in decode]
         lengths = torch.ones(num_slots, dtype=torch.long)   # idle slots attend one harmless key
         lengths[slots] = torch.tensor([c.start + 1 for c in decode])
-        mask = (torch.arange(int(lengths.max()))[None, :] < lengths[:, None])[:, None, None, :]
+        max_len = int(lengths.max())
+        mask = None
+        if int(lengths.min()) < max_len:
+            # Additive and built once per step: a bool mask costs two conversions in every layer.
+            mask = torch.zeros(num_slots, 1, 1, max_len, dtype=self.runner.dtype)
+            mask.masked_fill_((torch.arange(max_len)[None, :] >= lengths[:, None])[:, None, None, :], float("-inf"))
+            mask = mask.to(self.device)
         device = self.device
         return DecodeGroup(rows=torch.arange(len(decode), device=device), slots=torch.tensor(slots, device=device),
                            positions=torch.tensor([c.start for c in decode], device=device),
-                           cache=self.slots.tensor, num_slots=num_slots, mask=mask.to(device),
+                           cache=self.slots.tensor, num_slots=num_slots, mask=mask, max_len=max_len,
                            dense=slots == list(range(num_slots)))
 
     def _postprocess(self, chunks: list[ScheduledChunk], logits: torch.Tensor) -> list[TokenEvent]:

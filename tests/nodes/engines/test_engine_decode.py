@@ -117,3 +117,15 @@ def test_requests_leave_and_slots_stay_dense(tiny_model):
         assert tokens_of(events[str(i)]) == generate(
             solo, encode(tiny_model, PROMPTS[i]), SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
     assert engine.slots.tensor is None   # released when idle
+
+
+def test_kv_for_a_prefix_or_the_whole_prompt_without_first_token_finishes_the_prefill_here(tiny_model):
+    prompt = encode(tiny_model, PROMPTS[3])
+    expected = generate(make_engine(tiny_model), prompt)
+    (result,) = make_engine(tiny_model).prefill([PrefillRequest("p", prompt, GREEDY)])
+    for num_kv in (5, len(prompt)):
+        engine = make_engine(tiny_model)
+        kv = result.kv[:, :, :, :num_kv].clone()
+        assert engine.add_request(DecodeRequest("r", prompt, GREEDY, kv=kv)).ok
+        assert tokens_of(drain(engine)["r"]) == expected
+        assert engine.stats.num_prefilled_tokens == len(prompt) - min(num_kv, len(prompt) - 1)

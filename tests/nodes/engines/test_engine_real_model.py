@@ -93,3 +93,13 @@ def test_prefill_here_decode_in_another_process_is_identical(smollm2, engine, tm
     decoded = json.loads(run.stdout.strip().splitlines()[-1])
     for result in results:
         assert [result.first_token_id] + decoded[result.request_id] == expected[result.request_id]
+
+
+def test_bf16_engine_agrees_with_fp32_on_the_next_token(smollm2, engine):
+    """bf16 (the serving default: packed oneDNN weights, fused epilogues) is not bit-exact; it must
+    still pick the same next token nearly everywhere and give the same short greedy answer."""
+    bf16 = make_engine(smollm2, dtype="bfloat16")
+    prompt = list(chat_prompt(smollm2, CHATS[0]))
+    exact, fast = full_logits(engine.runner, prompt), full_logits(bf16.runner, prompt)
+    assert (exact.argmax(-1) == fast.argmax(-1)).float().mean() >= 0.9
+    assert greedy(bf16, tuple(prompt), 8) == greedy(engine, tuple(prompt), 8)
