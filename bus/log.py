@@ -29,7 +29,10 @@ class _StderrLogger:
     """Writes each rendered line to whatever `sys.stderr` is *now* (test capture swaps it)."""
 
     def msg(self, message: str) -> None:
-        print(message, file=sys.stderr, flush=True)
+        # One write per line: print() writes text and newline separately, and two threads
+        # logging at once then interleave two JSON objects on one line.
+        sys.stderr.write(message + "\n")
+        sys.stderr.flush()
 
     debug = info = warning = warn = error = critical = exception = fatal = log = msg
 
