@@ -12,8 +12,8 @@ export OMP_NUM_THREADS ?= 1
 BENCH    := flock /tmp/pdbus-bench.lock $(PY)
 
 .PHONY: help install test test-all test-slow lint demo broker node prefill decode cluster colocated \
-        model model-info \
-        bench-bus bench-kv bench-kv-quality bench-engine clean
+        gateway client model model-info \
+        bench-bus bench-kv bench-kv-quality bench-engine bench-gateway clean
 
 help:            ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -42,6 +42,12 @@ demo: install    ## prepare the real model and stream a completion (see README)
 
 broker: install  ## run the broker in the foreground (Ctrl-C stops it)
 	$(BIN)/pdbus broker --config $(CONFIG)
+
+gateway: install ## run the OpenAI-compatible gateway on [gateway] host:port (joins the broker in CONFIG)
+	$(BIN)/pdbus gateway --config $(CONFIG)
+
+client: install  ## stream a completion over the gateway's WebSocket (PROMPT="..."; CHAT=1 for a chat)
+	$(BIN)/pdbus client --config $(CONFIG) $(if $(CHAT),--chat) $(if $(PROMPT),--prompt "$(PROMPT)")
 
 node: install    ## run one idle bus node (no engine) that registers and heartbeats (ROLE=decode)
 	$(BIN)/pdbus node --idle --config $(CONFIG) --role $(or $(ROLE),decode)
@@ -75,6 +81,9 @@ bench-kv-quality: install ## quality of each KV quantization mode on the real mo
 
 bench-engine: install ## engine prefill/decode speed beside transformers and rooflines
 	$(BENCH) -m harness.bench.engine
+
+bench-gateway: install ## HTTP/SSE/WebSocket stack overhead: starlette+uvicorn beside aiohttp
+	$(BENCH) -m harness.bench.gateway_stack
 
 clean:           ## remove the venv and caches (not the model cache)
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis *.egg-info

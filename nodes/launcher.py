@@ -3,8 +3,10 @@
 Contract:
 - `cluster_plan(...) -> list[ChildSpec]` (pure): the broker first, then `pdbus prefill` x N and
   `pdbus decode` x M (or `pdbus node --role both` x K when colocated; `pdbus node --idle --role R`
-  for nodes without an engine). Node ids are stable (`prefill-0`, `decode-1`, `both-0`), so the
-  scheduler's hash ring places sessions the same way on every start.
+  for nodes without an engine), then `pdbus gateway --node-id gateway` when the shape asks for
+  it (its bus id is its name, so `cluster_ready` waits for it too). Node ids are stable
+  (`prefill-0`, `decode-1`, `both-0`), so the scheduler's hash ring places sessions the same way
+  on every start.
 - `Supervisor(plan).run(stop) -> exit code`: starts the broker, learns the endpoint it bound
   from its `broker_started` log event (so `tcp://host:0` works), starts the nodes pointing at it,
   logs `cluster_broker_ready`, `cluster_node_ready` (the broker's `node_joined` for that node)
@@ -56,6 +58,7 @@ class ClusterShape:
     idle: bool = False        # nodes without an engine (`pdbus node --idle`)
     model: str | None = None
     node_args: tuple[str, ...] = field(default_factory=tuple)   # passed to every node
+    gateway: bool = False     # also run the OpenAI gateway ([gateway] host:port)
 
 
 def _pdbus(*args: str) -> tuple[str, ...]:
@@ -72,6 +75,9 @@ def cluster_plan(shape: ClusterShape, broker_endpoint: str, common: tuple[str, .
             node_id = f"{role}-{index}"
             plan.append(ChildSpec(node_id, _pdbus(*_node_command(role, shape), "--node-id", node_id,
                                                   *common, *shape.node_args)))
+    if shape.gateway:
+        model = ("--model", shape.model) if shape.model else ()
+        plan.append(ChildSpec("gateway", _pdbus("gateway", *model, "--node-id", "gateway", *common)))
     return plan
 
 

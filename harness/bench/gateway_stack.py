@@ -60,7 +60,7 @@ def starlette_app():
 def serve_starlette(port: int) -> None:
     import uvicorn
     uvicorn.run(starlette_app(), host="127.0.0.1", port=port, loop="uvloop", http="httptools",
-                ws="websockets", log_level="warning", access_log=False)
+                ws="websockets-sansio", log_level="warning", access_log=False)
 
 
 def serve_aiohttp(port: int) -> None:

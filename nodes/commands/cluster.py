@@ -2,8 +2,9 @@
 
 Reads `[cluster]` (`prefill`, `decode`: node counts; `colocated`: `both` nodes for
 `--colocated`, 0 = one per core; `stop_grace_s`; `start_timeout_s`) and `[broker] endpoint`
-from the config; flags override them. Every child gets the same `--config`, so heartbeat,
-scheduler, engine and KV settings agree. Ctrl-C / SIGTERM stops the nodes, then the broker
+from the config; flags override them. The OpenAI gateway (`pdbus gateway`, on `[gateway]
+host:port`) runs too, unless `--no-gateway` or `--idle` (idle nodes serve no model). Every child
+gets the same `--config`, so heartbeat, scheduler, engine, KV and gateway settings agree. Ctrl-C / SIGTERM stops the nodes, then the broker
 (SIGKILL after the grace period). Exit code 0 after a requested stop, 1 if the broker dies.
 See `nodes.launcher` for what is logged.
 """
@@ -31,6 +32,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--idle", action="store_true", help="nodes without an engine (`pdbus node --idle`)")
     parser.add_argument("--endpoint", help=f"broker endpoint (default: [broker] endpoint, {c.DEFAULT_ENDPOINT})")
     parser.add_argument("--stop-grace-s", type=float, help="seconds between SIGTERM and SIGKILL")
+    parser.add_argument("--no-gateway", action="store_true", help="do not run the OpenAI gateway")
 
 
 def _count(flag: int | None, configured: object, name: str) -> int:
@@ -47,7 +49,8 @@ def cluster_shape(settings: dict, args: argparse.Namespace) -> ClusterShape:
         num_colocated = _count(args.nodes, cluster.get("colocated", 0), "colocated") or os.cpu_count() or 1
     shape = ClusterShape(num_prefill=_count(args.prefill, cluster.get("prefill", 1), "prefill"),
                          num_decode=_count(args.decode, cluster.get("decode", 1), "decode"),
-                         num_colocated=num_colocated, idle=args.idle, model=args.model)
+                         num_colocated=num_colocated, idle=args.idle, model=args.model,
+                         gateway=not (args.idle or args.no_gateway))
     if not num_colocated and shape.num_decode == 0:
         raise SettingsError("a cluster needs at least one decode node (or --colocated)")
     return shape

@@ -24,6 +24,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", help="the cluster's model, for its tokenizer (default: [engine] model)")
     parser.add_argument("--model-dir", help="model cache directory")
     parser.add_argument("--model-name", help="the name clients use in `model` (default: [gateway] model_name)")
+    parser.add_argument("--node-id", help="bus node id (default: gateway-<random>)")
     parser.add_argument("--broker-timeout", type=float, default=30.0, help="seconds to wait for the broker")
 
 
@@ -49,7 +50,7 @@ def main(args: argparse.Namespace) -> int:
     beat = section(settings, "heartbeat")
     heartbeat = HeartbeatConfig(interval_s=float(beat.get("interval_ms", 250)) / 1000,
                                 liveness=int(beat.get("liveness", c.DEFAULT_LIVENESS)))
-    client = ClusterClient(broker, heartbeat=heartbeat,
+    client = ClusterClient(broker, node_id=args.node_id, heartbeat=heartbeat,
                            tokenizer=model.tokenizer,
                            max_retries=int(section(settings, "failover").get("max_retries", 3)))
     try:

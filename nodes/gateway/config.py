@@ -8,7 +8,7 @@ Contract: `GatewayConfig.from_settings(settings, **overrides)` reads `[gateway]`
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from nodes.settings import SettingsError, section
@@ -34,12 +34,11 @@ class GatewayConfig:
     send_buffer_bytes: int = 0              # kernel send buffer per connection (0: the OS autotunes it)
     ready_cache_s: float = 1.0              # /ready probes the cluster at most this often
     kv_mode: str = ""                       # what `X-Pdbus-KV-Mode` says for a remote plan (from [kv])
-    extra: dict[str, Any] = field(default_factory=dict)
 
     @classmethod
     def from_settings(cls, settings: dict, **overrides: Any) -> GatewayConfig:
         values = dict(section(settings, "gateway"))
-        names = {f.name for f in dataclasses.fields(cls)} - {"extra", "kv_mode"}
+        names = {f.name for f in dataclasses.fields(cls)} - {"kv_mode"}
         unknown = sorted(set(values) - names)
         if unknown:
             raise SettingsError(f"unknown [gateway] settings: {', '.join(unknown)}")

@@ -27,7 +27,7 @@ async def _three_sessions(endpoint: str) -> list:
 
 
 def test_a_full_decode_node_queues_the_next_session_and_overloads_the_one_after():
-    cluster = LoggedProcess(pdbus("cluster", "--model", "tiny", "--prefill", "1", "--decode", "1",
+    cluster = LoggedProcess(pdbus("cluster", "--model", "tiny", "--prefill", "1", "--decode", "1", "--no-gateway",
                                   "--endpoint", "tcp://127.0.0.1:0"), env={
         "PDBUS__DECODE__MAX_NUM_SEQS": "1", "PDBUS__SCHEDULER__QUEUE_SIZE": "1",
         "PDBUS__SCHEDULER__QUEUE_TIMEOUT_S": "60", "PDBUS__SCHEDULER__RETRY_AFTER_S": str(RETRY_AFTER_S),

@@ -79,3 +79,17 @@ def test_only_json_object_lines_are_events():
     assert parse_line('{"event": "node_joined"}') == {"event": "node_joined"}
     assert parse_line("Traceback (most recent call last):") is None
     assert parse_line("[1, 2]") is None
+
+
+def test_the_gateway_comes_last_with_the_model_and_a_stable_bus_id():
+    plan = cluster_plan(ClusterShape(num_prefill=1, num_decode=1, model="tiny", gateway=True), "tcp://h:1",
+                        ("--config", "c.toml"))
+    assert [spec.name for spec in plan] == ["broker", "prefill-0", "decode-0", "gateway"]
+    assert plan[-1].argv[3:] == ("gateway", "--model", "tiny", "--node-id", "gateway", "--config", "c.toml",
+                                 "--log-format", "json")
+
+
+def test_the_gateway_runs_unless_no_gateway_or_idle():
+    assert command.cluster_shape({}, _args()).gateway
+    assert not command.cluster_shape({}, _args(no_gateway=True)).gateway
+    assert not command.cluster_shape({}, _args(idle=True)).gateway
