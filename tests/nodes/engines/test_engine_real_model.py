@@ -96,10 +96,14 @@ def test_prefill_here_decode_in_another_process_is_identical(smollm2, engine, tm
 
 
 def test_bf16_engine_agrees_with_fp32_on_the_next_token(smollm2, engine):
-    """bf16 (the serving default: packed oneDNN weights, fused epilogues) is not bit-exact; it must
-    still pick the same next token nearly everywhere and give the same short greedy answer."""
+    """bf16 (the serving default: packed oneDNN weights, fused epilogues) is not bit-exact: it must
+    pick fp32's next token nearly everywhere, and always where fp32's top-2 margin exceeds 0.5
+    (the first answer token of CHATS[0] is a near tie, 0.08, which bf16 may flip)."""
     bf16 = make_engine(smollm2, dtype="bfloat16")
-    prompt = list(chat_prompt(smollm2, CHATS[0]))
-    exact, fast = full_logits(engine.runner, prompt), full_logits(bf16.runner, prompt)
-    assert (exact.argmax(-1) == fast.argmax(-1)).float().mean() >= 0.9
-    assert greedy(bf16, tuple(prompt), 8) == greedy(engine, tuple(prompt), 8)
+    for text in CHATS:
+        prompt = list(chat_prompt(smollm2, text))
+        exact, fast = full_logits(engine.runner, prompt), full_logits(bf16.runner, prompt)
+        assert (exact.argmax(-1) == fast.argmax(-1)).float().mean() >= 0.9
+        top2 = exact.topk(2, dim=-1).values
+        clear = (top2[:, 0] - top2[:, 1]) > 0.5
+        assert torch.equal(exact.argmax(-1)[clear], fast.argmax(-1)[clear])
