@@ -31,7 +31,12 @@ import zmq.asyncio  # noqa: E402
 from bus.kv import KVSender, SendConfig  # noqa: E402
 from bus.kv.link import LinkShaper, gbit  # noqa: E402
 from harness.bench.kv_model import real_kv_fp32  # noqa: E402
-from harness.bench.kv_stages import measure_compression, measure_stages, payload_samples  # noqa: E402
+from harness.bench.kv_stages import (  # noqa: E402
+    auto_overhead,
+    measure_compression,
+    measure_stages,
+    payload_samples,
+)
 from nodes.engines.kv_quant import TorchQuantizer  # noqa: E402
 
 MiB = 1024 * 1024
@@ -180,6 +185,10 @@ def main() -> int:
     print_targets(loop_results, shaped)
     if args.sweep:
         sweep(sources, quantizer, args.repeats, loopback_rate)
+    print("\n### `auto` vs `none`: sender CPU per transfer, interleaved, best of 15 (same wire bytes when auto stores)\n")
+    print("| source, mode | auto / none | none ms |\n|---|---:|---:|")
+    for label, ratio, seconds in auto_overhead(kv, quantizer, chunk_bytes, loopback_rate):
+        print(f"| {label} | {ratio:.3f} ({'met' if ratio <= 1.03 else 'MISSED'}: <= 1.03) | {seconds * 1e3:.1f} |")
     if not args.skip_stages:
         print("\n### Stages (one process, one thread; GB/s of the engine's KV)\n\n| stage | GB/s |\n|---|---:|")
         for stage, value in measure_stages(kv, quantizer, chunk_bytes):

@@ -114,3 +114,31 @@ def measure_compression(samples: dict[str, list], itemsizes: dict[str, int]) -> 
             name = codec + (f"+shuffle{shuffle}" if shuffle else "")
             rows.append((label, name, raw / wire_bytes, raw / compress / 1e9, raw / decompress / 1e9))
     return rows
+
+
+def auto_overhead(kv_fp32: np.ndarray, torch_quantizer: TorchQuantizer, chunk_bytes: int,
+                  link_bytes_per_s: float, rounds: int = 15) -> list[tuple[str, float, float]]:
+    """Sender CPU time of whole transfers (quantize, checksum, compress or sample, header) with
+    `auto` vs `none`, interleaved, best of `rounds`: when `auto` stores, the wire carries the same
+    bytes, so this CPU difference is the whole difference end to end, measured without the noise
+    of two processes and a socket."""
+    from bus.kv.chunk_codec import ChunkEncoder
+    from bus.kv.compress import AutoCompression
+
+    auto = AutoCompression(link_bytes_per_s)
+    rows = []
+    for name, kv in (("fp32", torch.from_numpy(kv_fp32)), ("bf16", torch.from_numpy(kv_fp32).to(torch.bfloat16))):
+        for mode in ("int8", "raw"):
+            best = {}
+            for _ in range(rounds):
+                for compression in ("none", "auto"):
+                    encoder = ChunkEncoder(kv, torch_quantizer, transfer_id="t", request_id="r", mode=mode,
+                                           compression=compression, chunk_bytes=chunk_bytes, auto=auto)
+                    outs = [np.empty(n, np.uint8) for n in encoder.buffer_sizes()]
+                    started = time.perf_counter()
+                    for index in range(encoder.num_chunks):
+                        encoder.encode(index, outs)
+                    seconds = time.perf_counter() - started
+                    best[compression] = min(best.get(compression, seconds), seconds)
+            rows.append((f"{name} {mode}", best["auto"] / best["none"], best["none"]))
+    return rows
