@@ -4,6 +4,7 @@ Layout: `config` ([gateway] settings), `errors` (OpenAI's error shape), `schema`
 validation, pure), `protect` (API keys and per-key rate limits, pure with `now`), `openai_format`
 (response objects and chunks, pure), `relay` (a bounded per-stream buffer with a stall cut-off),
 `backend` (tokenizer + `ClusterClient` + readiness probe), `metrics` (prometheus-client),
-`http` and `websocket` (aiohttp handlers), `app` (middlewares, wiring, `run_gateway`).
+`serve` (one request whatever the transport: admission, relay, metrics, access log), `http` and
+`websocket` (aiohttp handlers), `app` (middlewares, wiring, `run_gateway`).
 The gateway is a bus client (role `gateway`); `ClusterClient` owns orchestration and failover.
 """

@@ -18,7 +18,8 @@ def test_cluster_runs_the_gateway_which_serves_and_stops_with_it():
     port = free_port()
     launcher = LoggedProcess(pdbus("cluster", "--model", "tiny", "--prefill", "1", "--decode", "1",
                                    "--endpoint", "tcp://127.0.0.1:0", "--stop-grace-s", "5"),
-                             env={"PDBUS__GATEWAY__PORT": str(port), "PDBUS__ENGINE__NUM_THREADS": "1"})
+                             env={"PDBUS__GATEWAY__PORT": str(port), "PDBUS__ENGINE__NUM_THREADS": "1",
+                                  "PDBUS__KV__COMPILE": "false"})
     try:
         ready = launcher.wait_for("cluster_ready", timeout=120)
         assert ready["num_nodes"] == 3   # prefill-0, decode-0 and the gateway
