@@ -1,0 +1,110 @@
+"""The checks every scenario shares, as pure functions over records and log counts.
+
+Contract:
+- `snapshot(cluster) -> dict`: counters read from the processes' JSON logs (KV faults injected and
+  caught by the checksums, failed-closed transfers, stalled consumers cut off, streams cancelled),
+  taken before and after a pass; the scenario checks use the differences.
+- `compare(records, reference) -> Comparison`: per request, the same tokens as the fault-free pass?
+  Token ids when both passes have them (ws, bus), otherwise text and token count (sse: the OpenAI
+  chunks carry no ids). `first_divergence` says at which token a stream first differed.
+- `latency(records)`: p50/p99 of whole-request latency; `recovery(records, fault)`: per stream hit
+  by the fault (live at the fault and served with a failure, or every live stream for the
+  broker), the time from the fault to its first token after it.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from harness.chaos.drivers import StreamRecord
+from harness.chaos.passes import FaultEvent
+
+
+def snapshot(cluster: Any) -> dict[str, int]:
+    checked = [e for p in cluster.processes() for e in p.find("chaos_kv_checked")]
+    gateway = cluster.gateway
+    return {
+        "kv_flips": cluster.count("chaos_kv_fault", kind="flip"),
+        "kv_drops": cluster.count("chaos_kv_fault", kind="drop"),
+        "kv_caught": sum(e.get("checksum_failures", 0) + e.get("rejected", 0) for e in checked),
+        "kv_failed_transfers": sum(1 for e in checked if not e.get("ok")),
+        "gateway_stalled": len(gateway.find("access", outcome="stalled")) if gateway else 0,
+        "cancels": cluster.count("decode_cancelled") + cluster.count("prefill_cancelled"),
+    }
+
+
+def percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    rank = min(len(ordered) - 1, max(0, int(round(q / 100 * (len(ordered) - 1)))))
+    return ordered[rank]
+
+
+def latency(records: list[StreamRecord]) -> dict[str, float | None]:
+    values = [r.latency_s for r in records if r.ok and r.latency_s is not None]
+    return {"p50_s": _round(percentile(values, 50)), "p99_s": _round(percentile(values, 99))}
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 3)
+
+
+@dataclass
+class Comparison:
+    exact_ids: bool                         # token ids compared (else text + count)
+    num_compared: int = 0
+    num_identical: int = 0
+    diverged: list[dict[str, Any]] = field(default_factory=list)
+
+    @property
+    def identical(self) -> bool:
+        return self.num_compared > 0 and self.num_identical == self.num_compared
+
+
+def first_divergence(ours: list, theirs: list) -> int | None:
+    for i, (a, b) in enumerate(zip(ours, theirs, strict=False)):
+        if a != b:
+            return i
+    return None if len(ours) == len(theirs) else min(len(ours), len(theirs))
+
+
+def compare(records: list[StreamRecord], reference: dict[str, StreamRecord]) -> Comparison:
+    exact = all(r.token_ids is not None and reference[r.name].token_ids is not None for r in records)
+    comparison = Comparison(exact)
+    for record in records:
+        if not record.ok:
+            continue
+        expected = reference[record.name]
+        comparison.num_compared += 1
+        if exact:
+            where = first_divergence(record.token_ids, expected.token_ids)
+        else:
+            where = first_divergence(record.text, expected.text)
+            if where is None and record.num_completion_tokens != expected.num_completion_tokens:
+                where = -1   # same text, different token count
+        if where is None:
+            comparison.num_identical += 1
+        else:
+            comparison.diverged.append({"name": record.name, "at": where, "failed_over": bool(
+                (record.pdbus or {}).get("failures"))})
+    return comparison
+
+
+def hit_by(record: StreamRecord, fault: FaultEvent) -> bool:
+    if not record.live_at(fault.at) or record.stalled or record.aborted:
+        return False
+    return fault.target == "broker" or bool((record.pdbus or {}).get("failures"))
+
+
+def recovery(records: list[StreamRecord], fault: FaultEvent | None) -> list[float]:
+    if fault is None:
+        return []
+    times = []
+    for record in records:
+        if hit_by(record, fault):
+            after = [t for t in record.token_times if t > fault.at]
+            if after:
+                times.append(after[0] - fault.at)
+    return times

@@ -1,0 +1,151 @@
+"""The chaos harness's cluster: `ClusterProcs` whose nodes run with the data-plane hooks
+(`harness.chaos.hooked_node`), one decode node optionally behind a `PartitionProxy`, and the
+gateway as one more process.
+
+Contract:
+    with ChaosCluster(num_prefill=2, num_decode=2, model="tiny", kv_quant="raw",
+                      proxied="decode-1", gateway=True) as cluster:
+        cluster.gateway_url                       # "http://127.0.0.1:PORT" (None without a gateway)
+        cluster.control(flip=4) / control(drop=2)  # the next N KV chunks sent by the prefill nodes
+        cluster.kv_idle()                          # {decode node: bool}: every KV block free again
+        cluster.revive(node_id)                    # restart a killed node under the same id
+        cluster.count(event, role=None, **fields)  # log events summed over live and dead processes
+Every process is started by PID and stopped by PID (`stop()`, also on errors in `start()`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+from harness.cluster_procs import ClusterProcs, Proc, free_port, pdbus, render_config
+
+GATEWAY_SETTINGS = {"stall_timeout_s": 3.0, "stream_buffer_tokens": 16, "send_buffer_bytes": 4096,
+                    "max_streams_per_key": 0, "rate_limit_rps": 0.0}
+
+
+class ChaosCluster(ClusterProcs):
+    def __init__(self, *, proxied: str | None = None, gateway: bool = True, **options: Any) -> None:
+        super().__init__(**options)
+        self.proxied = proxied
+        self.proxy = None
+        self.with_gateway = gateway
+        self.gateway: Proc | None = None
+        self.gateway_url: str | None = None
+        self.control_path = Path(self._dir.name) / "kv-faults.json"
+        self.dead: list[tuple[str, Proc]] = []     # (node id, process) killed and revived: kept for their logs
+
+    # -- processes ------------------------------------------------------------------------
+    def start_node(self, role: str, node_id: str) -> Proc:
+        command = [role] if role in ("prefill", "decode") else ["node", "--role", "both"]
+        broker = []
+        if node_id == self.proxied:
+            from harness.chaos.proxy import PartitionProxy
+            self.proxy = self.proxy or PartitionProxy(self.port).start()
+            broker = ["--broker", f"tcp://127.0.0.1:{self.proxy.port}"]
+        faults = ["--test-kv-faults", "1"] if role != "decode" else []   # builds the (unarmed) injector
+        args = pdbus(*command, "--node-id", node_id, *self._common(), *broker, *faults, *self.extra_args.get(role, []))
+        hooked = [sys.executable, "-m", "harness.chaos.hooked_node", "--control", str(self.control_path), "--", *args[3:]]
+        node = Proc(hooked)
+        self.nodes[node_id] = node
+        return node
+
+    def start(self, timeout: float = 120.0) -> ChaosCluster:
+        super().start(timeout)
+        if self.with_gateway:
+            self.start_gateway()
+        return self
+
+    def start_gateway(self, timeout: float = 60.0) -> None:
+        port = free_port()
+        path = self.config_path.with_name("gateway.toml")
+        path.write_text(render_config({**self.settings, "gateway": {"port": port, **GATEWAY_SETTINGS}}))
+        self.gateway = Proc(pdbus("gateway", "--config", str(path), "--broker", self.broker_endpoint))
+        self.gateway_url = f"http://127.0.0.1:{port}"
+        self.gateway.wait_for("gateway_started", timeout=timeout)
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            with contextlib.suppress(httpx.HTTPError):
+                if httpx.get(f"{self.gateway_url}/ready", timeout=5).status_code == 200:
+                    return
+            time.sleep(0.1)
+        raise RuntimeError("the gateway never became ready:\n" + "".join(self.gateway.raw[-20:]))
+
+    def revive(self, node_id: str, timeout: float = 60.0) -> None:
+        """Restart a dead node under its id (kept logs: `dead`) and wait until it joined."""
+        old = self.nodes[node_id]
+        if old.alive:
+            return
+        self.dead.append((node_id, old))
+        role = node_id.rsplit("-", 1)[0]
+        joined = len(self.broker.find("node_joined", node_id=node_id))
+        self.start_node(role, node_id)
+        self.broker.wait_for("node_joined", timeout=timeout, node_id=node_id, count=joined + 1)
+
+    def stop(self) -> None:
+        if self.gateway is not None:
+            self.gateway.stop()
+        try:
+            super().stop()
+        finally:
+            if self.proxy is not None:
+                self.proxy.stop()
+
+    # -- faults and observations ----------------------------------------------------------
+    def control(self, **order: Any) -> None:
+        """Orders for the hooked nodes (`harness.chaos.hooked_node`): `flip=N` / `drop=N` (each prefill
+        node corrupts / drops its next N KV chunks), `prefill_delay_ms=X` (slow prefills); {} = calm."""
+        self.control_path.write_text(json.dumps(order))
+
+    def processes(self, role: str | None = None) -> list[Proc]:
+        return [p for node_id, p in [*self.dead, *self.nodes.items()] if role is None or node_id.startswith(role)]
+
+    def count(self, event: str, role: str | None = None, **fields: Any) -> int:
+        return sum(len(p.find(event, **fields)) for p in self.processes(role))
+
+    def decode_ids(self) -> list[str]:
+        return [n for n in self.nodes if not n.startswith("prefill")]
+
+    def kv_capacity(self, node_id: str) -> dict | None:
+        updates = self.nodes[node_id].find("capacity_updated")
+        return updates[-1]["capacity"] if updates else None
+
+    def kv_idle(self) -> dict[str, bool]:
+        """Per live decode node: its last published capacity shows every KV block free (finished
+        sessions' blocks count as free: they are evictable) and nothing running."""
+        state = {}
+        for node_id in self.decode_ids():
+            capacity = self.kv_capacity(node_id) or {}
+            state[node_id] = (self.nodes[node_id].alive and capacity.get("kv_blocks_free") == capacity.get("kv_blocks_total")
+                              and not capacity.get("num_running"))
+        return state
+
+    def wait_kv_idle(self, timeout: float = 20.0) -> dict[str, bool]:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            state = self.kv_idle()
+            if all(state.values()):
+                return state
+            time.sleep(0.1)
+        return self.kv_idle()
+
+    def rss_mib(self) -> dict[str, float]:
+        """Resident memory per live node process (from /proc), in MiB."""
+        sizes = {}
+        for node_id, proc in self.nodes.items():
+            with contextlib.suppress(OSError):
+                status = Path(f"/proc/{proc.process.pid}/status").read_text()
+                kib = next(int(line.split()[1]) for line in status.splitlines() if line.startswith("VmRSS:"))
+                sizes[node_id] = round(kib / 1024, 1)
+        return sizes
+
+    def thaw_all(self) -> None:
+        for proc in self.nodes.values():
+            proc.signal(signal.SIGCONT)

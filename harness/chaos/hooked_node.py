@@ -1,0 +1,115 @@
+"""Run a pdbus node with the chaos harness's data-plane hooks: `python -m harness.chaos.hooked_node
+--control FILE -- <pdbus args>` (only the harness starts nodes this way; production never does).
+
+Contract:
+- Sender side (prefill nodes, started with `--test-kv-faults 1` so the node builds an injector):
+  the node's `FaultInjector` is replaced by an `ArmedInjector` that injects nothing until the
+  harness arms it by writing `{"flip": N}` or `{"drop": N}` (JSON) to the control file; it then
+  flips a byte in (or drops) the next N outbound KV CHUNK messages and logs `chaos_kv_fault`
+  (kind, n) for each, so the harness counts exactly what it injected. Arming mid-run lets the
+  fault-free reference pass and the faulted pass share one cluster.
+- Prefill delay: while the control file holds `{"prefill_delay_ms": X}`, each prefill batch
+  logs `chaos_prefill_started` (request ids) and sleeps X ms first, so a kill lands mid-prefill.
+- Receiver side (every node): each finished inbound transfer logs `chaos_kv_checked` (ok,
+  checksum_failures, rejected, reason), so the harness counts what the checksums caught.
+The hooks wrap the existing seams (`nodes.prefill.FaultInjector`, `ReceiverCore._finish`) and
+change no behaviour when unarmed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from typing import Any
+
+from bus.kv import frames
+from bus.kv.faults import FaultInjector
+from bus.log import get_logger
+
+log = get_logger("chaos_hook")
+
+
+def read_order(path: str, cache: dict[str, Any]) -> dict[str, Any]:
+    """The control file's current order, re-read only when the file changed."""
+    try:
+        stamp = os.stat(path).st_mtime_ns
+    except OSError:
+        return {}
+    if cache.get("stamp") != stamp:
+        with open(path) as file:
+            cache.update(stamp=stamp, order=json.load(file))
+    return cache.get("order", {})
+
+
+class ArmedInjector(FaultInjector):
+    """A FaultInjector that stays off until the control file arms a number of flips or drops."""
+
+    control_path: str = ""
+
+    def __init__(self, **_ignored: Any) -> None:
+        super().__init__(seed=int(os.environ.get("PDBUS_CHAOS_SEED", "0")), only_kinds=(frames.CHUNK,), max_faults=0)
+        self._cache: dict[str, Any] = {}
+        self._armed_at: int | None = None
+
+    def _rearm(self) -> None:
+        order = read_order(self.control_path, self._cache)
+        if self._cache.get("stamp") == self._armed_at:
+            return
+        self._armed_at = self._cache.get("stamp")
+        if not (order.get("flip") or order.get("drop")):
+            self.max_faults = self.num_faults   # a calm order disarms what is left
+            return
+        count = int(order.get("flip", 0)) + int(order.get("drop", 0))
+        self.flip_probability, self.drop_probability = (1.0, 0.0) if order.get("flip") else (0.0, 1.0)
+        self.max_faults = self.num_faults + count
+        log.info("chaos_kv_armed", order=order)
+
+    def apply(self, frames_out: list[Any]) -> list[Any] | None:
+        self._rearm()
+        before = self.num_faults
+        result = super().apply(frames_out)
+        if self.num_faults > before:
+            log.info("chaos_kv_fault", kind="drop" if result is None else "flip", n=self.num_faults)
+        return result
+
+
+def install(control_path: str) -> None:
+    import nodes.prefill
+    from bus.kv import recv_core
+
+    ArmedInjector.control_path = control_path
+    nodes.prefill.FaultInjector = ArmedInjector
+    next_batch, cache = nodes.prefill.PrefillBatcher.next_batch, {}
+
+    def delayed_next_batch(self: Any, *args: Any, **kwargs: Any) -> Any:
+        batch = next_batch(self, *args, **kwargs)
+        delay_ms = read_order(control_path, cache).get("prefill_delay_ms", 0) if batch else 0
+        if delay_ms:
+            log.info("chaos_prefill_started", request_ids=[r.request_id for r in batch])
+            time.sleep(delay_ms / 1000)
+        return batch
+
+    nodes.prefill.PrefillBatcher.next_batch = delayed_next_batch
+    finish = recv_core.ReceiverCore._finish
+
+    def logged_finish(self: Any, transfer_id: str, dst: Any, ok: bool, reason: str, stats: Any, *rest: Any) -> None:
+        log.info("chaos_kv_checked", transfer_id=transfer_id, ok=ok, reason=reason,
+                 checksum_failures=stats.checksum_failures, rejected=stats.rejected)
+        finish(self, transfer_id, dst, ok, reason, stats, *rest)
+
+    recv_core.ReceiverCore._finish = logged_finish
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) < 3 or argv[0] != "--control" or argv[2] != "--":
+        print("usage: python -m harness.chaos.hooked_node --control FILE -- <pdbus args>", file=sys.stderr)
+        return 2
+    install(argv[1])
+    from nodes.cli import main as pdbus_main
+    return pdbus_main(argv[3:])
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

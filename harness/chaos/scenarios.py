@@ -1,0 +1,279 @@
+"""The chaos scenarios: what each injects while the workload streams, how the cluster is repaired
+afterwards, and what each checks beyond the common checks (harness/chaos/checks.py).
+
+Contract: `SCENARIOS[name]` is a `Scenario(name, summary, inject, repair, extras, check,
+recovery_bound)`; `inject(ctx, progress) -> FaultEvent` waits for its trigger (streams under
+way), injects and returns when the fault is over (healed, thawed) or done (killed); `repair(ctx,
+event)` brings the cluster back to full strength for the next scenario (revive a killed node
+under its id, wait for re-registration); `extras(ctx)` are extra clients (abort storm, stalled
+consumer) whose records are not compared; `check(ctx, before, after) -> dict` says what the
+scenario proved (`ok` plus counts), from node logs. `recovery_bound` says whether the recovery
+time must stay within the liveness window plus one re-prefill.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import signal
+import time
+from collections import Counter
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from typing import Any
+
+from harness.chaos.drivers import StreamRecord
+from harness.chaos.passes import FaultEvent, Progress
+from harness.chaos.stalled import stalled_sse_stream
+from harness.chaos.workload import RequestSpec
+
+PARTITIONED_NODE = "decode-1"
+NUM_KV_FLIPS = 4      # per prefill node: one transfer's chunk fails every attempt (max_attempts = 4)
+NUM_KV_DROPS = 2      # per prefill node: resent after the sender's ACK timeout
+PREFILL_DELAY_MS = 1500
+
+
+@dataclass
+class Ctx:
+    cluster: Any                       # ChaosCluster
+    driver: Any
+    rng: Any                           # random.Random, seeded
+    specs: list[RequestSpec]
+    liveness_s: float
+    fault: FaultEvent | None = None    # this pass's fault, once injected
+    kv_faults_mark: int = 0            # chaos_kv_fault events before this pass
+
+
+@dataclass(frozen=True)
+class Scenario:
+    name: str
+    summary: str
+    inject: Callable[[Ctx, Progress], Awaitable[FaultEvent]]
+    repair: Callable[[Ctx, FaultEvent], None] | None = None
+    extras: Callable[[Ctx], list[Callable[[Progress], Awaitable[list[StreamRecord]]]]] | None = None
+    check: Callable[[Ctx, dict, dict], dict] | None = None
+    recovery_bound: bool = True
+
+
+# -- helpers ---------------------------------------------------------------------------------
+def busiest_decode(ctx: Ctx, live: list[StreamRecord]) -> str:
+    """The live decode node serving the most live streams (SSE header / bus trace), else the one
+    whose last published capacity shows the most running sequences."""
+    alive = [n for n in ctx.cluster.decode_ids() if ctx.cluster.nodes[n].alive]
+    counts = Counter(r.decode_node for r in live if r.decode_node in alive)
+    if counts:
+        return counts.most_common(1)[0][0]
+    return max(alive, key=lambda n: ((ctx.cluster.kv_capacity(n) or {}).get("num_running", 0), ctx.rng.random()))
+
+
+async def wait_event(proc: Any, name: str, count: int, timeout: float, **fields: Any) -> bool:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if len(proc.find(name, **fields)) >= count:
+            return True
+        await asyncio.sleep(0.02)
+    return False
+
+
+def revive(ctx: Ctx, event: FaultEvent) -> None:
+    ctx.cluster.revive(event.target)
+
+
+def rejoined(ctx: Ctx, node_id: str, joined_before: int, timeout: float = 30.0) -> bool:
+    try:
+        ctx.cluster.broker.wait_for("node_joined", timeout=timeout, node_id=node_id, count=joined_before + 1)
+        return True
+    except AssertionError:
+        return False
+
+
+# -- kill-decode -----------------------------------------------------------------------------
+async def kill_decode(ctx: Ctx, progress: Progress) -> FaultEvent:
+    live = await progress.streaming(3)
+    victim = busiest_decode(ctx, live)
+    at = time.monotonic()
+    await asyncio.to_thread(ctx.cluster.kill, victim)
+    return FaultEvent(at, victim, {"num_live_streams": len(live)})
+
+
+# -- freeze-decode ---------------------------------------------------------------------------
+async def freeze_decode(ctx: Ctx, progress: Progress) -> FaultEvent:
+    live = await progress.streaming(3)
+    victim = busiest_decode(ctx, live)
+    broker = ctx.cluster.broker
+    num_left, num_joined = len(broker.find("node_left", node_id=victim)), len(broker.find("node_joined", node_id=victim))
+    num_cancelled = len(ctx.cluster.nodes[victim].find("decode_cancelled"))
+    at = time.monotonic()
+    ctx.cluster.nodes[victim].signal(signal.SIGSTOP)
+    declared = await wait_event(broker, "node_left", num_left + 1, 10 * ctx.liveness_s + 5, node_id=victim)
+    await asyncio.sleep(1.0)   # the moved streams run on elsewhere while the node is still frozen
+    ctx.cluster.nodes[victim].signal(signal.SIGCONT)
+    return FaultEvent(at, victim, {"declared_lost": declared, "lost_after_s": round(time.monotonic() - at - 1.0, 3),
+                                   "joined_before": num_joined, "cancelled_before": num_cancelled},
+                      healed_at=time.monotonic())
+
+
+def after_thaw(ctx: Ctx, event: FaultEvent) -> None:
+    event.details["rejoined"] = rejoined(ctx, event.target, event.details["joined_before"])
+
+
+def check_freeze(ctx: Ctx, before: dict, after: dict) -> dict:
+    event = ctx.fault
+    node = ctx.cluster.nodes[event.target]
+    orphans_freed = len(node.find("decode_cancelled")) - event.details["cancelled_before"]
+    ok = bool(event.details.get("declared_lost") and event.details.get("rejoined"))
+    return {"ok": ok, "declared_lost": event.details.get("declared_lost"), "rejoined": event.details.get("rejoined"),
+            "orphans_cancelled_on_thaw": orphans_freed}
+
+
+# -- kill-prefill ----------------------------------------------------------------------------
+async def kill_prefill(ctx: Ctx, progress: Progress) -> FaultEvent:
+    cluster = ctx.cluster
+    marks = {n: len(p.find("chaos_prefill_started")) for n, p in cluster.nodes.items() if n.startswith("prefill")}
+    cluster.control(prefill_delay_ms=PREFILL_DELAY_MS)
+
+    def started() -> str | None:
+        return next((n for n, c in marks.items() if len(cluster.nodes[n].find("chaos_prefill_started")) > c), None)
+
+    victim = await progress.wait_for(started, timeout=30.0) or next(iter(marks))
+    at = time.monotonic()
+    await asyncio.to_thread(cluster.kill, victim)
+    cluster.control()   # the other prefill nodes run at full speed again
+    return FaultEvent(at, victim, {"killed": "mid-prefill"})
+
+
+# -- restart-broker --------------------------------------------------------------------------
+async def restart_broker(ctx: Ctx, progress: Progress) -> FaultEvent:
+    live = await progress.streaming(3)
+    at = time.monotonic()
+    await asyncio.to_thread(ctx.cluster.restart_broker, True)
+    return FaultEvent(at, "broker", {"num_live_streams": len(live)}, healed_at=time.monotonic())
+
+
+def broker_rejoined(ctx: Ctx, event: FaultEvent) -> None:
+    for node_id, proc in ctx.cluster.nodes.items():
+        if proc.alive:
+            ctx.cluster.broker.wait_for("node_joined", timeout=30, node_id=node_id)
+
+
+# -- corrupt-kv / drop-kv --------------------------------------------------------------------
+def kv_fault(kind: str, count: int) -> Callable[[Ctx, Progress], Awaitable[FaultEvent]]:
+    async def inject(ctx: Ctx, progress: Progress) -> FaultEvent:
+        await progress.streaming(1)
+        at = time.monotonic()
+        ctx.cluster.control(**{kind: count})
+        # Let the rest of the workload's transfers meet the armed faults, then disarm.
+        await progress.wait_for(lambda: ctx.cluster.count("chaos_kv_fault") >= ctx.kv_faults_mark + count,
+                                timeout=30.0)
+        return FaultEvent(at, "data-plane", {kind: count})
+    return inject
+
+
+def calm(ctx: Ctx, event: FaultEvent) -> None:
+    ctx.cluster.control()
+
+
+def check_kv(ctx: Ctx, before: dict, after: dict) -> dict:
+    injected = after["kv_flips"] - before["kv_flips"]
+    caught = after["kv_caught"] - before["kv_caught"]
+    drops = after["kv_drops"] - before["kv_drops"]
+    failed = after["kv_failed_transfers"] - before["kv_failed_transfers"]
+    return {"ok": caught == injected and injected + drops > 0, "faults_injected": injected + drops,
+            "flips_injected": injected, "flips_caught_by_checksums": caught, "drops_injected": drops,
+            "transfers_failed_closed": failed}
+
+
+# -- slow-consumer ---------------------------------------------------------------------------
+async def stall_begins(ctx: Ctx, progress: Progress) -> FaultEvent:
+    await progress.wait_for(lambda: any(r.stalled for r in progress.records), timeout=30.0)
+    return FaultEvent(time.monotonic(), "client", {"kind": "stopped reading"})
+
+
+def stalled_client(ctx: Ctx) -> list:
+    if ctx.cluster.gateway_url is None:
+        return []
+    spec = RequestSpec(9999, ctx.specs[0].prompt_token_ids, 1900 - len(ctx.specs[0].prompt_token_ids))
+
+    gateway = ctx.cluster.gateway
+    num_before = len(gateway.find("access", outcome="stalled"))
+
+    async def run(progress: Progress) -> list[StreamRecord]:
+        def cut_off() -> bool:
+            return len(gateway.find("access", outcome="stalled")) > num_before
+        return [await stalled_sse_stream(ctx.cluster.gateway_url, spec, progress, cut_off, hold_s=60.0)]
+    return [run]
+
+
+def check_stalled(ctx: Ctx, before: dict, after: dict) -> dict:
+    cut = after["gateway_stalled"] - before["gateway_stalled"]
+    return {"ok": cut >= 1, "stalled_consumers_cut_off": cut}
+
+
+# -- abort-storm -----------------------------------------------------------------------------
+async def storm_begins(ctx: Ctx, progress: Progress) -> FaultEvent:
+    await progress.wait_for(lambda: any(r.aborted for r in progress.records), timeout=60.0)
+    return FaultEvent(time.monotonic(), "clients", {"kind": "disconnects"})
+
+
+def storm(ctx: Ctx) -> list:
+    num = max(4, len(ctx.specs))
+    plans = [(ctx.rng.uniform(0.0, 1.0), ctx.rng.randint(1, max(1, ctx.specs[0].max_tokens - 2))) for _ in range(num)]
+
+    def one(delay: float, after_tokens: int, spec: RequestSpec):
+        async def run(progress: Progress) -> list[StreamRecord]:
+            await asyncio.sleep(delay)
+            return [await ctx.driver.run(spec, abort_after=after_tokens)]
+        return run
+
+    return [one(d, k, RequestSpec(1000 + i, ctx.specs[i % len(ctx.specs)].prompt_token_ids, ctx.specs[0].max_tokens))
+            for i, (d, k) in enumerate(plans)]
+
+
+def check_storm(ctx: Ctx, before: dict, after: dict) -> dict:
+    cancelled = after["cancels"] - before["cancels"]
+    return {"ok": True, "streams_cancelled_on_nodes": cancelled}
+
+
+# -- partition -------------------------------------------------------------------------------
+async def partition(ctx: Ctx, progress: Progress) -> FaultEvent:
+    cluster = ctx.cluster
+    await progress.wait_for(lambda: any(r.decode_node == PARTITIONED_NODE for r in progress.live())
+                            or (cluster.kv_capacity(PARTITIONED_NODE) or {}).get("num_running"), timeout=10.0)
+    broker = cluster.broker
+    num_left = len(broker.find("node_left", node_id=PARTITIONED_NODE))
+    num_joined = len(broker.find("node_joined", node_id=PARTITIONED_NODE))
+    at = time.monotonic()
+    cluster.proxy.cut()
+    declared = await wait_event(broker, "node_left", num_left + 1, 10 * ctx.liveness_s + 5, node_id=PARTITIONED_NODE)
+    await asyncio.sleep(1.0)
+    await asyncio.to_thread(cluster.proxy.heal)
+    return FaultEvent(at, PARTITIONED_NODE, {"declared_lost": declared, "joined_before": num_joined,
+                                             "bytes_swallowed": cluster.proxy.num_bytes_swallowed},
+                      healed_at=time.monotonic())
+
+
+def check_partition(ctx: Ctx, before: dict, after: dict) -> dict:
+    event = ctx.fault
+    ok = bool(event.details.get("declared_lost") and event.details.get("rejoined"))
+    return {"ok": ok, **{k: event.details.get(k) for k in ("declared_lost", "rejoined", "bytes_swallowed")}}
+
+
+SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
+    Scenario("kill-decode", "SIGKILL the decode node serving the most streams", kill_decode, repair=revive),
+    Scenario("freeze-decode", "SIGSTOP a decode node until the broker declares it lost, then SIGCONT",
+             freeze_decode, repair=after_thaw, check=check_freeze),
+    Scenario("kill-prefill", "SIGKILL a prefill node mid-prefill (prefills slowed to 1.5 s)", kill_prefill,
+             repair=revive),
+    Scenario("restart-broker", "SIGKILL the broker and restart it on its port", restart_broker,
+             repair=broker_rejoined),
+    Scenario("corrupt-kv", f"flip a byte in the next {NUM_KV_FLIPS} KV chunks each prefill node sends",
+             kv_fault("flip", NUM_KV_FLIPS), repair=calm, check=check_kv, recovery_bound=False),
+    Scenario("drop-kv", f"drop the next {NUM_KV_DROPS} KV chunks each prefill node sends",
+             kv_fault("drop", NUM_KV_DROPS), repair=calm, check=check_kv, recovery_bound=False),
+    Scenario("slow-consumer", "one SSE client stops reading (small receive window); the others stream on",
+             stall_begins, extras=stalled_client, check=check_stalled, recovery_bound=False),
+    Scenario("abort-storm", "extra clients disconnect mid-stream at seeded random points", storm_begins,
+             extras=storm, check=check_storm, recovery_bound=False),
+    Scenario("partition", f"cut {PARTITIONED_NODE} off from the broker (TCP proxy swallows bytes), then heal",
+             partition, repair=after_thaw, check=check_partition),
+]}
+SHORT = ("kill-decode", "corrupt-kv", "abort-storm")

@@ -1,0 +1,53 @@
+"""The short form of the chaos harness (`pdbus chaos --short`), as `make test` runs it: a real
+cluster (broker, 2 prefill, 2 decode nodes, the gateway; tiny model, fp32, raw KV, greedy) and the
+seeded workload streamed through the gateway's WebSocket (token ids), once fault-free and once per
+scenario: kill-decode, corrupt-kv, abort-storm. Fails if any request is lost, any stream's token
+ids differ from the fault-free pass, any KV block stays taken, or a scenario's evidence is missing
+(the decode kill hit no stream; a flipped KV byte went uncaught). Recovery times are reported by
+the harness, never asserted here."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.chaos.runner import run_chaos, short_options
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture(scope="module")
+def run():
+    return run_chaos(short_options())
+
+
+def row(run, name: str) -> dict:
+    return next(r for r in run["rows"] if r["scenario"] == name)
+
+
+@pytest.mark.parametrize("name", ["kill-decode", "corrupt-kv", "abort-storm"])
+def test_no_request_is_lost_and_every_token_id_matches_the_fault_free_pass(run, name):
+    result = row(run, name)
+    assert result["problems"] == [] and result["ok"]
+    assert result["num_failed"] == 0 and result["num_ok"] == run["options"]["num_requests"]
+    tokens = result["tokens"]
+    assert tokens["exact_ids"] and tokens["identical"] and tokens["num_compared"] == result["num_ok"]
+    assert all(result["kv_idle_after"].values())
+
+
+def test_the_decode_kill_hit_streams_that_then_failed_over(run):
+    result = row(run, "kill-decode")
+    victim = result["fault"]["target"]
+    failed_over = [r for r in result["records"] if f"node_lost@{victim}" in (r["failures"] or [])]
+    assert victim.startswith("decode-") and failed_over and result["recovery_s"]
+
+
+def test_every_flipped_kv_byte_was_caught_by_the_checksums(run):
+    evidence = row(run, "corrupt-kv")["evidence"]
+    assert evidence["flips_injected"] > 0 and evidence["flips_caught_by_checksums"] == evidence["flips_injected"]
+    assert evidence["transfers_failed_closed"] >= 1
+
+
+def test_the_abort_storm_cancelled_streams_on_the_nodes(run):
+    result = row(run, "abort-storm")
+    assert all(r["aborted"] for r in result["extras"] if not r["ok"])
+    assert result["evidence"]["streams_cancelled_on_nodes"] >= 1
