@@ -13,7 +13,7 @@ BENCH    := flock /tmp/pdbus-bench.lock $(PY)
 
 .PHONY: help install test test-all test-slow lint demo broker node prefill decode cluster colocated \
         gateway client model model-info \
-        bench-bus bench-kv bench-kv-quality bench-engine bench-gateway clean
+        bench-bus bench-kv bench-kv-quality bench-engine bench-gateway chaos clean
 
 help:            ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -84,6 +84,9 @@ bench-engine: install ## engine prefill/decode speed beside transformers and roo
 
 bench-gateway: install ## HTTP/SSE/WebSocket stack overhead: starlette+uvicorn beside aiohttp
 	$(BENCH) -m harness.bench.gateway_stack
+
+chaos: install   ## chaos/failover scenarios on a local cluster, table + results/chaos-*.json (SCENARIO=name, ARGS=...)
+	flock /tmp/pdbus-bench.lock $(BIN)/pdbus chaos $(if $(SCENARIO),--scenario $(SCENARIO)) $(ARGS)
 
 clean:           ## remove the venv and caches (not the model cache)
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis *.egg-info

@@ -25,6 +25,7 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "complete": ("nodes.commands.complete", "stream a completion through the cluster (bus-level client)"),
     "model": ("nodes.commands.model", "prepare or inspect the model (`pdbus model prepare`)"),
     "generate": ("nodes.commands.generate", "generate locally with the built-in engine (no cluster)"),
+    "chaos": ("nodes.commands.chaos", "run the chaos and failover scenarios against a local cluster"),
 }
 
 
