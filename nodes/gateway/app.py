@@ -6,7 +6,7 @@ Contract:
 - `build_app(gateway) -> web.Application`: routes (docs/API.md) and two middlewares: `errors`
   (ApiError -> OpenAI error JSON with its status and headers; aiohttp's HTTP errors in the same
   shape; anything unexpected -> 500 with no stack trace in the body, logged) and `auth` (Bearer
-  API key on /v1/*, 401; sets `request["identity"]` for rate limiting: the key, or the client
+  API key on /v1/*, 401; sets `request[IDENTITY]` for rate limiting: the key, or the client
   address when no keys are configured).
 - `run_gateway(config, broker_endpoint, model_info, stop)`: registers with the broker as a bus
   client, serves until `stop` is set, then closes the HTTP server and the bus client.
@@ -29,6 +29,7 @@ from nodes.gateway.config import GatewayConfig
 from nodes.gateway.errors import ApiError, error_body
 from nodes.gateway.metrics import GatewayMetrics
 from nodes.gateway.protect import RateLimiter, check_api_key
+from nodes.gateway.serve import GATEWAY, IDENTITY
 
 log = get_logger("gateway")
 OPEN_PATHS = ("/health", "/ready", "/metrics")
@@ -68,24 +69,24 @@ async def errors(request: web.Request, handler: Any) -> web.StreamResponse:
 
 @web.middleware
 async def auth(request: web.Request, handler: Any) -> web.StreamResponse:
-    config = request.app["gateway"].config
+    config = request.app[GATEWAY].config
     if request.path in OPEN_PATHS or not config.api_keys:
-        request["identity"] = request.remote or "local"
+        request[IDENTITY] = request.remote or "local"
     else:
         header = request.headers.get("Authorization")
         if header is None and "api_key" in request.query:
             header = f"Bearer {request.query['api_key']}"
         try:
-            request["identity"] = "key:" + check_api_key(header, config.api_keys)
+            request[IDENTITY] = "key:" + check_api_key(header, config.api_keys)
         except ApiError as exc:
-            request.app["gateway"].metrics.observe_request(request.path, "unauthorized")
+            request.app[GATEWAY].metrics.observe_request(request.path, "unauthorized")
             raise exc
     return await handler(request)
 
 
 def build_app(gateway: Gateway) -> web.Application:
     app = web.Application(middlewares=[errors, auth], client_max_size=gateway.config.max_body_bytes)
-    app["gateway"] = gateway
+    app[GATEWAY] = gateway
     app.add_routes([
         web.post("/v1/completions", http.completions), web.post("/v1/chat/completions", http.chat_completions),
         web.get("/v1/models", http.models), web.get("/v1/stream", websocket.stream),

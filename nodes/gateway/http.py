@@ -1,8 +1,8 @@
 """HTTP handlers: `POST /v1/completions`, `POST /v1/chat/completions` (JSON or SSE), `GET /v1/models`,
 `GET /health`, `GET /ready`, `GET /metrics`.
 
-Contract: each handler takes an aiohttp request whose app holds the `Gateway` (app["gateway"]) and
-whose `request["identity"]` the auth middleware set; errors are raised as `ApiError` and rendered
+Contract: each handler takes an aiohttp request whose app holds the `Gateway` (app[GATEWAY]) and
+whose `request[IDENTITY]` the auth middleware set; errors are raised as `ApiError` and rendered
 by the app's middleware. Streaming sends its headers when the first token is ready, so a request
 the cluster refuses (overloaded, rejected) still gets a real HTTP status; `X-Pdbus-Decode-Node` is
 then known, the rest of what served the request is in the last chunk's `pdbus` object. SSE chunks
@@ -26,7 +26,7 @@ from nodes.gateway.errors import ApiError, bad_request, error_body
 from nodes.gateway.openai_format import Shaper, pdbus_headers
 from nodes.gateway.relay import StalledConsumer, within
 from nodes.gateway.schema import parse_request
-from nodes.gateway.serve import Served, cluster_error
+from nodes.gateway.serve import GATEWAY, IDENTITY, Served, cluster_error
 
 log = get_logger("gateway")
 
@@ -63,10 +63,10 @@ async def chat_completions(request: web.Request) -> web.StreamResponse:
 
 
 async def _openai(request: web.Request, chat: bool) -> web.StreamResponse:
-    gateway = request.app["gateway"]
+    gateway = request.app[GATEWAY]
     config = gateway.config
     endpoint = "chat" if chat else "completions"
-    async with Served(gateway, endpoint, request["identity"], "chatcmpl" if chat else "cmpl") as served:
+    async with Served(gateway, endpoint, request[IDENTITY], "chatcmpl" if chat else "cmpl") as served:
         body = await read_json(request, config.max_body_bytes)
         api = parse_request(body, chat=chat, model_name=config.model_name, max_tokens_limit=config.max_tokens_limit,
                             session_header=request.headers.get("X-Session-Id"))
@@ -143,7 +143,7 @@ async def _send_stream(response: web.StreamResponse, served: Served, shaper: Sha
 
 
 async def models(request: web.Request) -> web.Response:
-    gateway = request.app["gateway"]
+    gateway = request.app[GATEWAY]
     return web.json_response({"object": "list", "data": [{
         "id": gateway.config.model_name, "object": "model", "created": gateway.created, "owned_by": "pdbus",
         "max_model_len": gateway.backend.max_model_len}]})
@@ -154,12 +154,12 @@ async def health(request: web.Request) -> web.Response:
 
 
 async def ready(request: web.Request) -> web.Response:
-    gateway = request.app["gateway"]
+    gateway = request.app[GATEWAY]
     state = await gateway.backend.readiness()
     gateway.metrics.set_services(state["services"])
     return web.json_response(state, status=200 if state["ready"] else 503)
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body, content_type = request.app["gateway"].metrics.render()
+    body, content_type = request.app[GATEWAY].metrics.render()
     return web.Response(body=body, headers={"Content-Type": content_type})

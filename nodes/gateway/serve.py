@@ -17,6 +17,8 @@ import time
 import uuid
 from typing import Any
 
+from aiohttp import web
+
 from bus.log import get_logger
 from nodes.cluster_client import ClusterError
 from nodes.gateway.errors import ApiError
@@ -24,6 +26,8 @@ from nodes.gateway.openai_format import pdbus_info
 from nodes.gateway.relay import Relay, StalledConsumer
 
 BAD_INPUT_CODES = {"rejected", "bad_request", "malformed", "oversized"}
+GATEWAY = web.AppKey("gateway", object)      # the app's `Gateway` (nodes/gateway/app.py)
+IDENTITY = web.RequestKey("identity", str)   # who the rate limits count: the API key or client address
 log = get_logger("gateway")
 
 

@@ -25,11 +25,11 @@ from nodes.gateway.errors import ApiError, bad_request
 from nodes.gateway.openai_format import usage_body
 from nodes.gateway.relay import StalledConsumer, within
 from nodes.gateway.schema import parse_request
-from nodes.gateway.serve import Served, cluster_error
+from nodes.gateway.serve import GATEWAY, IDENTITY, Served, cluster_error
 
 
 async def stream(request: web.Request) -> web.WebSocketResponse:
-    gateway = request.app["gateway"]
+    gateway = request.app[GATEWAY]
     ws = web.WebSocketResponse(heartbeat=30.0, max_msg_size=gateway.config.max_body_bytes)
     await ws.prepare(request)
     current: asyncio.Task | None = None
@@ -75,13 +75,13 @@ async def _send_error(ws: web.WebSocketResponse, error: ApiError, timeout: float
 
 
 async def _serve(ws: web.WebSocketResponse, request: web.Request, body: object) -> None:
-    gateway = request.app["gateway"]
+    gateway = request.app[GATEWAY]
     config = gateway.config
     timeout = config.stall_timeout_s
     chat = isinstance(body, dict) and "messages" in body
     served: Served | None = None
     try:
-        async with Served(gateway, "websocket", request["identity"], "ws") as served:
+        async with Served(gateway, "websocket", request[IDENTITY], "ws") as served:
             if isinstance(body, ApiError):
                 raise body
             api = parse_request(body, chat=chat, model_name=config.model_name,
