@@ -6,6 +6,8 @@ sessions stick, and /v1/models, /health, /ready, /metrics answer."""
 
 from __future__ import annotations
 
+import json
+
 import httpx
 import openai
 import pytest
@@ -114,3 +116,24 @@ def test_access_log_names_request_session_nodes_and_timings(served, client):
     line = gateway.proc.wait_for("access", request_id=completion.id)
     assert line["outcome"] == "ok" and line["decode_node"] == "decode-0" and line["prefill_node"] == "prefill-0"
     assert line["session_id"] and line["ttft_s"] > 0 and line["num_tokens"] == 3
+
+
+def test_the_request_vllm_bench_serve_sends(served):
+    """`vllm bench serve --backend openai --ignore-eos`'s payload, read the way it reads the stream."""
+    _, gateway = served
+    payload = {"model": TINY_NAME, "prompt": PROMPT, "temperature": 0.0, "max_tokens": 12, "logprobs": None,
+               "best_of": 1, "stream": True, "stream_options": {"include_usage": True}, "ignore_eos": True,
+               "repetition_penalty": 1.0}
+    texts, usage = [], None
+    with httpx.stream("POST", f"{gateway.url}/v1/completions", json=payload, timeout=60) as response:
+        assert response.status_code == 200
+        for line in response.iter_lines():
+            chunk = line.removeprefix("data: ")
+            if not line or chunk == "[DONE]":
+                continue
+            data = json.loads(chunk)
+            if choices := data.get("choices"):
+                texts.append(choices[0]["text"])
+            elif data.get("usage"):
+                usage = data["usage"]
+    assert usage["completion_tokens"] == 12 and "".join(texts)
