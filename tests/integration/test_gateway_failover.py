@@ -1,11 +1,13 @@
 """Transparency under failure: the decode node serving an SSE stream is SIGKILLed mid-stream (2
 decode nodes, raw KV, greedy); the client's stream goes on without a gap, its text equals the
 fault-free text, and the final chunk's `pdbus` object says a failover happened and names both
-decode nodes."""
+decode nodes. /ready follows the nodes: still ready with one decode node left, 503 once the only
+prefill node is gone."""
 
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -30,9 +32,16 @@ def test_a_decode_node_killed_mid_stream_is_reported_as_a_failover():
                 chunks.append(json.loads(line[6:]))
                 if len(chunks) == 5:
                     cluster.kill(serving)
-    text = "".join(c["choices"][0]["text"] for c in chunks)
-    info = chunks[-1]["pdbus"]
-    assert text == expected
-    assert info["failover"] and info["num_failovers"] == 1
-    assert info["decode_nodes"][0] == serving and info["decode_node"] != serving
-    assert info["failures"] == [f"node_lost@{serving}"]
+        text = "".join(c["choices"][0]["text"] for c in chunks)
+        info = chunks[-1]["pdbus"]
+        assert text == expected
+        assert info["failover"] and info["num_failovers"] == 1
+        assert info["decode_nodes"][0] == serving and info["decode_node"] != serving
+        assert info["failures"] == [f"node_lost@{serving}"]
+
+        assert httpx.get(f"{gateway.url}/ready").json()["ready"]
+        cluster.kill("prefill-0")
+        deadline = time.monotonic() + 10
+        while (ready := httpx.get(f"{gateway.url}/ready")).status_code == 200 and time.monotonic() < deadline:
+            time.sleep(0.2)
+        assert ready.status_code == 503 and ready.json()["services"] == {"prefill": False, "decode": True}
