@@ -7,6 +7,7 @@ Contract:
 - `compare(records, reference) -> Comparison`: per request, the same tokens as the fault-free pass?
   Token ids when both passes have them (ws, bus), otherwise text and token count (sse: the OpenAI
   chunks carry no ids). `first_divergence` says at which token a stream first differed.
+- `kv_fault_audit(cluster)`: whether any flipped KV chunk could have been decoded (must be 0).
 - `latency(records)`: p50/p99 of whole-request latency; `recovery(records, fault)`: per stream hit
   by the fault (live at the fault and served with a failure, or every live stream for the
   broker), the time from the fault to its first token after it.
@@ -14,6 +15,7 @@ Contract:
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -32,6 +34,29 @@ def snapshot(cluster: Any) -> dict[str, int]:
         "gateway_stalled": len(gateway.find("access", outcome="stalled")) if gateway else 0,
         "cancels": cluster.count("decode_cancelled") + cluster.count("prefill_cancelled"),
     }
+
+
+def kv_fault_audit(cluster: Any) -> dict[str, int]:
+    """Could any flipped KV chunk have been decoded? Per transfer that had flips (the sender hook
+    logs each with its transfer id): it failed closed or never finished at the receiver (nothing
+    decoded), or it was verified only after its checksums caught at least as many bad chunks as
+    were flipped in it. Flips in a header too damaged to name its transfer are dropped by the
+    receiver undecoded (`chaos_kv_undecodable`) and resent; they cover a shortfall. Cumulative
+    over the cluster's life."""
+    events = [e for p in cluster.processes() for e in p.events]
+    flips = Counter(e["transfer_id"] for e in events if e.get("event") == "chaos_kv_fault" and e.get("kind") == "flip")
+    checked = {e["transfer_id"]: e for e in events if e.get("event") == "chaos_kv_checked"}
+    undecodable = sum(1 for e in events if e.get("event") == "chaos_kv_undecodable")
+    failed_closed = verified = shortfall = 0
+    for transfer_id, num_flips in flips.items():
+        result = checked.get(transfer_id)
+        if result is None or not result["ok"]:
+            failed_closed += 1
+            continue
+        verified += 1
+        shortfall += max(0, num_flips - result["checksum_failures"] - result["rejected"])
+    return {"transfers_with_flips": len(flips), "failed_closed": failed_closed, "verified_after_resend": verified,
+            "undecodable_headers": undecodable, "uncaught_flips": max(0, shortfall - undecodable)}
 
 
 def percentile(values: list[float], q: float) -> float | None:

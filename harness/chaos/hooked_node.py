@@ -6,12 +6,14 @@ Contract:
   the node's `FaultInjector` is replaced by an `ArmedInjector` that injects nothing until the
   harness arms it by writing `{"flip": N}` or `{"drop": N}` (JSON) to the control file; it then
   flips a byte in (or drops) the next N outbound KV CHUNK messages and logs `chaos_kv_fault`
-  (kind, n) for each, so the harness counts exactly what it injected. Arming mid-run lets the
+  (kind, n, transfer_id, index) for each, so the harness counts exactly what it injected. Arming mid-run lets the
   fault-free reference pass and the faulted pass share one cluster.
 - Prefill delay: while the control file holds `{"prefill_delay_ms": X}`, each prefill batch
   logs `chaos_prefill_started` (request ids) and sleeps X ms first, so a kill lands mid-prefill.
 - Receiver side (every node): each finished inbound transfer logs `chaos_kv_checked` (ok,
-  checksum_failures, rejected, reason), so the harness counts what the checksums caught.
+  checksum_failures, rejected, reason) and each message too damaged to decode logs
+  `chaos_kv_undecodable`, so the harness can tell, per transfer, whether a flipped chunk could
+  have been decoded (see harness/chaos/checks.kv_fault_audit).
 The hooks wrap the existing seams (`nodes.prefill.FaultInjector`, `ReceiverCore._finish`) and
 change no behaviour when unarmed.
 """
@@ -71,7 +73,9 @@ class ArmedInjector(FaultInjector):
         before = self.num_faults
         result = super().apply(frames_out)
         if self.num_faults > before:
-            log.info("chaos_kv_fault", kind="drop" if result is None else "flip", n=self.num_faults)
+            chunk = frames.decode_header(frames_out[0])   # the original, intact header
+            log.info("chaos_kv_fault", kind="drop" if result is None else "flip", n=self.num_faults,
+                     transfer_id=chunk.transfer_id, index=chunk.index)
         return result
 
 
@@ -100,6 +104,16 @@ def install(control_path: str) -> None:
         finish(self, transfer_id, dst, ok, reason, stats, *rest)
 
     recv_core.ReceiverCore._finish = logged_finish
+    on_frames = recv_core.ReceiverCore.on_frames
+
+    def logged_on_frames(self: Any, *args: Any) -> Any:
+        before = self.undecodable
+        replies = on_frames(self, *args)
+        if self.undecodable > before:   # a header too damaged to name its transfer: dropped, resent on timeout
+            log.info("chaos_kv_undecodable", count=self.undecodable)
+        return replies
+
+    recv_core.ReceiverCore.on_frames = logged_on_frames
 
 
 def main(argv: list[str]) -> int:

@@ -27,7 +27,7 @@ from harness.chaos.cluster import ChaosCluster
 from harness.chaos.drivers import StreamRecord, make_driver
 from harness.chaos.passes import FaultEvent, run_pass
 from harness.chaos.report import render_table, write_json
-from harness.chaos.scenarios import PARTITIONED_NODE, SCENARIOS, Ctx, Scenario
+from harness.chaos.scenarios import PARTITIONED_NODE, SCENARIOS, SHORT, Ctx, Scenario
 from harness.chaos.workload import build_workload, vocab_size_of
 
 RETRY_DELAY_S = 0.2   # ClusterClient's default pause before a retry
@@ -54,7 +54,7 @@ class ChaosOptions:
 
 def short_options(**overrides: Any) -> ChaosOptions:
     """The `make test` form: tiny model, fp32, raw KV, greedy, a small workload."""
-    values = {"scenarios": ["kill-decode", "corrupt-kv", "abort-storm"], "num_requests": 6, "concurrency": 3,
+    values = {"scenarios": list(SHORT), "num_requests": 6, "concurrency": 3,
               "prompt_tokens": 32, "max_tokens": 32, "step_delay_ms": 25, "results_dir": None, "verbose": False,
               "driver": "ws", "enforce_recovery_bound": False}
     return ChaosOptions(**{**values, **overrides})

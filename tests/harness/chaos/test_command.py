@@ -1,0 +1,39 @@
+"""`pdbus chaos` arguments: the scenario names and the short form reach the runner's options,
+and a bad scenario name is refused by the parser (exit 2) before any process starts."""
+
+from __future__ import annotations
+
+import pytest
+
+from harness.chaos import runner
+from harness.chaos.scenarios import SCENARIOS, SHORT
+from nodes import cli
+
+
+def test_every_issue_scenario_exists_and_the_short_form_is_a_subset():
+    assert list(SCENARIOS) == ["kill-decode", "freeze-decode", "kill-prefill", "restart-broker", "corrupt-kv",
+                               "drop-kv", "slow-consumer", "abort-storm", "partition"]
+    assert set(SHORT) <= set(SCENARIOS) and runner.short_options().scenarios == list(SHORT)
+
+
+def test_flags_become_options(monkeypatch):
+    seen = []
+    monkeypatch.setattr(runner, "main", lambda options: seen.append(options) or 0)
+    assert cli.main(["chaos", "--scenario", "drop-kv", "--scenario", "partition", "--kv", "int8",
+                     "--requests", "3", "--driver", "bus"]) == 0
+    options = seen[0]
+    assert options.scenarios == ["drop-kv", "partition"] and options.kv == "int8" and options.num_requests == 3
+    assert options.driver == "bus" and options.enforce_recovery_bound
+    assert cli.main(["chaos", "--short"]) == 0
+    assert seen[1].scenarios == list(SHORT) and seen[1].model == "tiny" and not seen[1].enforce_recovery_bound
+
+
+def test_an_unknown_scenario_is_refused(capsys):
+    with pytest.raises(SystemExit) as info:
+        cli.main(["chaos", "--scenario", "meteor"])
+    assert info.value.code == 2 and "meteor" in capsys.readouterr().err
+
+
+def test_the_runner_refuses_unknown_names_before_starting_anything():
+    with pytest.raises(ValueError, match="unknown scenarios: meteor"):
+        runner.run_chaos(runner.ChaosOptions(scenarios=["meteor"]))
