@@ -12,6 +12,7 @@ Encoder and decoder agree with numpy up to one code step where float rounding ti
 
 from __future__ import annotations
 
+import warnings
 from typing import Any
 
 import numpy as np
@@ -20,6 +21,9 @@ import torch
 from bus.kv.errors import KVValueError
 from bus.kv.layout import ChunkSpec, KVInfo, plan_chunks
 from bus.kv.quant import EncodedPayload, NumpyQuantizer
+
+# Received payloads are read-only ZeroMQ frames; the decoder only reads the tensors it views them as.
+warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
 
 TORCH_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
 NAMES_TO_TORCH = {name: dtype for dtype, name in TORCH_DTYPES.items()}
