@@ -2,10 +2,10 @@
 
 Contract: `python -m harness.demo [--config PATH] [--prompt TEXT] [--max-tokens N]` prepares the
 packaged SmolLM2-135M-Instruct once (`pdbus model prepare`), starts `pdbus cluster` (broker,
-prefill node, decode node) on a free loopback port with its logs in `results/demo-cluster.log`,
-waits for every node to register, streams a chat completion to the terminal with `pdbus complete`
-(first token from the prefill node, the rest from the decode node after the KV transfer), then
-stops the cluster with SIGTERM. Exit code: the completion's, or 1 if the cluster never came up.
+prefill node, decode node, OpenAI gateway) on free loopback ports with its logs in
+`results/demo-cluster.log`, waits for every node to register, streams a chat completion to the
+terminal with `pdbus client` over the gateway's WebSocket (first token from the prefill node, the
+rest from the decode node after the KV transfer), then stops the cluster with SIGTERM. Exit code: the completion's, or 1 if the cluster never came up.
 """
 
 from __future__ import annotations
@@ -63,11 +63,13 @@ def main(argv: list[str] | None = None) -> int:
     _say("preparing the model (converted once from the packaged GGUF into .models/)")
     if subprocess.run(_pdbus("model", "prepare", "--config", args.config)).returncode != 0:
         return 1
-    endpoint = f"tcp://127.0.0.1:{_free_port()}"
-    env = {**os.environ, "PDBUS__BROKER__ENDPOINT": f'"{endpoint}"', "PDBUS_LOG_FORMAT": "json"}
+    endpoint, gateway_port = f"tcp://127.0.0.1:{_free_port()}", _free_port()
+    env = {**os.environ, "PDBUS__BROKER__ENDPOINT": f'"{endpoint}"', "PDBUS__GATEWAY__PORT": str(gateway_port),
+           "PDBUS_LOG_FORMAT": "json"}
     log_file = Path("results/demo-cluster.log")
     log_file.parent.mkdir(exist_ok=True)
-    _say(f"starting the cluster (broker {endpoint}, 1 prefill node, 1 decode node); logs: {log_file}")
+    _say(f"starting the cluster (broker {endpoint}, 1 prefill node, 1 decode node, gateway "
+         f"http://127.0.0.1:{gateway_port}); logs: {log_file}")
     cluster = subprocess.Popen(_pdbus("cluster", "--config", args.config), env=env, text=True,
                                stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     ready = threading.Event()
@@ -80,8 +82,8 @@ def main(argv: list[str] | None = None) -> int:
                 return 1
         _say(f"cluster ready in {time.monotonic() - started:.1f} s; streaming a chat completion")
         print(f"> {args.prompt}\n", flush=True)
-        done = subprocess.run(_pdbus("complete", "--config", args.config, "--chat", "--prompt", args.prompt,
-                                     "--max-tokens", str(args.max_tokens)),
+        done = subprocess.run(_pdbus("client", "--config", args.config, "--url", f"http://127.0.0.1:{gateway_port}",
+                                     "--chat", "--prompt", args.prompt, "--max-tokens", str(args.max_tokens)),
                               env={**env, "PDBUS_LOG_LEVEL": "warning"})
         print(flush=True)
         return done.returncode
