@@ -13,6 +13,7 @@ Decode side (receiver)
     KVReceiver(allocate=None, release=None, quantizer=None, config=ReceiveConfig(), bind=...)
     await receiver.start() -> endpoint            # advertise it in READY
     await receiver.result(transfer_id, timeout) -> TransferResult (ok, kv, stats | reason)
+    async for result in receiver.results(): ...   # or every result in completion order
     receiver.cancel(transfer_id, reason)
     await receiver.close()
 

@@ -5,6 +5,7 @@ Contract:
                           bind="tcp://127.0.0.1:0")
     endpoint = await receiver.start()        # advertise this in READY (the bound address)
     result = await receiver.result(transfer_id, timeout=None)  -> TransferResult (ok or failed)
+    async for result in receiver.results():  # or: every result, in completion order
     receiver.cancel(transfer_id)             # the request was aborted: drop it, free its buffer
     await receiver.close()
 `allocate(transfer_id, request_id, info) -> dst | None` returns the engine's preallocated buffer for
@@ -20,7 +21,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 
 import numpy as np
 import zmq
@@ -58,6 +59,7 @@ class KVReceiver:
         self._tasks: list[asyncio.Task] = []
         self._waiters: dict[str, asyncio.Future] = {}
         self._unclaimed: OrderedDict[str, TransferResult] = OrderedDict()
+        self._stream: asyncio.Queue[TransferResult] | None = None
         self.endpoint = ""
 
     async def start(self) -> str:
@@ -100,6 +102,9 @@ class KVReceiver:
                 checksum_failures=result.stats.checksum_failures, nacks=result.stats.nacks)
         if self.on_result is not None:
             self.on_result(result)
+        if self._stream is not None:
+            self._stream.put_nowait(result)
+            return
         waiter = self._waiters.pop(result.transfer_id, None)
         if waiter is not None and not waiter.done():
             waiter.set_result(result)
@@ -107,6 +112,12 @@ class KVReceiver:
         self._unclaimed[result.transfer_id] = result
         while len(self._unclaimed) > self.core.config.remember_finished:
             self._unclaimed.popitem(last=False)
+
+    async def results(self) -> AsyncIterator[TransferResult]:
+        """Every result from now on (ok or failed), in completion order; use this or `result()`."""
+        self._stream = asyncio.Queue()
+        while True:
+            yield await self._stream.get()
 
     async def result(self, transfer_id: str, timeout: float | None = None) -> TransferResult:
         """Wait for one transfer's result; KVTransferTimeout (and the transfer dropped) on timeout."""

@@ -149,3 +149,17 @@ async def test_a_receiver_in_another_process(tmp_path):
     finally:
         peer.stdin.close()
         peer.wait(timeout=10)
+
+
+async def test_results_stream_yields_successes_and_failures_in_order(pair):
+    sender, receiver, endpoint = pair
+    stream = receiver.results()
+    first = asyncio.ensure_future(stream.__anext__())
+    await asyncio.sleep(0)
+    await sender.send(endpoint, "ok-1", "r1", synthetic_kv(), mode="raw")
+    assert (await first).transfer_id == "ok-1"
+    sender.faults = FaultInjector(flip_probability=1.0, seed=1, only_kinds=(1,))
+    with pytest.raises(KVTransferFailed):
+        await sender.send(endpoint, "bad-1", "r2", synthetic_kv(), mode="int8")
+    failed = await stream.__anext__()
+    assert failed.transfer_id == "bad-1" and not failed.ok
