@@ -2,7 +2,7 @@
 
 Requests and results are frozen dataclasses; the KV cache crosses the seam as one plain tensor per
 request, laid out ``[num_layers, 2 (K, V), num_kv_heads, num_tokens, head_dim]`` in the engine's
-dtype (the KV codec serialises exactly this). Token ids are plain ints; text is produced by the
+dtype and on its device (the KV codec serialises exactly this; call `.cpu()` first on a GPU). Token ids are plain ints; text is produced by the
 engine's incremental detokenizer so every side agrees on where a multi-byte character ends.
 
 Every method of `Engine`, by side:
