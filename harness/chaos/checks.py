@@ -10,7 +10,7 @@ Contract:
 - `kv_fault_audit(cluster)`: whether any flipped KV chunk could have been decoded (must be 0).
 - `latency(records)`: p50/p99 of whole-request latency; `recovery(records, fault)`: per stream hit
   by the fault (live at the fault and served with a failure, or every live stream for the
-  broker), the time from the fault to its first token after it.
+  broker), the time from the fault to the first token of the resumed stream (`resumed_at`).
 """
 
 from __future__ import annotations
@@ -123,13 +123,23 @@ def hit_by(record: StreamRecord, fault: FaultEvent) -> bool:
     return fault.target == "broker" or bool((record.pdbus or {}).get("failures"))
 
 
+def resumed_at(token_times: list[float], fault_at: float) -> float | None:
+    """When the stream resumed: the token that ends its longest silence after the fault (tokens
+    already in flight can still trickle in right after it, e.g. through a cut link's buffers)."""
+    after = [t for t in token_times if t > fault_at]
+    if not after:
+        return None
+    edges = [fault_at, *after]
+    gaps = [(b - a, b) for a, b in zip(edges, edges[1:], strict=False)]
+    return max(gaps)[1]
+
+
 def recovery(records: list[StreamRecord], fault: FaultEvent | None) -> list[float]:
+    """Per stream the fault hit: fault -> first token of the resumed stream."""
     if fault is None:
         return []
     times = []
     for record in records:
-        if hit_by(record, fault):
-            after = [t for t in record.token_times if t > fault.at]
-            if after:
-                times.append(after[0] - fault.at)
+        if hit_by(record, fault) and (resumed := resumed_at(record.token_times, fault.at)) is not None:
+            times.append(resumed - fault.at)
     return times

@@ -8,8 +8,9 @@ Contract:
   flips a byte in (or drops) the next N outbound KV CHUNK messages and logs `chaos_kv_fault`
   (kind, n, transfer_id, index) for each, so the harness counts exactly what it injected. Arming mid-run lets the
   fault-free reference pass and the faulted pass share one cluster.
-- Prefill delay: while the control file holds `{"prefill_delay_ms": X}`, each prefill batch
-  logs `chaos_prefill_started` (request ids) and sleeps X ms first, so a kill lands mid-prefill.
+- Prefill delay: while the control file holds `{"prefill_delay_ms": X}` (and, if given,
+  `"prefill_delay_node"` names this node), each prefill batch logs `chaos_prefill_started`
+  (request ids) and sleeps X ms first, so a kill lands mid-prefill.
 - Receiver side (every node): each finished inbound transfer logs `chaos_kv_checked` (ok,
   checksum_failures, rejected, reason) and each message too damaged to decode logs
   `chaos_kv_undecodable`, so the harness can tell, per transfer, whether a flipped chunk could
@@ -79,7 +80,7 @@ class ArmedInjector(FaultInjector):
         return result
 
 
-def install(control_path: str) -> None:
+def install(control_path: str, node_id: str | None = None) -> None:
     import nodes.prefill
     from bus.kv import recv_core
 
@@ -89,7 +90,8 @@ def install(control_path: str) -> None:
 
     def delayed_next_batch(self: Any, *args: Any, **kwargs: Any) -> Any:
         batch = next_batch(self, *args, **kwargs)
-        delay_ms = read_order(control_path, cache).get("prefill_delay_ms", 0) if batch else 0
+        order = read_order(control_path, cache) if batch else {}
+        delay_ms = order.get("prefill_delay_ms", 0) if order.get("prefill_delay_node") in (None, node_id) else 0
         if delay_ms:
             log.info("chaos_prefill_started", request_ids=[r.request_id for r in batch])
             time.sleep(delay_ms / 1000)
@@ -120,9 +122,11 @@ def main(argv: list[str]) -> int:
     if len(argv) < 3 or argv[0] != "--control" or argv[2] != "--":
         print("usage: python -m harness.chaos.hooked_node --control FILE -- <pdbus args>", file=sys.stderr)
         return 2
-    install(argv[1])
+    rest = argv[3:]
+    node_id = rest[rest.index("--node-id") + 1] if "--node-id" in rest[:-1] else None
+    install(argv[1], node_id)
     from nodes.cli import main as pdbus_main
-    return pdbus_main(argv[3:])
+    return pdbus_main(rest)
 
 
 if __name__ == "__main__":

@@ -5,12 +5,13 @@ loopback (broker, prefill and decode nodes, the gateway), streams a seeded greed
 fault-free and once per scenario while the scenario's fault hits, prints one table row per
 scenario and writes the run as JSON under `--results` (default results/). Exit 0 only when every
 scenario passed, 1 otherwise, 2 for an unknown scenario. Every process it starts is stopped by
-PID when it ends (also on Ctrl-C). `--short` is the `make test` form (tiny, small workload).
+PID when it ends (also on Ctrl-C and SIGTERM). `--config` is not read: the harness writes its own. `--short` is the `make test` form (tiny, small workload).
 """
 
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 
@@ -47,6 +48,8 @@ def main(args: argparse.Namespace) -> int:
     if args.scenario:
         values["scenarios"] = args.scenario
     options = short_options(**values, verbose=True) if args.short else ChaosOptions(**values)
+    # SIGTERM unwinds like Ctrl-C, so the cluster's `with` block stops every process it started.
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         return run(options)
     except ValueError as exc:

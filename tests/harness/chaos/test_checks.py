@@ -3,7 +3,15 @@ percentiles, which streams a fault hit and their recovery time, and the KV fault
 
 from __future__ import annotations
 
-from harness.chaos.checks import compare, first_divergence, kv_fault_audit, latency, percentile, recovery
+from harness.chaos.checks import (
+    compare,
+    first_divergence,
+    kv_fault_audit,
+    latency,
+    percentile,
+    recovery,
+    resumed_at,
+)
 from harness.chaos.drivers import StreamRecord
 from harness.chaos.passes import FaultEvent
 
@@ -56,6 +64,12 @@ def test_recovery_counts_only_live_streams_that_the_fault_hit():
     broker = FaultEvent(at=10.0, target="broker")
     assert [round(t, 3) for t in recovery([untouched], broker)] == [0.1]
     assert recovery([hit], None) == []
+
+
+def test_the_resumed_token_ends_the_longest_silence_after_the_fault():
+    # two tokens trickle in from buffers right after a cut, then the stream stalls until failover
+    assert resumed_at([9.0, 10.01, 10.02, 11.5, 11.55], 10.0) == 11.5
+    assert resumed_at([9.0, 9.5], 10.0) is None
 
 
 class FakeProc:
