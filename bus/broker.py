@@ -7,6 +7,8 @@ Contract:
   registry (`nodes_by_id`), the routes and `metrics` (a Counter) for tests and the scheduler.
 - `add_listener(callback)`: `callback(event)` for every NodeJoined / NodeLeft /
   CapacityChanged / PeerRejected, on the broker's loop, after the core has handled it.
+- `security=SecurityConfig` (optional): CURVE on the ROUTER, a ZAP `Gatekeeper` admitting the
+  configured keys only, and READY accepted only for a role the sender's key is admitted for.
 - `run_broker(..., policy=)`: the `pdbus broker` process: uvloop, SIGINT/SIGTERM stop it cleanly.
 Every event is logged (structlog, JSON in production): node_joined, node_left (reason,
 silent_for_s, lost requests), capacity_changed, message_rejected.
@@ -29,6 +31,7 @@ from bus.log import get_logger
 from bus.reactor import RouterReactor
 from bus.registry import BrokerEvent, CapacityChanged, NodeJoined, NodeLeft, PeerRejected
 from bus.routing import RoutingPolicy
+from bus.security import Gatekeeper, SecurityConfig, apply_server, principal_of
 
 _HWM = 100_000
 
@@ -37,12 +40,16 @@ class Broker:
     def __init__(self, endpoint: str = c.DEFAULT_ENDPOINT, *, heartbeat: HeartbeatConfig | None = None,
                  policy: RoutingPolicy | None = None,
                  max_message_bytes: int = c.DEFAULT_MAX_MESSAGE_BYTES,
-                 context: zmq.Context | None = None) -> None:
+                 context: zmq.Context | None = None, security: SecurityConfig | None = None) -> None:
         self.endpoint = endpoint
-        self.core = BrokerCore(heartbeat, policy, max_message_bytes)
+        self.security = security
+        self.core = BrokerCore(heartbeat, policy, max_message_bytes,
+                               authorize=self._authorize if security else None)
         self.bound_endpoint: str | None = None
         self.log = get_logger("broker")
-        self._context = context or zmq.Context.instance()
+        # ZAP is per context: a CURVE broker owns its context, so its Gatekeeper is the only one.
+        self._context = zmq.Context() if security else (context or zmq.Context.instance())
+        self.gatekeeper: Gatekeeper | None = None
         self._listeners: list[Callable[[BrokerEvent], None]] = []
         self._reactor: RouterReactor | None = None
         self._bound = asyncio.Event()
@@ -68,6 +75,9 @@ class Broker:
             self.core.shutdown(time.monotonic())
             self._reactor.flush()
             socket.close(linger=200)
+            if self.gatekeeper is not None:
+                self.gatekeeper.stop()
+                self.core.metrics.update(self.gatekeeper.metrics)
             self.log.info("broker_stopped", metrics=dict(self.core.metrics),
                           policy_metrics=dict(getattr(self.core.policy, "metrics", {})))
 
@@ -80,9 +90,21 @@ class Broker:
         for option, value in ((zmq.ROUTER_MANDATORY, 1), (zmq.SNDHWM, _HWM), (zmq.RCVHWM, _HWM),
                               (zmq.LINGER, 0), (zmq.MAXMSGSIZE, self.core.max_message_bytes)):
             socket.setsockopt(option, value)
+        if self.security is not None:
+            self.gatekeeper = Gatekeeper(self._context, self.security).start()
+            apply_server(socket, self.security)
         socket.bind(self.endpoint)
         self.bound_endpoint = socket.getsockopt_string(zmq.LAST_ENDPOINT)
         return socket
+
+    def _authorize(self, header_frame: object, role: str) -> str | None:
+        """Why the sender of this READY may not register as `role` (None: it may)."""
+        principal = principal_of(header_frame, self.security)
+        if principal is None:
+            return "no admitted CURVE key"
+        if role not in principal.roles:
+            return f"key {principal.name!r} is not admitted as {role!r}"
+        return None
 
     def _publish_events(self) -> None:
         if not self.core.events:
@@ -110,11 +132,11 @@ class Broker:
 
 def run_broker(endpoint: str, heartbeat: HeartbeatConfig,
                max_message_bytes: int = c.DEFAULT_MAX_MESSAGE_BYTES,
-               policy: RoutingPolicy | None = None) -> int:
+               policy: RoutingPolicy | None = None, security: SecurityConfig | None = None) -> int:
     """Serve in the foreground until SIGINT/SIGTERM; the process exit code."""
     async def main() -> None:
         broker = Broker(endpoint, heartbeat=heartbeat, max_message_bytes=max_message_bytes,
-                        policy=policy)
+                        policy=policy, security=security)
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGINT, signal.SIGTERM):
             loop.add_signal_handler(sig, broker.stop)

@@ -11,6 +11,9 @@ Contract:
   and is offered again on every join, CAPACITY and tick (see `bus.broker_routes`).
 - Routed messages (REQUEST, PARTIAL, FINAL, ERROR, DIRECT, CANCEL) are forwarded on their
   header and routing frames only; body and payload frames pass through untouched (zero copy).
+- `authorize(header_frame, role) -> reason | None` (optional, from the shell: CURVE keys -> roles):
+  a READY for a role the sender may not take is dropped (`dropped.forbidden`) and answered with
+  DISCONNECT `forbidden`; nothing of the sender is registered.
 - Never raises on peer input: bad input is dropped, counted under `dropped.<reason>` and
   answered with an ERROR (request-scoped) or a DISCONNECT; everyone else keeps being served.
 """
@@ -18,6 +21,8 @@ Contract:
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Callable
+from typing import Any
 
 from bus import codec
 from bus import constants as c
@@ -38,7 +43,9 @@ _REQUEST_ID_FRAME = {Command.REQUEST: 2, Command.PARTIAL: 1, Command.FINAL: 1, C
 class BrokerCore(RouteTable):
     def __init__(self, heartbeat: HeartbeatConfig | None = None, policy: RoutingPolicy | None = None,
                  max_message_bytes: int = c.DEFAULT_MAX_MESSAGE_BYTES,
-                 orphan_grace_s: float | None = None) -> None:
+                 orphan_grace_s: float | None = None,
+                 authorize: Callable[[Any, str], str | None] | None = None) -> None:
+        self.authorize = authorize
         self.heartbeat = heartbeat or HeartbeatConfig()
         self.policy: RoutingPolicy = policy or LeastOutstandingPolicy()
         self.max_message_bytes = max_message_bytes
@@ -106,6 +113,10 @@ class BrokerCore(RouteTable):
             return
         assert isinstance(ready, Ready)
         identity = identity or node.identity
+        refusal = self.authorize(frames[0], ready.role) if self.authorize else None
+        if refusal is not None:
+            self._reject(identity, ProtocolError(DropReason.FORBIDDEN, refusal), frames)
+            return
         if node is not None:   # READY again on the same socket: start afresh, keep its requests
             self._unlist(node)
         new = Node(identity=identity, node_id=ready.node_id, role=ready.role,

@@ -1,7 +1,7 @@
 """A bus client peer: registers as a `gateway` node and streams replies to its requests.
 
 Contract (what the gateway and the cluster's bus-level client wrap):
-- `BusClient(broker_endpoint, node_id=None, heartbeat=None)`; `start(timeout)` /
+- `BusClient(broker_endpoint, node_id=None, heartbeat=None, security=None)`; `start(timeout)` /
   `await start_async(timeout)` return once the broker acknowledged us (TimeoutError otherwise);
   `close()`; sync and async context manager.
 - `stream(service, body, payload=(), key="", request_id=None, timeout=None) -> ReplyStream`:
@@ -24,14 +24,16 @@ from bus.endpoint import Endpoint
 from bus.liveness import HeartbeatConfig
 from bus.mailbox import ReplyStream
 from bus.messages import Final, Partial
+from bus.security import SecurityConfig
 
 
 class BusClient:
     def __init__(self, broker_endpoint: str, node_id: str | None = None, *,
                  heartbeat: HeartbeatConfig | None = None,
-                 capacity: Mapping[str, float] | None = None) -> None:
+                 capacity: Mapping[str, float] | None = None,
+                 security: SecurityConfig | None = None) -> None:
         self.endpoint = Endpoint(broker_endpoint, "gateway", node_id, heartbeat=heartbeat,
-                                 capacity=capacity)
+                                 capacity=capacity, security=security)
         self.node_id = self.endpoint.node_id
 
     def start(self, timeout: float = 5.0) -> BusClient:

@@ -61,6 +61,7 @@ class DisconnectReason:
     BAD_VERSION = "bad_version"
     MALFORMED = "malformed"
     OVERSIZED = "oversized"
+    FORBIDDEN = "forbidden"           # broker -> peer: its CURVE key is not admitted for that role
     SHUTDOWN = "shutdown"             # node or broker is stopping cleanly
 
 
@@ -88,6 +89,7 @@ class DropReason:
     BAD_VERSION = "bad_version"
     OVERSIZED = "oversized"
     NOT_REGISTERED = "not_registered"
+    FORBIDDEN = "forbidden"              # READY for a role the sender's key is not admitted for
     UNKNOWN_REQUEST = "unknown_request"  # a reply/cancel for a request the broker does not know
     UNROUTABLE = "unroutable"            # the destination socket vanished or its queue is full
 

@@ -12,6 +12,7 @@ Contract (every method is thread-safe and returns at once unless it says it wait
   `ReplyStream` (async or blocking iterator, PARTIAL... then FINAL, BusError on ERROR);
   `cancel(request_id)`.
 - `send_direct(node_id, body, payload)`, `update_capacity(mapping)`.
+`security=SecurityConfig` (optional): the DEALER speaks CURVE to the broker (`server_key`).
 Payload items are sent zero-copy (bytes, memoryview, numpy buffers, zmq.Frame); received
 payload items are zmq.Frame objects (use `memoryview(frame)` or `frame.bytes`).
 """
@@ -36,6 +37,7 @@ from bus.liveness import HeartbeatConfig
 from bus.log import get_logger
 from bus.mailbox import Mailbox, ReplyStream
 from bus.messages import Direct, Error, Final, Partial, Request
+from bus.security import SecurityConfig, apply_client
 
 _BATCH = 256
 _HWM = 100_000
@@ -46,8 +48,9 @@ class Endpoint:
                  capacity: Mapping[str, float] | None = None, data_endpoint: str = "",
                  heartbeat: HeartbeatConfig | None = None,
                  max_message_bytes: int = c.DEFAULT_MAX_MESSAGE_BYTES,
-                 context: zmq.Context | None = None) -> None:
+                 context: zmq.Context | None = None, security: SecurityConfig | None = None) -> None:
         self.broker_endpoint = broker_endpoint
+        self.security = security
         self.node_id = node_id or f"{role}-{uuid.uuid4().hex[:8]}"
         self.core = EndpointCore(role, self.node_id, capacity, data_endpoint, heartbeat)
         self.heartbeat = self.core.heartbeat
@@ -188,6 +191,8 @@ class Endpoint:
         for option, value in ((zmq.LINGER, 0), (zmq.SNDHWM, _HWM), (zmq.RCVHWM, _HWM),
                               (zmq.RECONNECT_IVL, 100), (zmq.MAXMSGSIZE, self.max_message_bytes)):
             socket.setsockopt(option, value)
+        if self.security is not None:
+            apply_client(socket, self.security)
         socket.connect(self.broker_endpoint)
         self._socket = socket
         asyncio.get_running_loop().add_reader(socket.getsockopt(zmq.FD), self._drain)

@@ -26,6 +26,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "model": ("nodes.commands.model", "prepare or inspect the model (`pdbus model prepare`)"),
     "generate": ("nodes.commands.generate", "generate locally with the built-in engine (no cluster)"),
     "chaos": ("nodes.commands.chaos", "run the chaos and failover scenarios against a local cluster"),
+    "bench": ("nodes.commands.bench", "serving benchmark: disaggregated vs colocated vs vLLM, SLO attainment"),
+    "keys": ("nodes.commands.keys", "generate CURVE key pairs for the bus; list the keys the config admits"),
 }
 
 

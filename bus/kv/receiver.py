@@ -14,6 +14,11 @@ refused). A result is ok only when the whole transfer verified; failed results w
 `release(transfer_id, dst)` and carry the reason (timeout, retries exhausted, refused, aborted).
 `on_result(result)` (optional) is called for every result as well. All protocol logic lives in
 recv_core.ReceiverCore.
+`security=SecurityConfig` (optional): the ROUTER is a CURVE server on its own context with a ZAP
+`Gatekeeper` admitting only keys admitted as `prefill`/`both` (the only roles that send KV); the
+advertised endpoint carries this node's public key (`...;curve=<hex>`) for senders to check.
+`metrics` counts refusals: `refused.no_destination` (KV for a transfer nobody planned: forged,
+late or cancelled) and the Gatekeeper's `zap.denied`.
 """
 
 from __future__ import annotations
@@ -34,9 +39,11 @@ from bus.kv.quant import NumpyQuantizer, Quantizer
 from bus.kv.recv_core import Allocate, ReceiveConfig, ReceiverCore, Release, Reply
 from bus.kv.stats import TransferResult
 from bus.log import get_logger
+from bus.security import Gatekeeper, Principal, SecurityConfig, apply_server, with_server_key
 
 log = get_logger("kv.receiver")
 POLL_INTERVAL = 0.1
+_REFUSED = "no destination for this KV"   # recv_core's reason when `allocate` said no
 
 
 def numpy_allocator(dtype: str | None = None) -> Allocate:
@@ -46,28 +53,46 @@ def numpy_allocator(dtype: str | None = None) -> Allocate:
     return allocate
 
 
+def _senders_only(security: SecurityConfig | None) -> SecurityConfig | None:
+    """The same keys, narrowed to those that may send KV (prefill and colocated nodes)."""
+    if security is None:
+        return None
+    senders = {key: Principal(p.name, p.roles) for key, p in security.admitted.items()
+               if p.roles & {"prefill", "both"}}
+    return SecurityConfig(security.public_key, security.secret_key, security.server_key, senders)
+
+
 class KVReceiver:
     def __init__(self, allocate: Allocate | None = None, release: Release | None = None, *,
                  quantizer: Quantizer | None = None, config: ReceiveConfig | None = None,
                  bind: str = "tcp://127.0.0.1:0", faults: FaultInjector | None = None,
                  on_result: Callable[[TransferResult], None] | None = None,
-                 context: zmq.asyncio.Context | None = None) -> None:
+                 context: zmq.asyncio.Context | None = None, security: SecurityConfig | None = None) -> None:
+        self.security = _senders_only(security)
         self.core = ReceiverCore(quantizer or NumpyQuantizer(), allocate or numpy_allocator(), release, config)
         self.bind, self.faults, self.on_result = bind, faults, on_result
-        self._context = context or zmq.asyncio.Context.instance()
+        # ZAP is per context: a CURVE receiver owns its context, so its Gatekeeper is the only one.
+        self._context = zmq.asyncio.Context() if security else (context or zmq.asyncio.Context.instance())
+        self.gatekeeper: Gatekeeper | None = None
         self._socket: zmq.asyncio.Socket | None = None
         self._tasks: list[asyncio.Task] = []
         self._waiters: dict[str, asyncio.Future] = {}
         self._unclaimed: OrderedDict[str, TransferResult] = OrderedDict()
         self._stream: asyncio.Queue[TransferResult] | None = None
         self.endpoint = ""
+        self.num_refused = 0
 
     async def start(self) -> str:
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        if self.security is not None:
+            self.gatekeeper = Gatekeeper(self._context, self.security).start()
+            apply_server(self._socket, self.security)
         self._socket.bind(self.bind)
         self.endpoint = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        if self.security is not None:
+            self.endpoint = with_server_key(self.endpoint, self.security.public_key)
         loop = asyncio.get_running_loop()
         self._tasks = [loop.create_task(self._read()), loop.create_task(self._tick())]
         return self.endpoint
@@ -95,7 +120,15 @@ class KVReceiver:
         for result in self.core.pop_results():
             self._deliver(result)
 
+    @property
+    def metrics(self) -> dict[str, int]:
+        counts = dict(self.gatekeeper.metrics) if self.gatekeeper else {}
+        counts["refused.no_destination"] = self.num_refused
+        return counts
+
     def _deliver(self, result: TransferResult) -> None:
+        if result.reason == _REFUSED:
+            self.num_refused += 1
         log.log(20 if result.ok else 30, "kv_received" if result.ok else "kv_receive_failed",
                 transfer_id=result.transfer_id, request_id=result.request_id, reason=result.reason,
                 raw_bytes=result.stats.raw_bytes, wire_bytes=result.stats.wire_bytes,
@@ -148,3 +181,5 @@ class KVReceiver:
                 await task
         if self._socket is not None:
             self._socket.close(linger=0)
+        if self.gatekeeper is not None:
+            self.gatekeeper.stop()

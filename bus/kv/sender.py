@@ -10,6 +10,10 @@ Contract:
 `kv` is whatever the quantizer reads: numpy (NumpyQuantizer, the default) or torch tensors
 (nodes/engines/kv_quant.TorchQuantizer). Concurrent sends share the DEALER of their endpoint; replies
 are routed to transfers by transfer id. All protocol logic lives in send_core.SendTransfer.
+`security=SecurityConfig` (optional): an endpoint advertised with a CURVE key (`...;curve=<hex>`,
+see bus.security) is spoken to over CURVE, and only when that key is admitted as a decode node
+(so KV never goes to an unknown server); with security on, an endpoint without an admitted key
+is refused (KVTransferFailed) before a byte is sent.
 """
 
 from __future__ import annotations
@@ -33,6 +37,7 @@ from bus.kv.quant import NumpyQuantizer, Quantizer
 from bus.kv.send_core import BufferPool, SendConfig, SendState, SendTransfer
 from bus.kv.stats import TransferReport
 from bus.log import get_logger
+from bus.security import SecurityConfig, apply_client, split_server_key
 
 log = get_logger("kv.sender")
 
@@ -50,7 +55,8 @@ class KVSender:
     def __init__(self, *, quantizer: Quantizer | None = None, config: SendConfig | None = None,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, link_bytes_per_s: float = gbit(10),
                  shaper: LinkShaper | None = None, faults: FaultInjector | None = None,
-                 context: zmq.asyncio.Context | None = None) -> None:
+                 context: zmq.asyncio.Context | None = None, security: SecurityConfig | None = None) -> None:
+        self.security = security
         self.quantizer = quantizer or NumpyQuantizer()
         self.config = config or SendConfig()
         self.chunk_bytes = chunk_bytes
@@ -122,13 +128,24 @@ class KVSender:
     def _connect(self, endpoint: str) -> _Connection:
         connection = self._connections.get(endpoint)
         if connection is None:
+            address, server_key = split_server_key(endpoint)
             socket = self._context.socket(zmq.DEALER)
             socket.setsockopt(zmq.LINGER, 0)
-            socket.connect(endpoint)
+            if self.security is not None:
+                self._secure(socket, address, server_key)
+            socket.connect(address)
             connection = _Connection(socket)
             connection.reader = asyncio.get_running_loop().create_task(self._read(connection))
             self._connections[endpoint] = connection
         return connection
+
+    def _secure(self, socket: zmq.Socket, address: str, server_key: bytes | None) -> None:
+        principal = self.security.principal(server_key) if server_key else None
+        if principal is None or not principal.roles & {"decode", "both"}:
+            socket.close(linger=0)
+            why = "no CURVE key" if server_key is None else "a key not admitted as a decode node"
+            raise KVTransferFailed("", f"data endpoint {address} has {why}: KV not sent")
+        apply_client(socket, self.security, server_key)
 
     async def _read(self, connection: _Connection) -> None:
         loop = asyncio.get_running_loop()

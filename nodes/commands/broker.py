@@ -4,7 +4,9 @@ Reads `[broker]` (endpoint, max_message_bytes), `[heartbeat]` (interval_ms, live
 `[scheduler]` (the cluster routing policy: vnodes, epsilon, queue_size, queue_timeout_s,
 retry_after_s, min_free_blocks, prefill_tokens_estimate, max_sessions) from the config; flags
 override them. `--policy least-outstanding` runs the bus's default policy instead of the
-scheduler. SIGINT/SIGTERM stop it cleanly (nodes get DISCONNECT).
+scheduler. `[security]` (see nodes.commands.keys): CURVE with the `broker` key pair, admitting the
+keys listed per role; on by default for a non-loopback endpoint. SIGINT/SIGTERM stop it cleanly
+(nodes get DISCONNECT).
 """
 
 from __future__ import annotations
@@ -15,6 +17,8 @@ from bus import constants as c
 from bus.broker import run_broker
 from bus.liveness import HeartbeatConfig
 from bus.routing import LeastOutstandingPolicy, RoutingPolicy
+from bus.security import SecurityError
+from nodes.commands.keys import security_config
 from nodes.settings import SettingsError, load_settings, section
 from scheduler.policy import ClusterPolicy, SchedulerSettings
 
@@ -53,4 +57,8 @@ def main(args: argparse.Namespace) -> int:
     endpoint = args.endpoint or broker.get("endpoint", c.DEFAULT_ENDPOINT)
     max_bytes = int(broker.get("max_message_bytes", c.DEFAULT_MAX_MESSAGE_BYTES))
     policy = routing_policy(settings, getattr(args, "policy", "cluster"))
-    return run_broker(endpoint, heartbeat_config(settings, args), max_bytes, policy)
+    try:
+        security = security_config(settings, "broker", endpoint)
+    except SecurityError as exc:
+        raise SettingsError(f"[security]: {exc}") from exc
+    return run_broker(endpoint, heartbeat_config(settings, args), max_bytes, policy, security)
