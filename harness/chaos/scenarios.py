@@ -128,9 +128,12 @@ def check_freeze(ctx: Ctx, before: dict, after: dict) -> dict:
 
 # -- kill-prefill ----------------------------------------------------------------------------
 async def kill_prefill(ctx: Ctx, progress: Progress) -> FaultEvent:
-    """Only the victim's prefills are slowed, so the re-sent prefill on a survivor runs at speed."""
+    """Only the victim's prefills are slowed, so the re-sent prefill on a survivor runs at speed. The
+    victim is the prefill node that has served the most (the scheduler breaks ties among idle
+    prefill nodes the same way every time, so that node is the one that gets the next prefill)."""
     cluster = ctx.cluster
-    victim = ctx.rng.choice(sorted(n for n, p in cluster.nodes.items() if n.startswith("prefill") and p.alive))
+    alive = [n for n, p in cluster.nodes.items() if n.startswith("prefill") and p.alive]
+    victim = max(alive, key=lambda n: (len(cluster.nodes[n].find("prefill_done")), ctx.rng.random()))
     mark = len(cluster.nodes[victim].find("chaos_prefill_started"))
     cluster.control(prefill_delay_ms=PREFILL_DELAY_MS, prefill_delay_node=victim)
     started = await progress.wait_for(lambda: len(cluster.nodes[victim].find("chaos_prefill_started")) > mark,
