@@ -13,7 +13,7 @@ BENCH    := flock /tmp/pdbus-bench.lock $(PY)
 
 .PHONY: help install test test-all test-slow lint demo broker node prefill decode cluster colocated \
         gateway client model model-info \
-        bench-bus bench-kv bench-kv-quality bench-engine bench-gateway chaos clean
+        bench-bus bench-kv bench-kv-quality bench-engine bench-gateway bench bench-quick chaos clean
 
 help:            ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -84,6 +84,12 @@ bench-engine: install ## engine prefill/decode speed beside transformers and roo
 
 bench-gateway: install ## HTTP/SSE/WebSocket stack overhead: starlette+uvicorn beside aiohttp
 	$(BENCH) -m harness.bench.gateway_stack
+
+bench: install   ## serving benchmark: disaggregated vs colocated vs vLLM, full rate sweep, SLO attainment, plots (ARGS=...)
+	$(BENCH) -m harness.bench.serve --config $(CONFIG) $(ARGS)
+
+bench-quick: install ## the same comparison on a reduced sweep (< 10 min here): table, results/serve-quick-*.json, PNG
+	$(BENCH) -m harness.bench.serve --config $(CONFIG) --quick $(ARGS)
 
 chaos: install   ## chaos/failover scenarios on a local cluster, table + results/chaos-*.json (SCENARIO=name, ARGS=...)
 	flock /tmp/pdbus-bench.lock $(BIN)/pdbus chaos $(if $(SCENARIO),--scenario $(SCENARIO)) $(ARGS)

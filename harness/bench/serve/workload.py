@@ -1,0 +1,79 @@
+"""Workloads for the serving benchmark: what each request asks for and when it is sent.
+
+Contract (pure, seeded, no I/O):
+- `random_workload(num, input_len, output_len, range_ratio, vocab_size, seed)` -> list[RequestSpec]:
+  vLLM's `random` dataset: lengths uniform in [len*(1-r), len*(1+r)], prompts of random token ids.
+- `mixed_workload(num, seed, vocab_size, scale)` -> list[RequestSpec]: 80% chats (128 ± 50% in,
+  128 out) and 20% documents (1536 ± 25% in, 64 out), in random order. `scale` multiplies the
+  output lengths only (`bench-quick` halves them); prompt lengths stay, since the long document
+  prefills are what stall running decodes.
+- `arrival_offsets(num, rate, burstiness, seed)` -> list[float]: send times (s from the start);
+  gamma-distributed gaps as `vllm bench serve` draws them (burstiness 1 = Poisson); rate inf -> all 0.
+Prompts are token-id lists sent as the completions `prompt`, so every system sees exactly the same
+number of input tokens (no tokenizer round trip). Ids start at `FIRST_ID` to avoid special tokens.
+The same seed gives the same requests for every system; each rate of a sweep uses its own seed
+so no server can serve a repeated prompt from a prefix cache.
+"""
+
+from __future__ import annotations
+
+import math
+import random
+from dataclasses import dataclass
+
+FIRST_ID = 20
+CHAT = {"kind": "chat", "input_len": 128, "input_ratio": 0.5, "output_len": 128, "share": 0.8}
+DOCUMENT = {"kind": "document", "input_len": 1536, "input_ratio": 0.25, "output_len": 64, "share": 0.2}
+
+
+@dataclass(frozen=True, slots=True)
+class RequestSpec:
+    kind: str                         # "chat", "document", "random": picks the TTFT SLO
+    prompt_token_ids: tuple[int, ...]
+    output_len: int                   # max_tokens, with ignore_eos
+
+    @property
+    def prompt_len(self) -> int:
+        return len(self.prompt_token_ids)
+
+
+def _length(rng: random.Random, mean: int, ratio: float) -> int:
+    low, high = max(1, math.floor(mean * (1 - ratio))), max(1, math.ceil(mean * (1 + ratio)))
+    return rng.randint(low, high)
+
+
+def _prompt(rng: random.Random, length: int, vocab_size: int) -> tuple[int, ...]:
+    if vocab_size <= FIRST_ID:
+        raise ValueError(f"vocab_size must exceed {FIRST_ID}, got {vocab_size}")
+    return tuple(rng.randrange(FIRST_ID, vocab_size) for _ in range(length))
+
+
+def random_workload(num: int, input_len: int, output_len: int, range_ratio: float, vocab_size: int,
+                    seed: int) -> list[RequestSpec]:
+    if not 0 <= range_ratio < 1:
+        raise ValueError(f"range_ratio must be in [0, 1), got {range_ratio}")
+    rng = random.Random(seed)
+    return [RequestSpec("random", _prompt(rng, _length(rng, input_len, range_ratio), vocab_size),
+                        _length(rng, output_len, range_ratio)) for _ in range(num)]
+
+
+def mixed_workload(num: int, seed: int, vocab_size: int, scale: float = 1.0) -> list[RequestSpec]:
+    rng = random.Random(seed)
+    num_documents = round(num * DOCUMENT["share"])
+    kinds = [DOCUMENT] * num_documents + [CHAT] * (num - num_documents)
+    rng.shuffle(kinds)
+    return [RequestSpec(k["kind"], _prompt(rng, _length(rng, k["input_len"], k["input_ratio"]), vocab_size),
+                        max(2, round(k["output_len"] * scale))) for k in kinds]
+
+
+def arrival_offsets(num: int, rate: float, burstiness: float = 1.0, seed: int = 0) -> list[float]:
+    if rate <= 0 or burstiness <= 0:
+        raise ValueError("rate and burstiness must be > 0")
+    if math.isinf(rate):
+        return [0.0] * num
+    rng = random.Random(seed)
+    offsets, now = [], 0.0
+    for _ in range(num):
+        offsets.append(now)
+        now += rng.gammavariate(burstiness, 1.0 / (rate * burstiness))
+    return offsets
