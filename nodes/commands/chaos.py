@@ -49,7 +49,7 @@ def main(args: argparse.Namespace) -> int:
         values["scenarios"] = args.scenario
     options = short_options(**values, verbose=True) if args.short else ChaosOptions(**values)
     # SIGTERM unwinds like Ctrl-C, so the cluster's `with` block stops every process it started.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    previous = signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     try:
         return run(options)
     except ValueError as exc:
@@ -58,3 +58,5 @@ def main(args: argparse.Namespace) -> int:
     except RuntimeError as exc:
         print(f"pdbus chaos: {exc}", file=sys.stderr)
         return 1
+    finally:
+        signal.signal(signal.SIGTERM, previous)
