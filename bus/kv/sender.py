@@ -72,7 +72,10 @@ class KVSender:
                                compression=compression, chunk_bytes=self.chunk_bytes, auto=self.auto,
                                token_offset=token_offset, dtype=dtype)
         loop = asyncio.get_running_loop()
-        connection = self._connect(endpoint)
+        try:
+            connection = self._connect(endpoint)
+        except KVTransferFailed as exc:
+            raise KVTransferFailed(transfer_id, exc.reason) from None
         if transfer_id in connection.transfers:
             raise KVTransferFailed(transfer_id, "a transfer with this id is already in flight")
         transfer = SendTransfer(encoder, self.config, loop.time(), self._pool)
@@ -80,6 +83,9 @@ class KVSender:
         connection.transfers[transfer_id] = (transfer, wakeup)
         try:
             await self._run(connection, transfer, wakeup, loop)
+        except KVTransferFailed as exc:
+            log.warning("kv_send_failed", transfer_id=transfer_id, request_id=request_id, reason=exc.reason)
+            raise type(exc)(transfer_id, exc.reason) from None
         finally:
             connection.transfers.pop(transfer_id, None)
         transfer.stats.finished_at = transfer.stats.finished_at or loop.time()
@@ -106,7 +112,14 @@ class KVSender:
         if self.faults is not None and (frames := self.faults.apply(frames)) is None:
             return
         if self.shaper is None:
-            await connection.socket.send_multipart(frames, copy=False)
+            # A DEALER with no live pipe (the peer refused our CURVE key, or is gone) blocks a send
+            # for ever: bound it by the transfer's own timeout so the transfer fails closed.
+            try:
+                await asyncio.wait_for(connection.socket.send_multipart(frames, copy=False),
+                                       self.config.transfer_timeout)
+            except TimeoutError:
+                raise KVTransferTimeout("", "the data endpoint accepts nothing (unreachable, or "
+                                            "it refused our key)") from None
             return
         # Shaped link: schedule the message on the virtual wire and go on encoding; a separate
         # task hands it to the socket when its last byte would arrive, so a late timer wake-up
