@@ -40,6 +40,7 @@ class Ctx:
     rng: Any                           # random.Random, seeded
     specs: list[RequestSpec]
     liveness_s: float
+    stall_hold_s: float = 60.0         # how long a stalled client waits to be cut off
     fault: FaultEvent | None = None    # this pass's fault, once injected
     kv_faults_mark: int = 0            # chaos_kv_fault events before this pass
 
@@ -195,7 +196,10 @@ async def stall_begins(ctx: Ctx, progress: Progress) -> FaultEvent:
 def stalled_client(ctx: Ctx) -> list:
     if ctx.cluster.gateway_url is None:
         return []
-    spec = RequestSpec(9999, ctx.specs[0].prompt_token_ids, 1900 - len(ctx.specs[0].prompt_token_ids))
+    # Enough tokens (~200 B of SSE each) to overflow the gateway's write buffer (aiohttp's 64 KiB
+    # high-water mark) and both kernel socket buffers; the gateway cuts the client off at the latest
+    # when the stream's last writes block, so `stall_hold_s` exceeds the time to generate them.
+    spec = RequestSpec(9999, ctx.specs[0].prompt_token_ids, min(900, 1900 - len(ctx.specs[0].prompt_token_ids)))
 
     gateway = ctx.cluster.gateway
     num_before = len(gateway.find("access", outcome="stalled"))
@@ -203,7 +207,7 @@ def stalled_client(ctx: Ctx) -> list:
     async def run(progress: Progress) -> list[StreamRecord]:
         def cut_off() -> bool:
             return len(gateway.find("access", outcome="stalled")) > num_before
-        return [await stalled_sse_stream(ctx.cluster.gateway_url, spec, progress, cut_off, hold_s=60.0)]
+        return [await stalled_sse_stream(ctx.cluster.gateway_url, spec, progress, cut_off, hold_s=ctx.stall_hold_s)]
     return [run]
 
 
