@@ -5,16 +5,14 @@ Contract: `driver = make_driver(kind, gateway_url=..., broker_endpoint=...)` wit
   carry text only: streams are compared by text and token count, see `StreamRecord.token_ids`);
 - `ws`: the gateway's `/v1/stream` WebSocket, whose token messages carry `token_id` (exact);
 - `bus`: `ClusterClient` on the broker directly (exact token ids; no gateway in the path).
-`await driver.run(spec, abort_after=None, stall=False) -> StreamRecord`; `abort_after=k` closes the
-connection after k tokens (a client that goes away), `stall=True` reads the headers and then
-nothing more (a consumer that stops reading) until the server cuts it off or `stall_limit_s`.
+`await driver.run(spec, abort_after=None) -> StreamRecord`; `abort_after=k` closes the connection
+after k tokens (a client that goes away; the consumer that stops reading is harness/chaos/stalled).
 `await driver.open()` / `await driver.close()` around a pass. Every wait is bounded.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import json
 import time
 from dataclasses import dataclass, field
@@ -79,8 +77,8 @@ def request_body(spec: RequestSpec, stream: bool = True) -> dict[str, Any]:
 class SseDriver:
     kind = "sse"
 
-    def __init__(self, gateway_url: str, stall_limit_s: float = 30.0) -> None:
-        self.url, self.stall_limit_s = gateway_url, stall_limit_s
+    def __init__(self, gateway_url: str) -> None:
+        self.url = gateway_url
         self.http: httpx.AsyncClient | None = None
 
     async def open(self) -> None:
@@ -91,7 +89,7 @@ class SseDriver:
         if self.http is not None:
             await self.http.aclose()
 
-    async def run(self, spec: RequestSpec, abort_after: int | None = None, stall: bool = False) -> StreamRecord:
+    async def run(self, spec: RequestSpec, abort_after: int | None = None) -> StreamRecord:
         record = new_record(self, spec, exact=False)
         try:
             async with asyncio.timeout(REQUEST_TIMEOUT_S), \
@@ -100,8 +98,6 @@ class SseDriver:
                 if response.status_code != 200:
                     record.error = f"http {response.status_code}: {(await response.aread())[:200]!r}"
                     return record
-                if stall:
-                    return await self._stall(record, response)
                 await self._read(record, response, abort_after)
         except (httpx.HTTPError, TimeoutError) as exc:
             record.error = f"{type(exc).__name__}: {exc}"
@@ -134,22 +130,12 @@ class SseDriver:
                 return   # leaving the `stream` context closes the connection mid-stream
         record.error = record.error or "the stream ended without [DONE]"
 
-    async def _stall(self, record: StreamRecord, response: httpx.Response) -> StreamRecord:
-        """Read nothing; the gateway must cut us off (connection closed) within its stall timeout."""
-        record.stalled = True
-        await asyncio.sleep(self.stall_limit_s)
-        with contextlib.suppress(httpx.HTTPError):
-            async for _ in response.aiter_bytes():
-                pass
-        return record
-
 
 class WsDriver:
     kind = "ws"
 
-    def __init__(self, gateway_url: str, stall_limit_s: float = 30.0) -> None:
+    def __init__(self, gateway_url: str) -> None:
         self.url = gateway_url.replace("http://", "ws://") + "/v1/stream"
-        self.stall_limit_s = stall_limit_s
 
     async def open(self) -> None:
         pass
@@ -157,17 +143,13 @@ class WsDriver:
     async def close(self) -> None:
         pass
 
-    async def run(self, spec: RequestSpec, abort_after: int | None = None, stall: bool = False) -> StreamRecord:
+    async def run(self, spec: RequestSpec, abort_after: int | None = None) -> StreamRecord:
         import websockets
 
         record = new_record(self, spec, exact=True)
         try:
             async with asyncio.timeout(REQUEST_TIMEOUT_S), websockets.connect(self.url, max_size=None) as ws:
                 await ws.send(json.dumps(request_body(spec)))
-                if stall:
-                    record.stalled = True
-                    await asyncio.sleep(self.stall_limit_s)
-                    return record
                 async for raw in ws:
                     message = json.loads(raw)
                     if message["type"] == "token":
@@ -186,7 +168,7 @@ class WsDriver:
                         record.error = f"error: {message.get('error')}"
                         return record
                 record.error = "the socket closed before done"
-        except (OSError, TimeoutError, Exception) as exc:   # websockets raises its own ConnectionClosed*
+        except Exception as exc:   # OSError, TimeoutError, websockets' ConnectionClosed* and InvalidStatus
             record.error = record.error or f"{type(exc).__name__}: {exc}"
         finally:
             record.finished_at = time.monotonic()
@@ -207,7 +189,7 @@ class BusDriver:
     async def close(self) -> None:
         await asyncio.to_thread(self.client.close)
 
-    async def run(self, spec: RequestSpec, abort_after: int | None = None, stall: bool = False) -> StreamRecord:
+    async def run(self, spec: RequestSpec, abort_after: int | None = None) -> StreamRecord:
         from nodes.cluster_client import ClusterError
         from nodes.engines.base import SamplingParams
         from nodes.gateway.openai_format import pdbus_info
@@ -240,10 +222,9 @@ class BusDriver:
         return record
 
 
-def make_driver(kind: str, *, gateway_url: str | None = None, broker_endpoint: str | None = None,
-                stall_limit_s: float = 30.0) -> Any:
+def make_driver(kind: str, *, gateway_url: str | None = None, broker_endpoint: str | None = None) -> Any:
     if kind == "bus":
         return BusDriver(broker_endpoint)
     if gateway_url is None:
         raise ValueError(f"the {kind} driver needs the gateway")
-    return SseDriver(gateway_url, stall_limit_s) if kind == "sse" else WsDriver(gateway_url, stall_limit_s)
+    return SseDriver(gateway_url) if kind == "sse" else WsDriver(gateway_url)

@@ -6,7 +6,7 @@ forwards every connection to 127.0.0.1:target_port, on its own asyncio thread.
 open (like a network that drops packets: no RST, so only the heartbeats can tell).
 `proxy.heal()`: closes the connections that saw the cut (their byte streams have holes, so
 ZeroMQ must reconnect from scratch) and forwards again. `proxy.stop()` closes everything.
-`retarget(port)` follows a broker restarted on another port (not needed when the port is kept).
+A broker restarted on its port is reached again through the same proxy (new connections).
 """
 
 from __future__ import annotations

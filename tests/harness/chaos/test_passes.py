@@ -22,7 +22,7 @@ class FakeDriver:
     async def close(self) -> None:
         self.closed = True
 
-    async def run(self, spec, abort_after=None, stall=False):
+    async def run(self, spec, abort_after=None):
         record = new_record(self, spec, exact=True)
         self.running += 1
         self.most_running = max(self.most_running, self.running)
