@@ -185,8 +185,8 @@ class Generation:
 class ClusterClient:
     def __init__(self, broker_endpoint: str, *, node_id: str | None = None, heartbeat: HeartbeatConfig | None = None,
                  tokenizer: Any = None, max_retries: int = 3, stall_timeout_s: float = 30.0,
-                 plan_timeout_s: float = 60.0, retry_delay_s: float = 0.2) -> None:
-        self.bus = BusClient(broker_endpoint, node_id, heartbeat=heartbeat)
+                 plan_timeout_s: float = 60.0, retry_delay_s: float = 0.2, security: Any = None) -> None:
+        self.bus = BusClient(broker_endpoint, node_id, heartbeat=heartbeat, security=security)
         self.tokenizer = tokenizer
         self._started = False
         self.max_retries, self.stall_timeout_s, self.retry_delay_s = max_retries, stall_timeout_s, retry_delay_s

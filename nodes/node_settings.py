@@ -1,7 +1,7 @@
 """Settings of an engine node process: the config file's sections, then CLI flags, as one value.
 
 Contract: `node_settings(args, role) -> NodeSettings`, reading `[broker]`, `[heartbeat]`, `[engine]`,
-`[prefill]`, `[decode]`, `[kv]`, `[scheduler]` through `nodes.settings` (file < env < flags).
+`[prefill]`, `[decode]`, `[kv]`, `[scheduler]`, `[security]` through `nodes.settings` (file < env < flags).
 `NodeSettings.engine_config()` is the `EngineConfig` the engine is built with. No torch here.
 """
 
@@ -12,9 +12,11 @@ from dataclasses import dataclass, field
 
 from bus import constants as c
 from bus.liveness import HeartbeatConfig
+from bus.security import SecurityConfig, SecurityError, is_loopback
 from nodes.commands.broker import heartbeat_config
+from nodes.commands.keys import security_config
 from nodes.engines.base import EngineConfig
-from nodes.settings import load_settings, section
+from nodes.settings import SettingsError, load_settings, section
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 
@@ -37,6 +39,7 @@ class NodeSettings:
     prefill_delay_s: float = 0.0                   # test-only: sleep before each prefill pass
     step_delay_s: float = 0.0                      # test-only: sleep before each decode step
     kv_faults: int = 0                             # test-only: corrupt the first N KV chunks sent
+    security: SecurityConfig | None = None         # CURVE on the bus and the KV plane ([security])
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig.from_dict(self.engine)
@@ -52,6 +55,7 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-quant", choices=["raw", "bf16", "int8", "int8_sym"], help="KV mode on the wire")
     parser.add_argument("--kv-compression", choices=["auto", "lz4", "zstd", "none"])
     parser.add_argument("--kv-bind", help="KV data endpoint to bind (decode side)")
+    parser.add_argument("--key", help="CURVE key pair name in [security] key_dir (default: the role)")
     parser.add_argument("--heartbeat-ms", type=int, help="heartbeat interval in milliseconds")
     parser.add_argument("--liveness", type=int, help="missed heartbeats before the broker is dead")
     parser.add_argument("--test-prefill-delay-ms", type=int, default=0, help=argparse.SUPPRESS)
@@ -76,12 +80,24 @@ def _engine_values(settings: dict, args: argparse.Namespace, role: str) -> dict:
     return values
 
 
+def node_security(settings: dict, args: argparse.Namespace, role: str, broker: str, kv_bind: str
+                  ) -> SecurityConfig | None:
+    """CURVE when the broker or the KV data endpoint is reachable from other machines (or forced)."""
+    exposed = broker if not is_loopback(broker) else kv_bind
+    try:
+        return security_config(settings, getattr(args, "key", None) or role, exposed)
+    except SecurityError as exc:
+        raise SettingsError(f"[security]: {exc}") from exc
+
+
 def node_settings(args: argparse.Namespace, role: str) -> NodeSettings:
     settings = load_settings(args.config)
     engine, kv = section(settings, "engine"), section(settings, "kv")
+    broker = args.broker or section(settings, "broker").get("endpoint", c.DEFAULT_ENDPOINT)
+    kv_bind = args.kv_bind or kv.get("data_bind", "tcp://127.0.0.1:0")
     return NodeSettings(
         role=role,
-        broker=args.broker or section(settings, "broker").get("endpoint", c.DEFAULT_ENDPOINT),
+        broker=broker,
         node_id=args.node_id,
         heartbeat=heartbeat_config(settings, args),
         model=args.model or engine.get("model", DEFAULT_MODEL),
@@ -89,11 +105,12 @@ def node_settings(args: argparse.Namespace, role: str) -> NodeSettings:
         engine=_engine_values(settings, args, role),
         kv_quant=args.kv_quant or kv.get("quant", "int8"),
         kv_compression=args.kv_compression or kv.get("compression", "auto"),
-        kv_bind=args.kv_bind or kv.get("data_bind", "tcp://127.0.0.1:0"),
+        kv_bind=kv_bind,
         kv_compile=bool(kv.get("compile", True)),
         kv_timeout_s=float(kv.get("timeout_s", 30.0)),
         local_suffix_tokens=int(section(settings, "scheduler").get("local_suffix_tokens", 64)),
         prefill_delay_s=args.test_prefill_delay_ms / 1000,
         step_delay_s=args.test_step_delay_ms / 1000,
         kv_faults=args.test_kv_faults,
+        security=node_security(settings, args, role, broker, kv_bind),
     )

@@ -59,7 +59,7 @@ class PrefillWork:
         self.quantizer = TorchQuantizer(compile=settings.kv_compile)
         faults = (FaultInjector(flip_probability=1.0, only_kinds=(CHUNK,), max_faults=settings.kv_faults)
                   if settings.kv_faults else None)   # test-only: checksum failures on the data plane
-        self.sender = KVSender(quantizer=self.quantizer, faults=faults)
+        self.sender = KVSender(quantizer=self.quantizer, faults=faults, security=settings.security)
         self.jobs: dict[str, PrefillJob] = {}
         self.endpoint: Endpoint | None = None
         self.log = get_logger("prefill")

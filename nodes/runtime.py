@@ -175,7 +175,7 @@ def run_node(settings: NodeSettings, make_works: Callable[[LoopThread], list[Wor
     works = make_works(kv_thread)
     data_endpoint = next((e for e in (w.prepare() for w in works) if e), "")
     endpoint = Endpoint(settings.broker, settings.role, settings.node_id, heartbeat=settings.heartbeat,
-                        data_endpoint=data_endpoint)
+                        data_endpoint=data_endpoint, security=settings.security)
     for work in works:
         work.attach(endpoint)
     loop = NodeLoop(endpoint, works, stop)
@@ -185,7 +185,7 @@ def run_node(settings: NodeSettings, make_works: Callable[[LoopThread], list[Wor
     endpoint.core.capacity = loop.current_capacity()   # READY carries it
     log = get_logger("node", node_id=endpoint.node_id, role=settings.role)
     with endpoint:
-        log.info("node_started", data_endpoint=data_endpoint, model=settings.model,
+        log.info("node_started", data_endpoint=data_endpoint, model=settings.model, curve=bool(settings.security),
                  kv_quant=settings.kv_quant, capacity=endpoint.core.capacity)
         try:
             loop.run()

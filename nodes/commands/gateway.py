@@ -3,7 +3,8 @@
 Contract: `add_arguments(parser)` and `main(args) -> int`. Reads `[gateway]` (host, port,
 model_name, api_keys, rate limits, limits, stall timeout), `[broker] endpoint`, `[engine] model`
 (for the tokenizer; the weights stay on the nodes) and `[kv]` (the KV mode it reports); flags
-override. Registers with the broker as a bus client (waits up to `--broker-timeout`), logs
+override; `[security]` (CURVE with the `gateway` key pair, see nodes.commands.keys) and
+`[gateway] tls_cert`/`tls_key` (HTTPS/WSS). Registers with the broker as a bus client (waits up to `--broker-timeout`), logs
 `gateway_started` with its URL, serves until SIGINT/SIGTERM. Exit 1 when no broker answers or
 the port is taken, 2 for bad settings or model.
 """
@@ -13,8 +14,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from bus.security import SecurityError
+from nodes.commands.keys import security_config
 from nodes.node_settings import DEFAULT_MODEL
-from nodes.settings import load_settings, section
+from nodes.settings import SettingsError, load_settings, section
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -25,6 +28,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model-dir", help="model cache directory")
     parser.add_argument("--model-name", help="the name clients use in `model` (default: [gateway] model_name)")
     parser.add_argument("--node-id", help="bus node id (default: gateway-<random>)")
+    parser.add_argument("--key", help="CURVE key pair name in [security] key_dir (default: gateway)")
     parser.add_argument("--broker-timeout", type=float, default=30.0, help="seconds to wait for the broker")
 
 
@@ -50,7 +54,11 @@ def main(args: argparse.Namespace) -> int:
     beat = section(settings, "heartbeat")
     heartbeat = HeartbeatConfig(interval_s=float(beat.get("interval_ms", 250)) / 1000,
                                 liveness=int(beat.get("liveness", c.DEFAULT_LIVENESS)))
-    client = ClusterClient(broker, node_id=args.node_id, heartbeat=heartbeat,
+    try:
+        security = security_config(settings, args.key or "gateway", broker)
+    except SecurityError as exc:
+        raise SettingsError(f"[security]: {exc}") from exc
+    client = ClusterClient(broker, node_id=args.node_id, heartbeat=heartbeat, security=security,
                            tokenizer=model.tokenizer,
                            max_retries=int(section(settings, "failover").get("max_retries", 3)))
     try:

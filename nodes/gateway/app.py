@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import asyncio
 import socket
+import ssl
 import time
 import weakref
 from typing import Any
@@ -30,6 +31,7 @@ from nodes.gateway.errors import ApiError, error_body
 from nodes.gateway.metrics import GatewayMetrics
 from nodes.gateway.protect import RateLimiter, check_api_key
 from nodes.gateway.serve import GATEWAY, IDENTITY
+from nodes.settings import SettingsError
 
 log = get_logger("gateway")
 OPEN_PATHS = ("/health", "/ready", "/metrics")
@@ -104,13 +106,32 @@ def listening_socket(config: GatewayConfig) -> socket.socket:
     return sock
 
 
+def tls_context(config: GatewayConfig) -> ssl.SSLContext | None:
+    """The server's TLS context (TLS 1.2+), or None for plain HTTP; bad files fail at start."""
+    if not config.tls_cert:
+        return None
+    context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+    context.minimum_version = ssl.TLSVersion.TLSv1_2
+    try:
+        context.load_cert_chain(config.tls_cert, config.tls_key)
+    except (OSError, ssl.SSLError) as exc:
+        raise SettingsError(f"[gateway] cannot load tls_cert/tls_key: {exc}") from exc
+    return context
+
+
 async def serve(gateway: Gateway, stop: asyncio.Event) -> None:
-    runner = web.AppRunner(build_app(gateway), handler_cancellation=True, access_log=None)
+    config = gateway.config
+    tls = tls_context(config)
+    # Header limits bound what aiohttp buffers before a handler runs (400 past them).
+    runner = web.AppRunner(build_app(gateway), handler_cancellation=True, access_log=None,
+                           max_line_size=config.max_header_bytes, max_field_size=config.max_header_bytes,
+                           max_headers=config.max_headers)
     await runner.setup()
-    sock = listening_socket(gateway.config)
-    await web.SockSite(runner, sock).start()
+    sock = listening_socket(config)
+    await web.SockSite(runner, sock, ssl_context=tls).start()
     port = sock.getsockname()[1]
-    log.info("gateway_started", host=gateway.config.host, port=port, url=f"http://{gateway.config.host}:{port}",
+    scheme = "https" if tls else "http"
+    log.info("gateway_started", host=config.host, port=port, url=f"{scheme}://{config.host}:{port}", tls=bool(tls),
              model=gateway.config.model_name, max_model_len=gateway.backend.max_model_len,
              auth=bool(gateway.config.api_keys))
     try:

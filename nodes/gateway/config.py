@@ -3,6 +3,8 @@
 Contract: `GatewayConfig.from_settings(settings, **overrides)` reads `[gateway]` (and
 `[engine] max_model_len`, `[kv]` for the KV mode it reports); unknown keys raise
 `SettingsError`, so a typo in the config never silently disables a limit. 0 turns a limit off.
+`tls_cert` + `tls_key` (PEM paths, both or neither) serve HTTPS/WSS; `max_header_bytes` bounds the
+request line and each header (aiohttp answers 400 past it), `max_headers` their number.
 """
 
 from __future__ import annotations
@@ -33,6 +35,10 @@ class GatewayConfig:
     stall_timeout_s: float = 30.0           # a consumer that takes nothing for this long is cut off
     send_buffer_bytes: int = 0              # kernel send buffer per connection (0: the OS autotunes it)
     ready_cache_s: float = 1.0              # /ready probes the cluster at most this often
+    tls_cert: str = ""                      # PEM certificate chain: serve HTTPS/WSS (with tls_key)
+    tls_key: str = ""                       # PEM private key
+    max_header_bytes: int = 8190            # request line and each header field (400 past it)
+    max_headers: int = 64                   # header fields per request (400 past it)
     kv_mode: str = ""                       # what `X-Pdbus-KV-Mode` says for a remote plan (from [kv])
 
     @classmethod
@@ -60,13 +66,18 @@ class GatewayConfig:
 
     def check(self) -> None:
         for name in ("port", "rate_limit_burst", "max_streams_per_key", "max_tokens_limit", "default_max_tokens",
-                     "max_model_len", "max_body_bytes", "stream_buffer_tokens", "send_buffer_bytes"):
+                     "max_model_len", "max_body_bytes", "stream_buffer_tokens", "send_buffer_bytes",
+                     "max_header_bytes", "max_headers"):
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 0:
                 raise SettingsError(f"[gateway] {name} must be a whole number >= 0, got {value!r}")
         for name in ("rate_limit_rps", "stall_timeout_s", "ready_cache_s"):
             if not isinstance(getattr(self, name), int | float) or getattr(self, name) < 0:
                 raise SettingsError(f"[gateway] {name} must be a number >= 0")
+        if bool(self.tls_cert) != bool(self.tls_key):
+            raise SettingsError("[gateway] tls_cert and tls_key go together: give both or neither")
+        if self.max_header_bytes < 256 or self.max_headers < 8:
+            raise SettingsError("[gateway] max_header_bytes must be >= 256 and max_headers >= 8")
         if self.stream_buffer_tokens < 1 or self.max_tokens_limit < 1 or self.stall_timeout_s <= 0:
             raise SettingsError("[gateway] stream_buffer_tokens, max_tokens_limit and stall_timeout_s must be > 0")
 

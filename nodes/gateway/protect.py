@@ -2,7 +2,10 @@
 
 Contract:
 - `check_api_key(authorization_header, keys) -> key` returns the Bearer key, "" when no keys are
-  configured, or raises ApiError 401 (missing or unknown key).
+  configured, or raises ApiError 401 (missing or unknown key). A configured key is either the key
+  itself or `sha256:<hex digest of the key>` (so the config file need not hold usable secrets);
+  every configured key is compared, each in constant time (hmac.compare_digest).
+- `hash_api_key(key) -> "sha256:<hex>"`: what to put in the config instead of the key.
 - `RateLimiter(rps, burst, max_streams)`: `acquire(identity, now)` admits one request (a token
   bucket of `burst` refilled at `rps`, and at most `max_streams` in flight per identity) or
   raises ApiError 429 with a `Retry-After` header (seconds until a token, or 1 s for streams);
@@ -12,6 +15,7 @@ Contract:
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 import math
 from dataclasses import dataclass
@@ -19,6 +23,17 @@ from dataclasses import dataclass
 from nodes.gateway.errors import ApiError
 
 MAX_IDENTITIES = 100_000
+HASH_PREFIX = "sha256:"
+
+
+def hash_api_key(key: str) -> str:
+    return HASH_PREFIX + hashlib.sha256(key.encode()).hexdigest()
+
+
+def _matches(token: bytes, token_digest: bytes, key: str) -> bool:
+    if key.startswith(HASH_PREFIX):
+        return hmac.compare_digest(token_digest, key[len(HASH_PREFIX):].strip().lower().encode())
+    return hmac.compare_digest(token, key.encode())
 
 
 def check_api_key(authorization: str | None, keys: tuple[str, ...]) -> str:
@@ -28,8 +43,12 @@ def check_api_key(authorization: str | None, keys: tuple[str, ...]) -> str:
     token = token.strip()
     if scheme.lower() != "bearer" or not token:
         raise ApiError(401, "missing API key: send 'Authorization: Bearer <key>'", code="invalid_api_key")
-    # Compare against every key in constant time, so timing does not reveal a key's prefix.
-    if not any(hmac.compare_digest(token.encode(), key.encode()) for key in keys):
+    # Every key, each in constant time: timing reveals neither a key's prefix nor which key matched.
+    digest = hashlib.sha256(token.encode()).hexdigest().encode()
+    matched = False
+    for key in keys:
+        matched |= _matches(token.encode(), digest, key)
+    if not matched:
         raise ApiError(401, "invalid API key", code="invalid_api_key")
     return token
 
