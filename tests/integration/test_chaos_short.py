@@ -45,8 +45,10 @@ def test_no_flipped_kv_chunk_could_have_been_decoded(run):
     evidence = row(run, "corrupt-kv")["evidence"]
     assert evidence["flips_injected"] > 0 and evidence["bad_chunks_caught"] > 0
     audit = evidence["audit"]
+    # Each flipped transfer either failed closed or was verified after resends; which one depends on
+    # how the flips fell across concurrent transfers, so only the sum is fixed.
     assert audit["uncaught_flips"] == 0 and audit["transfers_with_flips"] >= 1
-    assert evidence["transfers_failed_closed"] >= 1
+    assert audit["failed_closed"] + audit["verified_after_resend"] == audit["transfers_with_flips"]
 
 
 def test_the_abort_storm_cancelled_streams_on_the_nodes(run):
