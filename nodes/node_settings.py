@@ -83,7 +83,7 @@ def _engine_values(settings: dict, args: argparse.Namespace, role: str) -> dict:
 def node_security(settings: dict, args: argparse.Namespace, role: str, broker: str, kv_bind: str
                   ) -> SecurityConfig | None:
     """CURVE when the broker or the KV data endpoint is reachable from other machines (or forced)."""
-    exposed = broker if not is_loopback(broker) else kv_bind
+    exposed = broker if not is_loopback(broker) or not kv_bind else kv_bind
     try:
         return security_config(settings, getattr(args, "key", None) or role, exposed)
     except SecurityError as exc:

@@ -33,12 +33,12 @@ log = get_logger("security")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    commands = parser.add_subparsers(dest="keys_command", required=True)
-    generate = commands.add_parser("generate", help="write a CURVE key pair, print its public key")
-    generate.add_argument("--name", required=True, help="key name, e.g. broker, prefill-1, gateway")
-    generate.add_argument("--dir", help="key directory (default: [security] key_dir)")
-    listing = commands.add_parser("list", help="show the public keys the config admits, per role")
-    listing.add_argument("--dir", help="key directory (default: [security] key_dir)")
+    # One positional action rather than nested subparsers: the common flags (--config, --log-*)
+    # that cli.py adds must stay valid after the action.
+    parser.add_argument("action", choices=["generate", "list"],
+                        help="generate: write a key pair and print its public key; list: what the config admits")
+    parser.add_argument("--name", help="key name for generate, e.g. broker, prefill-1, gateway")
+    parser.add_argument("--dir", help="key directory (default: [security] key_dir)")
 
 
 def _key_dir(settings: dict, override: str | None = None) -> Path:
@@ -98,8 +98,11 @@ def _list(args: argparse.Namespace, settings: dict) -> int:
 
 def main(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
+    if args.action == "generate" and not args.name:
+        print("pdbus keys generate: --name is required", file=sys.stderr)
+        return 2
     try:
-        return _generate(args, settings) if args.keys_command == "generate" else _list(args, settings)
+        return _generate(args, settings) if args.action == "generate" else _list(args, settings)
     except SecurityError as exc:
         print(f"pdbus keys: {exc}", file=sys.stderr)
         return 2

@@ -5,7 +5,7 @@
 - `--idle` (and `--role gateway`): a bus node without an engine that registers, heartbeats and
   reconnects, answers every REQUEST with one PARTIAL echoing the body and a FINAL (so the bus can
   be exercised end to end without an engine) and logs DIRECT and CANCEL messages.
-Reads `[broker]` and `[heartbeat]` (and the engine sections) from the config; flags override
+Reads `[broker]`, `[heartbeat]`, `[security]` (and the engine sections) from the config; flags override
 them. SIGINT/SIGTERM stop it cleanly.
 """
 
@@ -20,7 +20,7 @@ from bus.endpoint import Endpoint
 from bus.log import get_logger
 from bus.messages import Cancel, Direct, Request
 from nodes.commands.broker import heartbeat_config
-from nodes.node_settings import add_node_arguments
+from nodes.node_settings import add_node_arguments, node_security
 from nodes.settings import load_settings, section
 
 _IDLE_CAPACITY = {
@@ -63,7 +63,8 @@ def main(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     broker = args.broker or section(settings, "broker").get("endpoint", c.DEFAULT_ENDPOINT)
     endpoint = Endpoint(broker, args.role, args.node_id, capacity=capacity_for(args.role),
-                        heartbeat=heartbeat_config(settings, args))
+                        heartbeat=heartbeat_config(settings, args),
+                        security=node_security(settings, args, args.role, broker, ""))
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())
