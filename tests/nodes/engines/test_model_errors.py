@@ -147,7 +147,8 @@ def test_unwritable_model_dir(tmp_path, tiny_gguf):
 
 
 def test_cli_prepare_prints_a_summary(tmp_path, tiny_gguf, capsys):
-    assert cli_main(["model", "prepare", "--model", str(tiny_gguf), "--model-dir", str(tmp_path / "m")]) == 0
+    assert cli_main(["model", "prepare", "--model", str(tiny_gguf), "--model-dir", str(tmp_path / "m"),
+                     "--dtype", "float32"]) == 0
     # Only the summary line; conversion log lines may share stdout when logging is not configured.
     line = capsys.readouterr().out.strip().splitlines()[-1]
     assert line.startswith("prepared tiny-test: 0.1M params, float32, ") and str(tmp_path / "m" / "tiny-test") in line
