@@ -18,6 +18,7 @@ from __future__ import annotations
 import asyncio
 import json
 import math
+import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -97,6 +98,7 @@ def result_dict(config: SweepConfig, rate_index: int, results: list[RequestResul
     summary["slo_goodput"] = summary["num_slo_met"] / max(duration, 1e-9)
     long_prompts = [r for r in results if r.prompt_len >= 1024]
     return {"date": time.strftime("%Y%m%d-%H%M%S"), "request_rate": _rate_label(rate),
+            "load_average_1m": os.getloadavg()[0],   # the machine is shared: background load skews a rate
             "burstiness": config.burstiness, "max_concurrency": config.max_concurrency,
             "num_prompts": config.num_prompts, "workload": config.workload, "seed": config.seed + rate_index,
             **summary, "pdbus_stages": stage_means(results), "pdbus_stages_long_prompts": stage_means(long_prompts),
