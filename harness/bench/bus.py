@@ -12,12 +12,15 @@ peer to the other (fixed routing ids, one dict lookup), the broker routes it by 
 Rounds alternate relay and broker; each figure is the median over rounds. The server's own CPU
 time per streamed message (from /proc) is printed too: on a shared 2-core machine it is the
 steadiest measure of what the protocol logic costs.
-Usage: flock /tmp/pdbus-bench.lock .venv/bin/python -m harness.bench.bus [--rounds 3] [--quick]
+`--curve` adds a third server, the broker with CurveZMQ (and its ZAP handler) on, measured in the
+same rounds with CURVE peers: the CURVE/plain ratio per measure is its cost on the control plane.
+Usage: flock /tmp/pdbus-bench.lock .venv/bin/python -m harness.bench.bus [--rounds 3] [--quick] [--curve]
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import statistics
 import subprocess
@@ -32,13 +35,31 @@ from bus.messages import Ready
 
 H = codec.HEADERS
 PAYLOAD_BYTES = 16 * 1024 * 1024
+CURVE = "broker-curve"
+_KEYS_ENV = "PDBUS_BENCH_CURVE_KEYS"
+
+
+def curve_configs(keys: dict[str, list[str]]) -> tuple[object, object]:
+    """(broker's, peers') SecurityConfig from in-memory key pairs; the peers' key is admitted as
+    decode and gateway (both bench peers use it)."""
+    from bus.security import Principal, SecurityConfig
+
+    server, peer = ([k.encode() for k in keys[name]] for name in ("server", "peer"))
+    admitted = {peer[0]: Principal("bench-peer", frozenset({"decode", "gateway"}))}
+    return (SecurityConfig(server[0], server[1], b"", admitted),
+            SecurityConfig(peer[0], peer[1], server[0], {}))
+
+
+def new_curve_keys() -> dict[str, list[str]]:
+    return {name: [k.decode() for k in zmq.curve_keypair()] for name in ("server", "peer")}
 
 
 class Peers:
     """The two DEALER peers and the frames they exchange through one kind of server."""
 
-    def __init__(self, context: zmq.Context, endpoint: str, via_relay: bool) -> None:
+    def __init__(self, context: zmq.Context, endpoint: str, via_relay: bool, security: object = None) -> None:
         self.via_relay = via_relay
+        self.security = security
         self.client = self._socket(context, endpoint, b"c")
         self.worker = self._socket(context, endpoint, b"w")
         self.last_beat = 0.0
@@ -53,6 +74,9 @@ class Peers:
             socket.setsockopt(option, value)
         if self.via_relay:
             socket.setsockopt(zmq.ROUTING_ID, identity)
+        if self.security is not None:
+            from bus.security import apply_client
+            apply_client(socket, self.security)
         socket.connect(endpoint)
         return socket
 
@@ -159,8 +183,8 @@ def cpu_seconds(pid: int) -> float:
 
 
 def measure(context: zmq.Context, endpoint: str, server_pid: int, via_relay: bool,
-            quick: bool) -> dict[str, float]:
-    peers = Peers(context, endpoint, via_relay)
+            quick: bool, security: object = None) -> dict[str, float]:
+    peers = Peers(context, endpoint, via_relay, security)
     try:
         round_trips(peers, 200)   # warm-up
         rtt = sorted(round_trips(peers, 1000 if quick else 4000))
@@ -180,7 +204,7 @@ def measure(context: zmq.Context, endpoint: str, server_pid: int, via_relay: boo
             "rtt_p99_us": rtt[int(len(rtt) * 0.99)], "gb_per_s": bulk}
 
 
-def endpoint_round_trips(endpoint: str, n: int) -> list[float]:
+def endpoint_round_trips(endpoint: str, n: int, security: object = None) -> list[float]:
     """Microseconds per request through the real node API: BusClient -> broker -> an Endpoint
     served by a node thread (receive, reply_final) -> back; both I/O threads included."""
     import threading
@@ -189,8 +213,8 @@ def endpoint_round_trips(endpoint: str, n: int) -> list[float]:
     from bus.endpoint import Endpoint
     from bus.messages import Request
 
-    worker = Endpoint(endpoint, "decode", "bench-worker").start()
-    client = BusClient(endpoint, "bench-client").start()
+    worker = Endpoint(endpoint, "decode", "bench-worker", security=security).start()
+    client = BusClient(endpoint, "bench-client", security=security).start()
     stop = threading.Event()
 
     def serve() -> None:
@@ -220,9 +244,10 @@ def endpoint_round_trips(endpoint: str, n: int) -> list[float]:
         worker.stop()
 
 
-def start_server(kind: str) -> tuple[subprocess.Popen, str]:
+def start_server(kind: str, keys: dict | None = None) -> tuple[subprocess.Popen, str]:
+    env = {**os.environ, _KEYS_ENV: json.dumps(keys)} if keys else None
     process = subprocess.Popen([sys.executable, "-m", "harness.bench.bus", "--serve", kind],
-                               stdout=subprocess.PIPE, text=True)
+                               stdout=subprocess.PIPE, text=True, env=env)
     endpoint = process.stdout.readline().strip()
     if not endpoint.startswith("tcp://"):
         process.kill()
@@ -230,12 +255,13 @@ def start_server(kind: str) -> tuple[subprocess.Popen, str]:
     return process, endpoint
 
 
-def run_round(context: zmq.Context, kind: str, quick: bool) -> dict[str, float]:
-    process, endpoint = start_server(kind)
+def run_round(context: zmq.Context, kind: str, quick: bool, keys: dict | None = None) -> dict[str, float]:
+    security = curve_configs(keys)[1] if kind == CURVE else None
+    process, endpoint = start_server(kind, keys if kind == CURVE else None)
     try:
-        result = measure(context, endpoint, process.pid, kind == "relay", quick)
-        if kind == "broker":
-            samples = sorted(endpoint_round_trips(endpoint, 300 if quick else 1500))
+        result = measure(context, endpoint, process.pid, kind == "relay", quick, security)
+        if kind in ("broker", CURVE):
+            samples = sorted(endpoint_round_trips(endpoint, 300 if quick else 1500, security))
             result["api_p50_us"] = samples[len(samples) // 2]
             result["api_p99_us"] = samples[int(len(samples) * 0.99)]
         return result
@@ -259,6 +285,12 @@ def report(results: dict[str, list[dict[str, float]]]) -> None:
               f"{broker[key] / relay[key]:>12.2f}x")
     print(f"{'round trip via BusClient/Endpoint API':36} {'':>12} {broker['api_p50_us']:>9.0f} us p50, "
           f"{broker['api_p99_us']:.0f} us p99 (node threads and I/O threads included)")
+    if CURVE in med:
+        curve = med[CURVE]
+        print(f"\n{'CURVE cost (control plane)':36} {'broker':>12} {'+CURVE':>12} {'CURVE/plain':>13}")
+        for label, key, fmt, _ in [*rows, ("round trip via API p50 (us)", "api_p50_us", "{:.0f}", False)]:
+            print(f"{label:36} {fmt.format(broker[key]):>12} {fmt.format(curve[key]):>12} "
+                  f"{curve[key] / broker[key]:>12.2f}x")
     rate_ok = broker["msgs_per_s"] >= 0.7 * relay["msgs_per_s"]
     rtt_ok = broker["rtt_p50_us"] <= 1.3 * relay["rtt_p50_us"]
     print(f"\ntargets: rate >= 0.70x relay: {'met' if rate_ok else 'MISSED'}; "
@@ -301,8 +333,9 @@ def serve(kind: str) -> None:
     configure_logging(level="error")
 
     async def main() -> None:
-        if kind == "broker":
-            server = Broker("tcp://127.0.0.1:0")
+        if kind in ("broker", CURVE):
+            keys = json.loads(os.environ[_KEYS_ENV]) if kind == CURVE else None
+            server = Broker("tcp://127.0.0.1:0", security=curve_configs(keys)[0] if keys else None)
             task = asyncio.create_task(server.serve())
             print(await server.wait_bound(), flush=True)
         else:
@@ -324,7 +357,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--quick", action="store_true", help="fewer messages (a smoke run)")
-    parser.add_argument("--serve", choices=["broker", "relay"], help=argparse.SUPPRESS)
+    parser.add_argument("--curve", action="store_true", help="also the broker with CurveZMQ on (its cost)")
+    parser.add_argument("--serve", choices=["broker", "relay", CURVE], help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.serve:
         serve(args.serve)
@@ -332,10 +366,12 @@ def main(argv: list[str] | None = None) -> int:
     from bus.log import configure_logging
     configure_logging(level="error")
     context = zmq.Context()
-    results: dict[str, list[dict[str, float]]] = {"relay": [], "broker": []}
+    kinds = ("relay", "broker", CURVE) if args.curve else ("relay", "broker")
+    keys = new_curve_keys() if args.curve else None
+    results: dict[str, list[dict[str, float]]] = {kind: [] for kind in kinds}
     for number in range(args.rounds):
-        for kind in ("relay", "broker"):
-            results[kind].append(run_round(context, kind, args.quick))
+        for kind in kinds:
+            results[kind].append(run_round(context, kind, args.quick, keys))
             r = results[kind][-1]
             print(f"round {number + 1} {kind:6}: {r['msgs_per_s']:,.0f} msg/s, p50 {r['rtt_p50_us']:.0f} us, "
                   f"p99 {r['rtt_p99_us']:.0f} us, {r['gb_per_s']:.2f} GB/s", flush=True)
