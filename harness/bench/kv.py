@@ -7,6 +7,9 @@ per-stage GB/s (kv_stages), compression ratios per mode, and end to end (encode 
 loopback TCP to another process -> receive -> verify -> decode into a preallocated buffer -> DONE
 back), on loopback and through a 10 Gbit/s shaped link, beside a bare pyzmq send of the same bytes.
 Every target of issue 3 is printed as a ratio of two figures measured side by side in this run.
+`--curve`: also the cost of CurveZMQ on the data plane: the same transfers to a plain and to a CURVE
+receiver in the same peer process, interleaved, as CURVE/plain time ratios (`--curve-only` skips
+the rest).
 """
 
 from __future__ import annotations
@@ -47,9 +50,10 @@ CASES = [  # (source dtype, mode, compression)
 ]
 
 
-def start_peer() -> tuple[subprocess.Popen, dict]:
+def start_peer(curve_keys: dict | None = None) -> tuple[subprocess.Popen, dict]:
+    env = {**os.environ, "PDBUS_BENCH_CURVE_KEYS": json.dumps(curve_keys)} if curve_keys else None
     peer = subprocess.Popen([sys.executable, "-m", "harness.bench.kv_peer", "--torch"],
-                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     return peer, json.loads(peer.stdout.readline())
 
 
@@ -130,6 +134,36 @@ def print_targets(loop: dict, shaped: dict) -> None:
     print("\n".join(rows))
 
 
+async def curve_cost(endpoints: dict, sources: dict, quantizer: TorchQuantizer, chunk_bytes: int,
+                     repeats: int, security: object) -> dict[str, tuple[float, float]]:
+    """Best-of-N seconds per case, plain vs CURVE, the two interleaved in every round."""
+    config = SendConfig(window=4, ack_timeout=5.0, transfer_timeout=60.0)
+    senders = {"plain": (KVSender(quantizer=quantizer, chunk_bytes=chunk_bytes, config=config), endpoints["kv"]),
+               "curve": (KVSender(quantizer=quantizer, chunk_bytes=chunk_bytes, config=config, security=security),
+                         endpoints["kv_curve"])}
+    times: dict[tuple[str, str], list[float]] = {}
+    for round_ in range(repeats + 1):   # round 0 warms up (and does the CURVE handshake)
+        for dtype, mode, compression in SWEEP_CASES:
+            for kind, (sender, endpoint) in senders.items():
+                started = time.perf_counter()
+                await sender.send(endpoint, f"{kind}-{dtype}-{mode}-{round_}", "bench", sources[dtype],
+                                  mode=mode, compression=compression)
+                if round_:
+                    times.setdefault((f"{dtype} {mode}+{compression}", kind), []).append(time.perf_counter() - started)
+    for sender, _ in senders.values():
+        await sender.close()
+    cases = dict.fromkeys(case for case, _ in times)
+    return {case: (min(times[case, "plain"]), min(times[case, "curve"])) for case in cases}
+
+
+def print_curve_cost(results: dict, raw_bytes: dict) -> None:
+    print("\n### CURVE cost on the KV data plane (loopback, two processes, best of N, interleaved)\n")
+    print("| case | plain ms | CURVE ms | CURVE/plain time | CURVE GB/s |\n|---|---:|---:|---:|---:|")
+    for case, (plain, curve) in results.items():
+        print(f"| {case} | {plain * 1e3:.1f} | {curve * 1e3:.1f} | {curve / plain:.2f}x "
+              f"| {raw_bytes[case.split()[0]] / curve / 1e9:.2f} |")
+
+
 SWEEP_CASES = [("fp32", "raw", "none"), ("fp32", "int8", "auto"), ("bf16", "raw", "none"), ("bf16", "int8", "auto")]
 
 
@@ -157,6 +191,8 @@ def main() -> int:
     parser.add_argument("--chunk-mib", type=float, default=None, help="chunk size (default: bus.kv's)")
     parser.add_argument("--skip-stages", action="store_true")
     parser.add_argument("--sweep", action="store_true", help="also time chunk sizes 0.5-8 MiB")
+    parser.add_argument("--curve", action="store_true", help="also the cost of CurveZMQ on the data plane")
+    parser.add_argument("--curve-only", action="store_true", help="only the CurveZMQ cost (implies --curve)")
     args = parser.parse_args()
     torch.set_num_threads(1)
     from bus.kv.layout import DEFAULT_CHUNK_BYTES
@@ -170,6 +206,19 @@ def main() -> int:
     started = time.perf_counter()
     quantizer.warmup()
     print(f"torch.compile warm-up: {time.perf_counter() - started:.1f} s (compiled={quantizer.compiled})")
+    if args.curve or args.curve_only:
+        from harness.bench.bus import curve_configs, new_curve_keys
+        keys = new_curve_keys()
+        peer, endpoints = start_peer(keys)
+        try:
+            results = asyncio.run(curve_cost(endpoints, sources, quantizer, chunk_bytes, args.repeats,
+                                             curve_configs(keys)[1]))
+        finally:
+            peer.stdin.close()
+            peer.wait(timeout=30)
+        print_curve_cost(results, raw_bytes)
+        if args.curve_only:
+            return 0
     peer, endpoints = start_peer()
     try:
         loop_results = asyncio.run(run_end_to_end(endpoints, sources, quantizer, chunk_bytes, args.repeats, None, gbit(25)))

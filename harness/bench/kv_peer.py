@@ -3,7 +3,8 @@
 Run as `python -m harness.bench.kv_peer [--torch] [--faults SEED]`: binds a KV data endpoint (a
 `KVReceiver` writing into one preallocated destination per dtype, as an engine's KV pool would)
 and a bare pyzmq ROUTER that acknowledges every message (the baseline), prints one JSON line
-{"kv": endpoint, "bare": endpoint} and serves until stdin closes. Every KV result is printed as a
+{"kv": endpoint, "bare": endpoint} and serves until stdin closes. With PDBUS_BENCH_CURVE_KEYS in
+the environment (bench-kv --curve) a second receiver speaks CURVE: {"kv_curve": endpoint} too. Every KV result is printed as a
 JSON line too (ok, transfer id, a checksum of the destination for raw round-trip checks).
 """
 
@@ -74,14 +75,24 @@ async def main(args: argparse.Namespace) -> None:
     receiver = KVReceiver(make_allocator(args.torch), quantizer=quantizer, faults=faults, on_result=report,
                           config=ReceiveConfig(transfer_timeout=args.timeout))
     endpoint = await receiver.start()
+    endpoints = {"kv": endpoint}
+    curve_receiver = None
+    if os.environ.get("PDBUS_BENCH_CURVE_KEYS"):
+        from harness.bench.bus import curve_configs
+        security = curve_configs(json.loads(os.environ["PDBUS_BENCH_CURVE_KEYS"]))[0]
+        curve_receiver = KVReceiver(make_allocator(args.torch), quantizer=quantizer, on_result=report,
+                                    config=ReceiveConfig(transfer_timeout=args.timeout), security=security)
+        endpoints["kv_curve"] = await curve_receiver.start()
     context = zmq.asyncio.Context.instance()
     bare = context.socket(zmq.ROUTER)
     bare.bind("tcp://127.0.0.1:0")
     bare_task = asyncio.get_running_loop().create_task(serve_bare(bare))
-    print(json.dumps({"kv": endpoint, "bare": bare.getsockopt_string(zmq.LAST_ENDPOINT)}), flush=True)
+    print(json.dumps({**endpoints, "bare": bare.getsockopt_string(zmq.LAST_ENDPOINT)}), flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)   # until stdin closes
     bare_task.cancel()
     await receiver.close()
+    if curve_receiver is not None:
+        await curve_receiver.close()
     bare.close(linger=0)
 
 
