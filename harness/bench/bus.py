@@ -40,14 +40,15 @@ _KEYS_ENV = "PDBUS_BENCH_CURVE_KEYS"
 
 
 def curve_configs(keys: dict[str, list[str]]) -> tuple[object, object]:
-    """(broker's, peers') SecurityConfig from in-memory key pairs; the peers' key is admitted as
-    decode and gateway (both bench peers use it)."""
+    """(server's, peers') SecurityConfig from in-memory key pairs: the peers' key is admitted as
+    decode, gateway and prefill (every bench peer uses it; bench-kv's sender is a prefill node),
+    the server's as decode (bench-kv's receiver)."""
     from bus.security import Principal, SecurityConfig
 
     server, peer = ([k.encode() for k in keys[name]] for name in ("server", "peer"))
-    admitted = {peer[0]: Principal("bench-peer", frozenset({"decode", "gateway"}))}
+    admitted = {peer[0]: Principal("bench-peer", frozenset({"decode", "gateway", "prefill"}))}
     return (SecurityConfig(server[0], server[1], b"", admitted),
-            SecurityConfig(peer[0], peer[1], server[0], {}))
+            SecurityConfig(peer[0], peer[1], server[0], {server[0]: Principal("bench-server", frozenset({"decode"}))}))
 
 
 def new_curve_keys() -> dict[str, list[str]]:

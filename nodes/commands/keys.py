@@ -24,8 +24,16 @@ from pathlib import Path
 from typing import Any
 
 from bus.log import get_logger
-from bus.security import (SecurityConfig, SecurityError, admitted_keys, fingerprint, generate_keypair,
-                          is_loopback, load_keypair, load_public_key)
+from bus.security import (
+    SecurityConfig,
+    SecurityError,
+    admitted_keys,
+    fingerprint,
+    generate_keypair,
+    is_loopback,
+    load_keypair,
+    load_public_key,
+)
 from nodes.settings import load_settings, section
 
 DEFAULT_KEY_DIR = "keys"

@@ -11,8 +11,17 @@ from bus import codec
 from bus.broker_core import BrokerCore
 from bus.constants import DisconnectReason
 from bus.messages import Disconnect, Ready
-from bus.security import (SecurityError, admitted_keys, fingerprint, generate_keypair, is_loopback,
-                          load_keypair, load_public_key, split_server_key, with_server_key)
+from bus.security import (
+    SecurityError,
+    admitted_keys,
+    fingerprint,
+    generate_keypair,
+    is_loopback,
+    load_keypair,
+    load_public_key,
+    split_server_key,
+    with_server_key,
+)
 from tests.bus.security_helpers import ADMIT, make_keys
 
 

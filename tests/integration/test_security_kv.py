@@ -4,8 +4,6 @@ planned is refused and counted."""
 
 from __future__ import annotations
 
-import asyncio
-
 import numpy as np
 import pytest
 

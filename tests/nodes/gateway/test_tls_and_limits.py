@@ -109,11 +109,10 @@ async def test_header_limits_answer_400_and_the_gateway_keeps_serving(tls_gatewa
 
 async def test_a_body_over_the_limit_is_413(tls_gateway):
     url, _, client_tls = tls_gateway
-    async with aiohttp.ClientSession() as session:
-        async with session.post(f"{url}/v1/completions", ssl=client_tls, data=b"{" + b" " * 10_000 + b"}",
-                                headers={"Authorization": f"Bearer {KEY}",
-                                         "Content-Type": "application/json"}) as response:
-            assert response.status == 413
+    headers = {"Authorization": f"Bearer {KEY}", "Content-Type": "application/json"}
+    async with aiohttp.ClientSession() as session, session.post(
+            f"{url}/v1/completions", ssl=client_tls, data=b"{" + b" " * 10_000 + b"}", headers=headers) as response:
+        assert response.status == 413
 
 
 def test_hashed_and_plain_keys_are_both_accepted_and_compared_whole():
