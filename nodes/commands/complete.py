@@ -67,7 +67,9 @@ def main(args: argparse.Namespace) -> int:
         print(f"pdbus complete: {exc}", file=sys.stderr)
         return 2
     text = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
-    client = ClusterClient(broker, tokenizer=tokenizer, max_retries=retries)
+    from nodes.commands.keys import security_config  # CURVE as the gateway key when [security] wants it
+    client = ClusterClient(broker, tokenizer=tokenizer, max_retries=retries,
+                           security=security_config(settings, "gateway", broker))
     try:
         client.start(args.timeout)
     except TimeoutError as exc:
