@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import ipaddress
+import logging
 import os
 import threading
 from collections import Counter
@@ -43,6 +44,8 @@ log = get_logger("security")
 ZAP_DOMAIN = "pdbus"
 _ENDPOINT_KEY = ";curve="
 KEY_LENGTH = 40   # Z85 of a 32-byte Curve25519 key
+_ZAP_LOG = logging.getLogger("bus.security.zap")
+_ZAP_LOG.setLevel(logging.WARNING)
 
 
 class SecurityError(ValueError):
@@ -232,7 +235,9 @@ class Gatekeeper(ThreadAuthenticator):
     """The ZAP handler of one zmq context: admits `config.admitted` keys only."""
 
     def __init__(self, context: zmq.Context, config: SecurityConfig) -> None:
-        super().__init__(context)
+        # pyzmq's authenticator logs client keys at DEBUG: keep its own log at WARNING and log
+        # refusals ourselves, by fingerprint.
+        super().__init__(context, log=_ZAP_LOG)
         self.config = config
         self.metrics: Counter[str] = Counter()
         self.lock = threading.Lock()
