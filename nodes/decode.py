@@ -71,6 +71,10 @@ class DecodeWork:
         self.publish_capacity = lambda: None   # set by run_node: send CAPACITY now
         self.log = get_logger("decode")
         self.num_kv_bytes_received = 0
+        # Blocks the last request refused as `full` needed: while fewer are available the node
+        # reports `full` in its capacity, so the broker queues new requests instead of the client
+        # retrying here until its retries run out.
+        self.num_blocks_wanted = 0
 
     # -- Work ------------------------------------------------------------------------------
     def prepare(self) -> str:
@@ -113,9 +117,13 @@ class DecodeWork:
     def capacity(self) -> dict[str, float]:
         usage = self.engine.kv_usage()
         num_waiting = sum(not j.running for j in self.jobs.values())
-        return {"kv_blocks_total": usage.num_blocks, "kv_blocks_free": self._num_available_blocks(usage),
+        num_available = self._num_available_blocks(usage)
+        if num_available >= self.num_blocks_wanted:
+            self.num_blocks_wanted = 0
+        return {"kv_blocks_total": usage.num_blocks, "kv_blocks_free": num_available,
                 "kv_blocks_cached": usage.num_session_blocks, "block_size": usage.block_size,
-                "max_running": self.engine.config.max_num_seqs, "num_running": len(self.engine.running) + num_waiting}
+                "max_running": self.engine.config.max_num_seqs, "num_running": len(self.engine.running) + num_waiting,
+                "full": int(self.num_blocks_wanted > 0)}
 
     def _num_available_blocks(self, usage: Any) -> int:
         """Blocks a new request could get: free ones plus finished sessions' (evicted LRU-first
@@ -165,6 +173,8 @@ class DecodeWork:
         fits = (admission.ok and admission.num_blocks_needed <= self._num_available_blocks(self.engine.kv_usage())
                 and len(self.engine.running) + num_waiting < self.engine.config.max_num_seqs)
         if not fits:
+            if admission.status != "rejected":
+                self.num_blocks_wanted = max(self.num_blocks_wanted, admission.num_blocks_needed, 1)
             return self._refuse(job, admission.status if admission.status == "rejected" else "full",
                                 admission.reason or "no KV room for a waiting request")
         job.num_blocks = admission.num_blocks_needed

@@ -84,6 +84,17 @@ def test_full_node_publishes_capacity_then_answers_full(kv_thread):
     assert published[-1]["kv_blocks_free"] == 0
 
 
+def test_refused_full_is_reported_in_capacity_until_the_blocks_are_back(kv_thread):
+    # Without the flag the scheduler would send the client's retries back here until they ran out;
+    # with it the broker queues new requests until this node has room again.
+    work, endpoint, published = make_work(kv_thread, engine=tiny_engine(num_kv_blocks=1, block_size=16))
+    work.on_message(request("r1"))
+    work.on_message(request("r2"))
+    assert published[-1]["full"] == 1
+    assert work.on_message(Cancel("r1"))
+    assert work.capacity()["full"] == 0 and work.capacity()["kv_blocks_free"] == 1
+
+
 def test_too_long_a_request_is_rejected_not_full(kv_thread):
     work, endpoint, _ = make_work(kv_thread)
     work.on_message(request("r1", prompt_token_ids=[5] * 4096))            # beyond the context
