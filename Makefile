@@ -70,11 +70,11 @@ model: install   ## convert the packaged GGUF model into the local model cache
 model-info: install ## describe the prepared model and time its loading
 	$(BIN)/pdbus model info --time
 
-bench-bus: install ## broker vs a bare ROUTER relay: msg/s, round trip p50/p99, GB/s
-	$(BENCH) -m harness.bench.bus
+bench-bus: install ## broker vs a bare ROUTER relay: msg/s, round trip p50/p99, GB/s; CURVE on vs off
+	$(BENCH) -m harness.bench.bus --curve
 
-bench-kv: install ## KV codec and data plane throughput, per stage and end to end
-	$(BENCH) -m harness.bench.kv
+bench-kv: install ## KV codec and data plane throughput, per stage and end to end; CURVE on vs off
+	$(BENCH) -m harness.bench.kv --curve
 
 bench-kv-quality: install ## quality of each KV quantization mode on the real model
 	$(BENCH) -m harness.bench.kv_quality
