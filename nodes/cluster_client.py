@@ -61,12 +61,22 @@ class RequestTrace:
     num_prefill_retries: int = 0
     fallback_local: bool = False
     kv_wire_bytes: int = 0
+    kv_transfers: list[dict] = field(default_factory=list)  # each verified transfer's report (prefill FINAL)
     timings: dict[str, float | None] = field(default_factory=dict)
     decode_final: dict | None = None
 
     @property
     def failed_over(self) -> bool:
         return self.num_failovers > 0
+
+    @property
+    def kv_mode(self) -> str:
+        """How the last KV transfer travelled (`int8`, `raw+lz4`, ...: the compression only when a
+        codec was used); "" when no KV moved."""
+        if not self.kv_transfers:
+            return ""
+        mode, compression = self.kv_transfers[-1].get("mode", "?"), self.kv_transfers[-1].get("compression", "")
+        return mode if compression in ("none", "") else f"{mode}+{compression}"
 
 
 @dataclass(frozen=True)

@@ -199,7 +199,10 @@ class Attempt:
             if isinstance(reply, Final):
                 trace = self.g.trace
                 trace.prefill_node_ids.append(body.get("node_id", ""))
-                trace.kv_wire_bytes += body.get("transfer", {}).get("wire_bytes", 0)
+                transfer = body.get("transfer") or {}
+                trace.kv_wire_bytes += transfer.get("wire_bytes", 0)
+                if transfer:
+                    trace.kv_transfers.append(transfer)
                 trace.timings.update({k: v for k, v in body.get("timings", {}).items() if v is not None})
                 if body.get("token"):
                     self.deliver(*body["token"])

@@ -171,6 +171,7 @@ class PrefillWork:
             "type": "done", "node_id": self.endpoint.node_id, "token": [0, *job.first_token],
             "transfer": {"transfer_id": job.transfer_id, "mode": stats.mode, "compression": stats.compression,
                          "raw_bytes": stats.raw_bytes, "wire_bytes": stats.wire_bytes, "retries": stats.retries,
+                         "checksum_failures": stats.checksum_failures, "resends": stats.resends,
                          "seconds": round(stats.seconds, 6)},
             "timings": {"queue_s": job.clock.seconds("received", "prefill_started"),
                         "prefill_s": job.clock.seconds("prefill_started", "prefilled"),

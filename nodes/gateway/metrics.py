@@ -46,6 +46,12 @@ class GatewayMetrics:
                                 "the wire", ["kind"], registry=r)
         self.kv_ratio = Histogram("pdbus_kv_compression_ratio", "KV raw bytes / wire bytes per transfer",
                                   buckets=(1, 1.5, 2, 3, 4, 6, 8, 12, 16), registry=r)
+        self.kv_transfer = Histogram("pdbus_kv_transfer_seconds", "Time of each verified KV transfer, "
+                                     "encode to the receiver's last ACK", buckets=LATENCY_BUCKETS, registry=r)
+        self.kv_checksum_failures = Counter("pdbus_kv_checksum_failures_total", "KV chunks that failed their "
+                                            "checksum and were resent (in transfers that then verified)", registry=r)
+        self.kv_resends = Counter("pdbus_kv_resends_total", "KV chunks sent again (NACKed or timed out)",
+                                  registry=r)
         self.failovers = Counter("pdbus_failovers_total", "Decode resumes after a lost or stalled node", registry=r)
         self.prefill_retries = Counter("pdbus_prefill_retries_total", "Prefills re-sent (node lost, kv_failed "
                                        "after checksum retries, timeout)", registry=r)
@@ -88,6 +94,11 @@ class GatewayMetrics:
             self.kv_bytes.labels("raw").inc(raw)
             self.kv_bytes.labels("wire").inc(wire)
             self.kv_ratio.observe(raw / wire)
+        for transfer in getattr(trace, "kv_transfers", ()):
+            if isinstance(transfer.get("seconds"), int | float):
+                self.kv_transfer.observe(transfer["seconds"])
+            self.kv_checksum_failures.inc(transfer.get("checksum_failures") or 0)
+            self.kv_resends.inc(transfer.get("resends") or 0)
         self.failovers.inc(trace.num_failovers)
         self.prefill_retries.inc(trace.num_prefill_retries)
         self.fallbacks.inc(1 if trace.fallback_local else 0)

@@ -25,7 +25,8 @@ def pdbus_info(trace: Any, kv_mode: str) -> dict[str, Any]:
         "prefill_node": trace.prefill_node_ids[-1] if trace.prefill_node_ids else None,
         "decode_node": trace.decode_node_ids[-1] if trace.decode_node_ids else None,
         "prefill_nodes": list(trace.prefill_node_ids), "decode_nodes": list(trace.decode_node_ids),
-        "plans": list(trace.plans), "kv_mode": kv_mode if remote else "none",
+        # The transfer's own report when the KV moved; the configured mode until it is known.
+        "plans": list(trace.plans), "kv_mode": (trace.kv_mode or kv_mode) if remote else "none",
         "kv_wire_bytes": trace.kv_wire_bytes, "failover": trace.failed_over, "num_failovers": trace.num_failovers,
         "num_prefill_retries": trace.num_prefill_retries, "fallback_local": trace.fallback_local,
         "failures": list(trace.failures), "timings": {k: v for k, v in trace.timings.items() if v is not None},

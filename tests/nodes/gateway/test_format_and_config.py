@@ -24,6 +24,26 @@ def test_pdbus_info_and_headers_name_the_nodes_mode_and_failover():
     assert headers["X-Pdbus-KV-Mode"] == "int8+auto" and headers["X-Pdbus-Failover"] == "true"
 
 
+def test_kv_mode_is_the_transfers_own_once_the_kv_moved():
+    t = trace()
+    t.kv_transfers.append({"mode": "int8", "compression": "none", "seconds": 0.01, "checksum_failures": 2,
+                           "resends": 2})
+    assert pdbus_info(t, "int8+auto")["kv_mode"] == "int8"   # auto chose to store it: say what travelled
+
+
+def test_metrics_count_kv_transfer_time_checksum_failures_and_resends():
+    from nodes.gateway.metrics import GatewayMetrics
+
+    t = trace()
+    t.kv_transfers.append({"mode": "int8", "compression": "none", "seconds": 0.01, "checksum_failures": 2,
+                           "resends": 3})
+    metrics = GatewayMetrics()
+    metrics.observe_stream(t, {"prompt_tokens": 4, "completion_tokens": 2}, [1.0, 1.1], 0.9, 1.2)
+    text = metrics.render()[0].decode()
+    assert "pdbus_kv_checksum_failures_total 2.0" in text and "pdbus_kv_resends_total 3.0" in text
+    assert "pdbus_kv_transfer_seconds_count 1.0" in text
+
+
 def test_a_cached_plan_moved_no_kv():
     t = RequestTrace("r", "s", decode_node_ids=["decode-0"], plans=["cached"])
     info = pdbus_info(t, "raw")
