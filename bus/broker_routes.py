@@ -23,7 +23,7 @@ from bus import constants as c
 from bus.broker_queue import Deferred, DeferredQueue
 from bus.codec import ProtocolError
 from bus.constants import CancelReason, Command, ErrorCode
-from bus.messages import Cancel, Ready
+from bus.messages import Cancel, Final, Ready
 from bus.registry import Node, Route
 from bus.routing import Defer, Refuse, RoutingPolicy
 
@@ -33,6 +33,9 @@ if TYPE_CHECKING:
 
 
 OVERLOADED = "overloaded"
+
+
+_BROKER_STATS = c.BROKER_STATS_SERVICE.encode()
 
 
 def _raw(frame) -> bytes:
@@ -64,7 +67,20 @@ class RouteTable:
         if request_id in self.routes or request_id in self.queue.by_id:
             self._refuse(node, request_id, ErrorCode.DUPLICATE_REQUEST, "request id already in flight")
             return
-        self.dispatch(node, request_id, _raw(frames[1]), frames, now, None)
+        service = _raw(frames[1])
+        if service == _BROKER_STATS:
+            self.metrics["answered.stats"] += 1
+            self.send(node, codec.encode(Final(request_id.decode(errors="replace"), 0, self.stats())), now)
+            return
+        self.dispatch(node, request_id, service, frames, now, None)
+
+    def stats(self) -> dict:
+        """What `BROKER_STATS_SERVICE` answers: live nodes by role, waiting requests by service."""
+        roles: dict[str, int] = {}
+        for live in self.nodes_by_id.values():
+            roles[live.role] = roles.get(live.role, 0) + 1
+        queued = {name.decode(errors="replace"): self.queue.num_queued(name) for name in self.by_service}
+        return {"nodes_by_role": roles, "queued_by_service": queued, "num_routes": len(self.routes)}
 
     def dispatch(self, node: Node, request_id: bytes, service: bytes, frames: list, now: float,
                  queued: Deferred | None) -> bool:

@@ -101,6 +101,9 @@ DEFAULT_LIVENESS = 3
 DEFAULT_ENDPOINT = "tcp://127.0.0.1:5555"
 # Whole-message limit (all frames). KV caches travel on the data plane, not through the broker.
 DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
+# A service the broker answers itself (one FINAL with its registry and queue figures), so a
+# gateway can export live nodes by role and queue depths without a side channel.
+BROKER_STATS_SERVICE = "pdbus.broker.stats"
 MAX_ID_BYTES = 128          # request ids, node ids, service names, routing keys
 # Reconnect back-off (node side): first retry after one interval, doubling, capped, jittered.
 DEFAULT_BACKOFF_CAP_S = 4.0

@@ -23,6 +23,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from bus.constants import BROKER_STATS_SERVICE
 from bus.mailbox import BusError
 from nodes.engines.base import SamplingParams
 from nodes.gateway.config import GatewayConfig
@@ -79,6 +80,21 @@ class Backend:
                 self._ready_at = time.monotonic()
             return {"ready": all(self._ready.values()), "broker": self.client.bus.endpoint.registered,
                     "services": dict(self._ready)}
+
+    async def broker_stats(self) -> dict[str, Any] | None:
+        """The broker's live nodes by role and queue depths (its built-in stats service); None
+        when the broker does not answer in time."""
+        if not self.client.bus.endpoint.registered:
+            return None
+        stream = self.client.bus.stream(BROKER_STATS_SERVICE, {}, timeout=PROBE_TIMEOUT_S)
+        try:
+            async for reply in stream:
+                return reply.body if isinstance(reply.body, dict) else None
+        except (BusError, TimeoutError):
+            return None
+        finally:
+            stream.cancel()
+        return None
 
     async def _probe(self, service: str) -> bool:
         if not self.client.bus.endpoint.registered:

@@ -161,5 +161,7 @@ async def ready(request: web.Request) -> web.Response:
 
 
 async def metrics(request: web.Request) -> web.Response:
-    body, content_type = request.app[GATEWAY].metrics.render()
+    gateway = request.app[GATEWAY]
+    gateway.metrics.set_broker_stats(await gateway.backend.broker_stats())
+    body, content_type = gateway.metrics.render()
     return web.Response(body=body, headers={"Content-Type": content_type})

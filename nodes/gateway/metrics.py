@@ -63,6 +63,10 @@ class GatewayMetrics:
         self.in_flight = Gauge("pdbus_requests_in_flight", "Requests being served now", registry=r)
         self.buffered = Gauge("pdbus_stream_buffered_tokens", "Tokens waiting in per-stream buffers (the "
                               "gateway's queue depth)", registry=r)
+        self.nodes_live = Gauge("pdbus_nodes_live", "Nodes registered on the broker, by role", ["role"],
+                                registry=r)
+        self.broker_queued = Gauge("pdbus_broker_queued_requests", "Requests waiting in the broker's queue "
+                                   "for a node with room, by service", ["service"], registry=r)
         self.services = Gauge("pdbus_service_available", "1 when at least one live node serves the service "
                               "(from the /ready probe)", ["service"], registry=r)
 
@@ -104,6 +108,16 @@ class GatewayMetrics:
         self.fallbacks.inc(1 if trace.fallback_local else 0)
         for failure in trace.failures:
             self.failures.labels(failure.split("@", 1)[0]).inc()
+
+    def set_broker_stats(self, stats: dict[str, Any] | None) -> None:
+        """Mirror the broker's answer at scrape time; roles it no longer reports drop to 0."""
+        if not stats:
+            return
+        roles = stats.get("nodes_by_role", {})
+        for role in ("prefill", "decode", "both", "gateway", *roles):
+            self.nodes_live.labels(role).set(roles.get(role, 0))
+        for service, num_queued in stats.get("queued_by_service", {}).items():
+            self.broker_queued.labels(service).set(num_queued)
 
     def set_services(self, services: dict[str, bool]) -> None:
         for service, alive in services.items():

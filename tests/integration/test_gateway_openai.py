@@ -104,6 +104,8 @@ def test_models_health_ready_and_metrics(served, client):
                  "pdbus_inter_token_latency_seconds_count", "pdbus_e2e_request_latency_seconds_count",
                  'pdbus_stage_seconds_count{stage="prefill"}', 'pdbus_kv_bytes_total{kind="wire"}',
                  "pdbus_kv_transfer_seconds_count", "pdbus_kv_checksum_failures_total", "pdbus_kv_resends_total",
+                 'pdbus_nodes_live{role="decode"} 1.0', 'pdbus_nodes_live{role="prefill"} 1.0',
+                 'pdbus_broker_queued_requests{service="decode"} 0.0',
                  'pdbus_requests_total{endpoint="completions",outcome="ok"}', "pdbus_failovers_total",
                  'pdbus_service_available{service="decode"} 1.0', "pdbus_requests_in_flight",
                  "pdbus_stream_buffered_tokens"):
