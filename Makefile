@@ -11,7 +11,7 @@ export OMP_NUM_THREADS ?= 1
 # Benchmarks share one lock so two never run at once on this 2-core machine.
 BENCH    := flock /tmp/pdbus-bench.lock $(PY)
 
-.PHONY: help install test test-all test-slow lint demo broker node prefill decode cluster colocated \
+.PHONY: help install test test-all lint demo broker node prefill decode cluster colocated \
         gateway client model model-info \
         bench-bus bench-kv bench-kv-quality bench-engine bench-gateway bench bench-quick chaos clean
 
