@@ -51,7 +51,8 @@ class Proc:
     def _read(self) -> None:
         for line in self.process.stderr:
             self.raw.append(line)
-            self.events.extend(parse_log_line(line))
+            seen_at = time.monotonic()   # when the line arrived here, for intervals across processes
+            self.events.extend({**event, "seen_at": seen_at} for event in parse_log_line(line))
 
     def find(self, name: str, **fields: Any) -> list[dict]:
         return [e for e in list(self.events) if e.get("event") == name and all(e.get(k) == v for k, v in fields.items())]
