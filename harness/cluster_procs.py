@@ -32,6 +32,31 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 NODE_ENV = {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "PYTHONUNBUFFERED": "1"}
 
 
+def poll_until(predicate: Any, timeout: float, interval: float = 0.05) -> Any:
+    """The first truthy value of `predicate()` within `timeout` seconds, else None."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if value := predicate():
+            return value
+        time.sleep(interval)
+    return None
+
+
+def gateway_ready(proc: Proc, url: str, timeout: float) -> bool:
+    """Wait for a gateway process to start and its `/ready` to answer 200 (nodes registered)."""
+    import contextlib
+
+    import httpx
+
+    def ready() -> bool:
+        with contextlib.suppress(httpx.HTTPError):
+            return httpx.get(f"{url}/ready", timeout=5).status_code == 200
+        return False
+
+    proc.wait_for("gateway_started", timeout=timeout)
+    return bool(poll_until(ready, timeout, interval=0.1))
+
+
 def free_port() -> int:
     with socket.socket() as probe:
         probe.bind(("127.0.0.1", 0))

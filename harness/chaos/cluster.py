@@ -19,13 +19,18 @@ import contextlib
 import json
 import signal
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
-from harness.cluster_procs import ClusterProcs, Proc, free_port, pdbus, render_config
+from harness.cluster_procs import (
+    ClusterProcs,
+    Proc,
+    free_port,
+    gateway_ready,
+    pdbus,
+    poll_until,
+    render_config,
+)
 
 GATEWAY_SETTINGS = {"stall_timeout_s": 3.0, "stream_buffer_tokens": 16, "send_buffer_bytes": 4096,
                     "max_streams_per_key": 0, "rate_limit_rps": 0.0}
@@ -69,14 +74,8 @@ class ChaosCluster(ClusterProcs):
         path.write_text(render_config({**self.settings, "gateway": {"port": port, **GATEWAY_SETTINGS}}))
         self.gateway = Proc(pdbus("gateway", "--config", str(path), "--broker", self.broker_endpoint))
         self.gateway_url = f"http://127.0.0.1:{port}"
-        self.gateway.wait_for("gateway_started", timeout=timeout)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.gateway_url}/ready", timeout=5).status_code == 200:
-                    return
-            time.sleep(0.1)
-        raise RuntimeError("the gateway never became ready:\n" + "".join(self.gateway.raw[-20:]))
+        if not gateway_ready(self.gateway, self.gateway_url, timeout):
+            raise RuntimeError("the gateway never became ready:\n" + "".join(self.gateway.raw[-20:]))
 
     def revive(self, node_id: str, timeout: float = 60.0) -> None:
         """Restart a dead node under its id (kept logs: `dead`) and wait until it joined."""
@@ -128,13 +127,11 @@ class ChaosCluster(ClusterProcs):
         return state
 
     def wait_kv_idle(self, timeout: float = 20.0) -> dict[str, bool]:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
+        """Every decode node's KV state once all are idle, or the last state seen after `timeout`."""
+        def all_idle() -> dict[str, bool] | None:
             state = self.kv_idle()
-            if all(state.values()):
-                return state
-            time.sleep(0.1)
-        return self.kv_idle()
+            return state if all(state.values()) else None
+        return poll_until(all_idle, timeout, interval=0.1) or self.kv_idle()
 
     def rss_mib(self) -> dict[str, float]:
         """Resident memory per live node process (from /proc), in MiB."""

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import asyncio
 import threading
-import time
 from collections.abc import Callable
 
 import pytest
@@ -13,6 +12,7 @@ import uvloop
 from bus.broker import Broker
 from bus.liveness import HeartbeatConfig
 from bus.registry import BrokerEvent
+from harness.cluster_procs import poll_until
 
 
 class BrokerThread:
@@ -60,13 +60,10 @@ class BrokerThread:
 
 def wait_until(predicate: Callable[[], object], timeout: float = 10.0, interval: float = 0.02) -> object:
     """Poll `predicate` until it is truthy; fail the test after `timeout` (generous: CI is loaded)."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"condition not met within {timeout}s")
+    value = poll_until(predicate, timeout, interval)
+    if not value:
+        raise AssertionError(f"condition not met within {timeout}s")
+    return value
 
 
 @pytest.fixture

@@ -3,10 +3,9 @@ engine (the same model, fp32, greedy), prompts, and a client bound to a `Cluster
 
 from __future__ import annotations
 
-import time
-
 import torch
 
+from harness.cluster_procs import poll_until
 from nodes.cluster_client import ClusterClient
 from nodes.engines.base import DecodeRequest, EngineConfig, SamplingParams
 from nodes.engines.engine import LlamaEngine
@@ -41,10 +40,7 @@ def client_for(cluster, **options) -> ClusterClient:
 
 
 def wait_until(predicate, timeout: float = 30.0, interval: float = 0.05, message: str = "condition"):
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        value = predicate()
-        if value:
-            return value
-        time.sleep(interval)
-    raise AssertionError(f"{message} not reached within {timeout}s")
+    value = poll_until(predicate, timeout, interval)
+    if not value:
+        raise AssertionError(f"{message} not reached within {timeout}s")
+    return value

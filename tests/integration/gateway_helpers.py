@@ -8,13 +8,10 @@ model cluster (1 prefill + 1 decode, raw KV) and `pdbus gateway` on a free port 
 from __future__ import annotations
 
 import contextlib
-import time
 from collections.abc import Iterator
 from typing import Any
 
-import httpx
-
-from harness.cluster_procs import ClusterProcs, Proc, free_port, pdbus, render_config
+from harness.cluster_procs import ClusterProcs, Proc, free_port, gateway_ready, pdbus, render_config
 
 TINY_NAME = "SmolLM2-135M-Instruct"
 
@@ -29,14 +26,8 @@ class GatewayProc:
         self.proc = Proc(pdbus("gateway", "--config", str(self.config_path), "--broker", cluster.broker_endpoint))
 
     def wait_ready(self, timeout: float = 60.0) -> None:
-        self.proc.wait_for("gateway_started", timeout=timeout)
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            with contextlib.suppress(httpx.HTTPError):
-                if httpx.get(f"{self.url}/ready", timeout=5).status_code == 200:
-                    return
-            time.sleep(0.1)
-        raise AssertionError("the gateway never became ready:\n" + "".join(self.proc.raw[-20:]))
+        if not gateway_ready(self.proc, self.url, timeout):
+            raise AssertionError("the gateway never became ready:\n" + "".join(self.proc.raw[-20:]))
 
     def stop(self) -> None:
         self.proc.stop()

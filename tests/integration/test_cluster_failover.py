@@ -13,7 +13,7 @@ import signal
 
 import pytest
 
-from harness.cluster_procs import ClusterProcs
+from harness.cluster_procs import ClusterProcs, poll_until
 from nodes.cluster_client import ClusterError
 from tests.integration.cluster_helpers import PROMPTS, client_for, greedy, load, reference
 
@@ -78,14 +78,11 @@ def test_prefill_node_killed_mid_prefill_is_retried_on_another(tiny):
 
 
 def first_prefill_started(cluster, timeout: float = 30.0) -> str:
-    import time
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for node_id in ("prefill-0", "prefill-1"):
-            if cluster.nodes[node_id].find("prefill_started"):
-                return node_id
-        time.sleep(0.02)
-    raise AssertionError("no prefill started")
+    started = poll_until(lambda: next((node_id for node_id in ("prefill-0", "prefill-1")
+                                       if cluster.nodes[node_id].find("prefill_started")), None), timeout, 0.02)
+    if not started:
+        raise AssertionError("no prefill started")
+    return started
 
 
 def test_all_prefill_nodes_dead_falls_back_to_decode_local_prefill(tiny):

@@ -6,12 +6,12 @@ from __future__ import annotations
 
 import os
 import signal
-import time
 
 import psutil
 import pytest
 
 from bus.client import BusClient
+from harness.cluster_procs import poll_until
 from tests.bus.processes import LoggedProcess, pdbus
 
 pytestmark = pytest.mark.integration
@@ -28,12 +28,7 @@ def _start_cluster(*flags: str) -> tuple[LoggedProcess, dict[str, int]]:
 
 
 def _gone(pids, timeout: float = 10.0) -> bool:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if not any(_alive(pid) for pid in pids):
-            return True
-        time.sleep(0.05)
-    return False
+    return bool(poll_until(lambda: not any(_alive(pid) for pid in pids), timeout))
 
 
 def _alive(pid: int) -> bool:
