@@ -53,6 +53,7 @@ async def _stream(client, prompt, sampling, session_id) -> tuple:
 
 def main(args: argparse.Namespace) -> int:
     from bus import constants as c
+    from bus.liveness import HeartbeatConfig
     from nodes.cluster_client import ClusterClient, ClusterError
     from nodes.engines.base import SamplingParams
     from nodes.engines.model_loader import ModelLoadError
@@ -69,6 +70,7 @@ def main(args: argparse.Namespace) -> int:
     text = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
     from nodes.commands.keys import security_config  # CURVE as the gateway key when [security] wants it
     client = ClusterClient(broker, tokenizer=tokenizer, max_retries=retries,
+                           heartbeat=HeartbeatConfig.from_settings(section(settings, "heartbeat")),
                            security=security_config(settings, "gateway", broker))
     try:
         client.start(args.timeout)

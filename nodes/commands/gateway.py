@@ -51,9 +51,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"pdbus gateway: {exc}", file=sys.stderr)
         return 2
     broker = args.broker or section(settings, "broker").get("endpoint", c.DEFAULT_ENDPOINT)
-    beat = section(settings, "heartbeat")
-    heartbeat = HeartbeatConfig(interval_s=float(beat.get("interval_ms", 250)) / 1000,
-                                liveness=int(beat.get("liveness", c.DEFAULT_LIVENESS)))
+    heartbeat = HeartbeatConfig.from_settings(section(settings, "heartbeat"))   # backoff cap included
     try:
         security = security_config(settings, args.key or "gateway", broker)
     except SecurityError as exc:
