@@ -13,7 +13,7 @@ BENCH    := flock /tmp/pdbus-bench.lock $(PY)
 
 .PHONY: help install test test-all lint demo broker node prefill decode cluster colocated \
         gateway client model model-info \
-        bench-bus bench-kv bench-kv-quality bench-engine bench-gateway bench bench-quick chaos clean
+        bench-bus bench-scheduler bench-kv bench-kv-quality bench-engine bench-gateway bench bench-quick chaos clean
 
 help:            ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -81,6 +81,9 @@ bench-kv-quality: install ## quality of each KV quantization mode on the real mo
 
 bench-engine: install ## engine prefill/decode speed beside transformers and rooflines
 	$(BENCH) -m harness.bench.engine
+
+bench-scheduler: install ## hash-ring balance and sessions moved on join/leave, through the real policy (~3 s)
+	$(PY) -m scheduler.simulation
 
 bench-gateway: install ## HTTP/SSE/WebSocket stack overhead: starlette+uvicorn beside aiohttp
 	$(BENCH) -m harness.bench.gateway_stack
