@@ -28,6 +28,7 @@ from harness.chaos.drivers import StreamRecord, make_driver
 from harness.chaos.passes import FaultEvent, run_pass
 from harness.chaos.report import render_table, write_json
 from harness.chaos.scenarios import PARTITIONED_NODE, SCENARIOS, SHORT, Ctx, Scenario
+from harness.chaos.timeline import timeline
 from harness.chaos.workload import build_workload, vocab_size_of
 
 RETRY_DELAY_S = 0.2   # ClusterClient's default pause before a retry
@@ -178,6 +179,7 @@ def run_scenario(scenario: Scenario, ctx: Ctx, options: ChaosOptions, reference:
         "fault": None if ctx.fault is None else {"target": ctx.fault.target, "details": ctx.fault.details},
         "evidence": evidence, "kv_idle_after": idle_after, "rss_mib_before": rss_before, "rss_mib_after": cluster.rss_mib(),
         "records": [r.to_json() for r in records], "extras": [r.to_json() for r in extras],
+        "timeline": timeline(cluster, ctx.fault, records) if scenario.recovery_bound else [],
         "seconds": round(time.monotonic() - started, 1),
     }
 
