@@ -33,7 +33,7 @@ from typing import Any
 from bus.client import BusClient
 from bus.liveness import HeartbeatConfig
 from nodes import cluster_wire as wire
-from nodes.cluster_orchestrator import Attempt, Retry, StreamToken
+from nodes.cluster_orchestrator import Attempt, Retry, StreamToken, retry_delay
 from nodes.engines.base import SamplingParams
 
 __all__ = ["ClusterClient", "ClusterError", "Generation", "GenerationResult", "RequestTrace", "StreamToken"]
@@ -174,7 +174,7 @@ class Generation:
                     self.spend_retry(retry.code, retry.message, retry.node_id)
                 else:
                     self.trace.failures.append(f"{retry.code}@{retry.node_id}")
-                await asyncio.sleep(retry.delay_s or self.client.retry_delay_s)
+                await asyncio.sleep(retry_delay(retry, self.client.retry_delay_s))
 
     def spend_retry(self, code: str, message: str, node_id: str = "") -> None:
         """Count one retry (decode resume or prefill re-send); ClusterError past the budget."""

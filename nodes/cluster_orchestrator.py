@@ -10,6 +10,10 @@ until it is filled — by the stream itself or by the `tokens` list of the decod
 the prefill node's FINAL for index 0). A gap left at the end is a `Retry` from the delivered
 offset. Prefill failures are retried here with a new transfer id for the same decode request,
 spending the generation's retry budget (`generation.spend_retry`).
+After a node loss the broker has already dropped the lost node, so the retry goes out at once
+(`Retry.delay_s` 0, `IMMEDIATE`); other retries wait the client's `retry_delay_s`. A prefill
+that recovers from a failure (a resumed stream, a re-sent prefill) is sent `urgent`: the prefill
+node runs it before its queued new work.
 """
 
 from __future__ import annotations
@@ -26,6 +30,8 @@ from bus.messages import Final
 from nodes import cluster_wire as wire
 
 NODE_LOSS = {"node_lost", "request_lost", wire.KV_TIMEOUT, "stalled", "gap"}
+# The broker reports these once the node is out of its registry: nothing to wait for.
+IMMEDIATE = {"node_lost", "request_lost"}
 PREFILL_GRACE_S = 2.0
 
 
@@ -38,7 +44,7 @@ class StreamToken:
 
 class Retry(Exception):
     def __init__(self, code: str, message: str = "", node_id: str = "", *, local: bool = False,
-                 counts: bool = True, delay_s: float = 0.0, details: dict | None = None) -> None:
+                 counts: bool = True, delay_s: float | None = None, details: dict | None = None) -> None:
         super().__init__(f"{code}: {message}")
         self.code, self.message, self.node_id = code, message, node_id
         self.local, self.counts, self.delay_s, self.details = local, counts, delay_s, details or {}
@@ -47,10 +53,17 @@ class Retry(Exception):
 def _retry_from(error: BusError, node_id: str = "") -> Retry:
     details = dict(error.details)
     node_id = str(details.pop("node_id", node_id))
-    delay = float(details.get("retry_after_s", 0.0) or 0.0)
+    delay: float | None = float(details.get("retry_after_s", 0.0) or 0.0) or None
     if error.code == "no_node":
-        delay = max(delay, 0.5)   # maybe mid re-registration after a broker restart
+        delay = max(delay or 0.0, 0.5)   # maybe mid re-registration after a broker restart
+    elif error.code in IMMEDIATE:
+        delay = 0.0
     return Retry(error.code, error.message, node_id, delay_s=delay, details=details)
+
+
+def retry_delay(retry: Retry, default_s: float) -> float:
+    """How long to wait before the retry: its own delay when it has one, else the default."""
+    return default_s if retry.delay_s is None else retry.delay_s
 
 
 class Attempt:
@@ -173,7 +186,8 @@ class Attempt:
             stream = self._open(wire.PREFILL, {
                 "prompt_token_ids": list(self.prompt), "sampling": wire.sampling_to_wire(self.sampling),
                 "decode_node_id": plan["node_id"], "data_endpoint": plan["data_endpoint"],
-                "transfer_id": transfer_id, "request_id": decode_request_id},
+                "transfer_id": transfer_id, "request_id": decode_request_id,
+                "urgent": bool(self.g.trace.failures)},   # a recovery: ahead of the node's new work
                 key=str(len(self.prompt)))   # the scheduler balances prefill nodes by outstanding tokens
             try:
                 await self._consume_prefill(stream)
@@ -191,7 +205,7 @@ class Attempt:
             self.g.trace.num_prefill_retries += 1
             self.g.spend_retry(f"prefill_{retry.code}", retry.message, retry.node_id)
             transfer_id = uuid.uuid4().hex
-            await asyncio.sleep(self.g.client.retry_delay_s)
+            await asyncio.sleep(retry_delay(retry, self.g.client.retry_delay_s))
 
     async def _consume_prefill(self, stream: Any) -> None:
         async for reply in stream:

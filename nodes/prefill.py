@@ -5,8 +5,12 @@ decode_node_id, data_endpoint, transfer_id, request_id}` joins a `PrefillBatcher
 when the queued prompts reach `max_batch_tokens` or the oldest waited `max_wait`); after the pass
 the first token goes back at once (PARTIAL `token` index 0), the KV goes to the decode node's data
 endpoint on the KV thread (`KVSender`, mode/compression from `[kv]`), then a DIRECT `kv_ready` to
-the decode node and the FINAL `done` {token, transfer report, timings} to the client. A failed
-send answers ERROR `kv_failed`. CANCEL drops a queued prompt or aborts its send (the receiver
+the decode node — from the KV thread the moment the send is verified, so the decode node never
+waits for this node's next prefill pass — and the FINAL `done` {token, transfer report, timings}
+to the client. A failed send answers ERROR `kv_failed`.
+A request with `"urgent": true` (a client re-sending a lost prefill or resuming a stream after a
+failover) waits in a lane of its own that runs before any other queued prompt and without the
+batching wait, so recovery never queues behind new work (a pass already running finishes first). CANCEL drops a queued prompt or aborts its send (the receiver
 frees its buffer), logged as `prefill_cancelled` with `stage`.
 """
 
@@ -46,6 +50,7 @@ class PrefillJob:
     data_endpoint: str
     transfer_id: str
     num_prompt_tokens: int
+    urgent: bool = False     # a recovery (re-sent prefill, resumed stream): runs before queued work
     clock: StageClock = field(default_factory=StageClock)
     first_token: tuple[int, str] | None = None
     sending: bool = False
@@ -56,6 +61,7 @@ class PrefillWork:
         self.settings, self.engine, self.kv_thread = settings, engine, kv_thread
         config = engine.config
         self.batcher = PrefillBatcher(max_batch_tokens=config.max_batch_tokens, max_wait_s=config.prefill_max_wait_s)
+        self.urgent = PrefillBatcher(max_batch_tokens=config.max_batch_tokens, max_wait_s=0.0)
         self.quantizer = TorchQuantizer(compile=settings.kv_compile)
         faults = (FaultInjector(flip_probability=1.0, only_kinds=(CHUNK,), max_faults=settings.kv_faults)
                   if settings.kv_faults else None)   # test-only: checksum failures on the data plane
@@ -87,7 +93,7 @@ class PrefillWork:
         return True
 
     def work(self, now: float) -> bool:
-        batch = self.batcher.next_batch(now)
+        batch = self.urgent.next_batch(now) or self.batcher.next_batch(now)
         if not batch:
             return False
         if self.settings.prefill_delay_s:
@@ -100,10 +106,11 @@ class PrefillWork:
         return True
 
     def next_deadline(self) -> float | None:
-        return self.batcher.deadline()
+        return min((d for d in (self.urgent.deadline(), self.batcher.deadline()) if d is not None), default=None)
 
     def capacity(self) -> dict[str, float]:
-        return {"max_batch_tokens": self.batcher.max_batch_tokens, "queued_tokens": self.batcher.num_queued_tokens}
+        return {"max_batch_tokens": self.batcher.max_batch_tokens,
+                "queued_tokens": self.batcher.num_queued_tokens + self.urgent.num_queued_tokens}
 
     def close(self) -> None:
         self.kv_thread.run(self.sender.close(), timeout=5)
@@ -117,7 +124,7 @@ class PrefillWork:
             return
         job.clock.mark("received")
         self.jobs[job.request_id] = job
-        self.batcher.add(prefill, time.monotonic())
+        (self.urgent if job.urgent else self.batcher).add(prefill, time.monotonic())
 
     def _parse(self, request: Request) -> tuple[PrefillJob, PrefillRequest]:
         body = wire.body_map(request.body)
@@ -131,7 +138,7 @@ class PrefillWork:
             if not isinstance(body.get(key), str) or not body[key]:
                 raise wire.BadRequest(f"{key} is required")
         job = PrefillJob(request.request_id, body["request_id"], body["decode_node_id"], body["data_endpoint"],
-                         body["transfer_id"], len(prompt))
+                         body["transfer_id"], len(prompt), urgent=body.get("urgent") is True)
         return job, PrefillRequest(request.request_id, prompt, wire.sampling_from_wire(body.get("sampling", {})))
 
     def _on_prefilled(self, result: PrefillResult) -> None:
@@ -148,6 +155,10 @@ class PrefillWork:
         try:
             report = await self.sender.send(job.data_endpoint, job.transfer_id, job.decode_request_id, kv,
                                             mode=self.settings.kv_quant, compression=self.settings.kv_compression)
+            # Tell the decode node now: the node's thread may be inside its next prefill pass
+            # for a second or more before it handles KvSendDone.
+            self.endpoint.send_direct(job.decode_node_id, wire.kv_ready_body(job.decode_request_id, job.transfer_id,
+                                                                             job.first_token[0]))
             done = KvSendDone(job.request_id, report)
         except KVError as exc:
             done = KvSendDone(job.request_id, None, str(exc))
@@ -165,8 +176,6 @@ class PrefillWork:
             return
         stats = done.report.stats
         self.num_kv_bytes_sent += stats.wire_bytes
-        self.endpoint.send_direct(job.decode_node_id, wire.kv_ready_body(job.decode_request_id, job.transfer_id,
-                                                                         job.first_token[0]))
         final = {
             "type": "done", "node_id": self.endpoint.node_id, "token": [0, *job.first_token],
             "transfer": {"transfer_id": job.transfer_id, "mode": stats.mode, "compression": stats.compression,
@@ -188,6 +197,6 @@ class PrefillWork:
             self.kv_thread.submit(self.sender.abort(job.transfer_id, "cancelled by the client"))
             stage = "transfer"
         else:
-            self.batcher.remove(request_id)
+            self.batcher.remove(request_id) or self.urgent.remove(request_id)
             stage = "queue"
         self.log.info("prefill_cancelled", request_id=request_id, stage=stage, transfer_id=job.transfer_id)

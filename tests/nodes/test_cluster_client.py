@@ -7,7 +7,8 @@ import pytest
 
 from nodes import cluster_wire as wire
 from nodes.cluster_client import ClusterClient, Generation
-from nodes.cluster_orchestrator import Attempt, StreamToken
+from bus.mailbox import BusError
+from nodes.cluster_orchestrator import Attempt, Retry, StreamToken, _retry_from, retry_delay
 from nodes.engines.base import SamplingParams
 
 
@@ -40,6 +41,19 @@ def test_tokens_after_a_gap_wait_for_it():
     assert generation.emitted == [] and sorted(attempt.pending) == [1, 2]
     attempt.deliver(0, 10, "a")
     assert [t.token_id for t in generation.emitted] == [10, 11, 12] and not attempt.pending
+
+
+@pytest.mark.parametrize(("code", "details", "expected_s"), [
+    ("node_lost", {"node_id": "decode-1"}, 0.0),      # the broker already dropped the node: at once
+    ("request_lost", {}, 0.0),
+    ("no_node", {}, 0.5),                              # maybe mid re-registration: wait a little
+    ("kv_failed", {}, 0.2),                            # anything else: the client's retry delay
+    ("full", {"retry_after_s": 1.5}, 1.5),             # the node said when
+])
+def test_a_retry_after_a_node_loss_goes_out_at_once_others_wait(code, details, expected_s):
+    retry = _retry_from(BusError("r1", code, "why", details))
+    assert retry_delay(retry, default_s=0.2) == expected_s
+    assert retry_delay(Retry("stalled"), default_s=0.2) == 0.2
 
 
 def test_text_prompts_need_a_tokenizer_and_empty_prompts_are_refused():

@@ -85,6 +85,48 @@ def test_an_unreachable_decode_node_ends_with_kv_failed(kv_thread):
     work.close()
 
 
+def test_kv_ready_goes_out_from_the_kv_thread_before_the_node_thread_handles_the_send(kv_thread):
+    """The decode node must not wait for this node's next prefill pass to learn its KV is there."""
+    receiver = KVReceiver()
+    data_endpoint = kv_thread.run(receiver.start())
+    work, endpoint = make_work(kv_thread)
+    work.on_message(request(data_endpoint=data_endpoint))
+    work.work(time.monotonic() + 1)
+    deadline = time.monotonic() + 10
+    while not endpoint.of("direct") and time.monotonic() < deadline:
+        time.sleep(0.01)   # nobody handles the inbox meanwhile: the node thread is "busy"
+    (token,) = endpoint.of("partial", "p1")
+    assert endpoint.of("direct", "decode-a") == [wire.kv_ready_body("d1", "t1", token["token_id"])]
+    assert not endpoint.of("final")
+    assert isinstance(take_inbox(work, endpoint), KvSendDone) and len(endpoint.of("direct")) == 1
+    assert endpoint.of("final", "p1")
+    kv_thread.run(receiver.close())
+    work.close()
+
+
+def test_an_urgent_prefill_runs_before_queued_new_work_and_without_the_batching_wait(kv_thread):
+    work, endpoint = make_work(kv_thread)
+    work.on_message(request("new", transfer_id="t-new", data_endpoint="tcp://127.0.0.1:9"))
+    work.on_message(request("resumed", transfer_id="t-resumed", urgent=True, data_endpoint="tcp://127.0.0.1:9"))
+    now = time.monotonic()
+    assert work.capacity()["queued_tokens"] == 2 * len(PROMPT)
+    assert work.work(now)   # the new prompt still waits for max_wait; the urgent one runs now, alone
+    assert [rid for kind, rid, _ in endpoint.sent if kind == "partial"] == ["resumed"]
+    assert work.work(now + 1)
+    assert [rid for kind, rid, _ in endpoint.sent if kind == "partial"] == ["resumed", "new"]
+    for request_id in ("resumed", "new"):
+        work.on_message(Cancel(request_id))
+    work.close()
+
+
+def test_cancel_drops_a_queued_urgent_prompt(kv_thread):
+    work, endpoint = make_work(kv_thread)
+    work.on_message(request(urgent=True))
+    assert work.on_message(Cancel("p1"))
+    assert work.capacity()["queued_tokens"] == 0 and work.next_deadline() is None
+    assert not work.work(time.monotonic() + 1) and not endpoint.sent
+
+
 def test_batcher_waits_for_max_wait_or_the_token_budget(kv_thread):
     work, endpoint = make_work(kv_thread)
     work.on_message(request())
