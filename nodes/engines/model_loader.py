@@ -5,7 +5,8 @@ Contract:
   "SmolLM2-135M-Instruct", "tiny" (random weights, seed 0), a local Hugging Face Llama folder, or a
   .gguf file. A GGUF (packaged or given) is converted once into `model_dir` (default
   $PDBUS_MODEL_DIR or <repo>/.models) as a Hugging Face folder and loaded from there afterwards.
-- `prepare_model(spec, *, model_dir, force)` does only that conversion and returns the folder.
+- `prepare_model(spec, *, model_dir, force)` does only that conversion and returns the folder;
+  `open_model_folder(spec, *, model_dir)` adds its config and tokenizer, without the weights.
 - `build_tiny_model(seed, ...)`: random weights of the same architecture with a small tokenizer.
 - Every failure to find, read or understand a model raises `ModelLoadError` whose message says
   what is wrong and what to do.
@@ -110,6 +111,30 @@ def load_model(spec: str = DEFAULT_MODEL, *, dtype: torch.dtype = torch.float32,
     folder = prepare_model(spec, model_dir=model_dir)
     source = "packaged" if spec == DEFAULT_MODEL else str(path)
     return _load_folder(folder, folder.name, dtype, source=source)
+
+
+@dataclass(frozen=True)
+class ModelFolder:
+    """A model as a Hugging Face folder, without its weights (for engines that load them themselves)."""
+
+    folder: Path
+    name: str
+    config: LlamaConfig
+    tokenizer: Tokenizer
+
+
+def open_model_folder(spec: str = DEFAULT_MODEL, *, model_dir: str | Path | None = None) -> ModelFolder:
+    """The folder, config and tokenizer of `spec` (converting a GGUF once, as `load_model` does)."""
+    if spec == TINY_SPEC:
+        raise ModelLoadError("the tiny random model exists only in memory; give a model folder or GGUF")
+    folder = prepare_model(spec, model_dir=model_dir)
+    try:
+        config = _folder_config(folder)
+        tokenizer = Tokenizer.from_folder(folder, bos_token_id=config.bos_token_id,
+                                          eos_token_ids=config.eos_token_ids)
+    except (TokenizerLoadError, ValueError, KeyError, TypeError) as exc:
+        raise ModelLoadError(f"cannot load the model folder {folder}: {exc}") from exc
+    return ModelFolder(folder=folder, name=folder.name, config=config, tokenizer=tokenizer)
 
 
 def prepare_model(spec: str = DEFAULT_MODEL, *, model_dir: str | Path | None = None,

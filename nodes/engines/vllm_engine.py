@@ -1,0 +1,252 @@
+"""`VllmEngine`: vLLM behind pdbus's `Engine` contract (`pdbus prefill|decode --engine vllm`).
+
+The node code is the same as with the built-in engine; only the engine changes. vLLM's offline
+`LLMEngine` runs in the node's process with `PdbusConnector` as its KV connector:
+
+- prefill (`kv_producer`): each prompt runs with max_tokens=1; the connector captures the prompt's
+  KV from vLLM's paged cache into pdbus's layout `[layers, 2, kv_heads, tokens, head_dim]`, which
+  the node ships over the pdbus data plane exactly like the built-in engine's KV.
+- decode (`kv_consumer`): a request that comes with KV and the prefill node's first token is added
+  as prompt + first token; the connector injects the KV for the prompt (vLLM's `num_cached_tokens`
+  counts it) and vLLM computes only the first token's forward pass, then decodes with continuous
+  batching. Without KV (local prefill, or a transfer that failed its checksums) vLLM prefills it.
+
+Text, stop strings, EOS and max_tokens go through pdbus's own `OutputTracker` (vLLM returns token
+ids only), so a stream reads the same whichever engine produced it; greedy token ids match plain
+vLLM. Sessions are not cached between turns (prefix caching is off): a follow-up turn is prefilled
+again. Sampling with a seed is reproducible per engine, but a decode node does not continue the
+prefill node's random stream as the built-in engine does; greedy is exact.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+from nodes.engines.base import (
+    Admission,
+    DecodeRequest,
+    Engine,
+    EngineConfig,
+    KvUsage,
+    PrefillRequest,
+    PrefillResult,
+    SamplingParams,
+    TokenEvent,
+)
+from nodes.engines.engine import EngineStats, resolve_dtype
+from nodes.engines.model_loader import ModelFolder
+from nodes.engines.output import OutputTracker
+from nodes.engines.vllm_args import KV_ROLES, engine_args, prepare_environment, require_vllm
+from nodes.engines.vllm_mailbox import CAPTURE_PARAM, KV_KEY_PARAM, MAILBOX
+
+
+class KvShape:
+    """What the decode node asks of `engine.runner`: model config and KV tensors to receive into."""
+
+    def __init__(self, config, dtype: torch.dtype) -> None:
+        self.config, self.dtype = config, dtype
+
+    def new_kv(self, num_tokens: int) -> torch.Tensor:
+        c = self.config
+        return torch.empty((c.num_layers, 2, c.num_kv_heads, num_tokens, c.head_dim), dtype=self.dtype)
+
+
+@dataclass(slots=True)
+class _Running:
+    request_id: str
+    kv_key: str
+    tracker: OutputTracker
+    num_reserved_tokens: int
+    num_prompt_tokens: int
+    seen_first_output: bool = False
+
+
+class VllmEngine(Engine):
+    def __init__(self, model: ModelFolder, config: EngineConfig | None = None, *, role: str = "both") -> None:
+        self.config = config or EngineConfig()
+        require_vllm()
+        prepare_environment(self.config)
+        from vllm.v1.engine.llm_engine import LLMEngine
+
+        self.model_name = model.name
+        self.tokenizer = model.tokenizer
+        self.eos_token_ids = tuple(model.config.eos_token_ids)
+        self.max_model_len = min(self.config.max_model_len or model.config.max_position_embeddings,
+                                 model.config.max_position_embeddings)
+        self.runner = KvShape(model.config, resolve_dtype(self.config.dtype))
+        args = engine_args(model.folder, self.config, KV_ROLES.get(role), self.max_model_len)
+        self._llm = LLMEngine.from_engine_args(args)
+        cache = self._llm.vllm_config.cache_config
+        self.block_size, self.num_blocks = int(cache.block_size), int(cache.num_gpu_blocks)
+        self._running: dict[str, _Running] = {}
+        self._keys = itertools.count()
+        self.stats = EngineStats()
+
+    @property
+    def running(self) -> list[str]:
+        return list(self._running)
+
+    # ---- prefill side ------------------------------------------------------------------------
+    def prefill(self, requests: Sequence[PrefillRequest]) -> list[PrefillResult]:
+        for request in requests:
+            self._validate_prompt(request.request_id, request.prompt_token_ids)
+        keys = {}
+        for request in requests:
+            keys[request.request_id] = key = self._new_key(request.request_id)
+            params = self._vllm_sampling(request.sampling, max_tokens=1, kv_key=key, capture=True)
+            self._llm.add_request(key, {"prompt_token_ids": list(request.prompt_token_ids)}, params)
+        first_tokens: dict[str, int] = {}
+        while len(first_tokens) < len(requests):
+            for output in self._llm.step():
+                if output.finished and output.outputs and output.outputs[0].token_ids:
+                    first_tokens[output.request_id] = int(output.outputs[0].token_ids[0])
+        results = [self._prefill_result(r, keys[r.request_id], first_tokens[keys[r.request_id]]) for r in requests]
+        self.stats.num_prefilled_tokens += sum(r.num_prompt_tokens for r in results)
+        return results
+
+    def _prefill_result(self, request: PrefillRequest, key: str, token_id: int) -> PrefillResult:
+        kv = MAILBOX.take_capture(key)
+        if kv is None:
+            raise RuntimeError(f"request {request.request_id}: vLLM finished without handing over the prompt's KV "
+                               "(is PdbusConnector configured as kv_producer?)")
+        tracker = OutputTracker(self.tokenizer, request.sampling, self.eos_token_ids)
+        text, finish_reason = tracker.push(token_id)
+        return PrefillResult(request.request_id, token_id, text, kv, len(request.prompt_token_ids), finish_reason)
+
+    # ---- decode side -------------------------------------------------------------------------
+    def check_admission(self, request: DecodeRequest) -> Admission:
+        num_prompt = len(request.prompt_token_ids)
+        if num_prompt >= self.max_model_len:
+            return Admission("rejected", f"prompt of {num_prompt} tokens leaves no room in the context of "
+                                         f"{self.max_model_len}")
+        num_needed = self._blocks(self._reserved_tokens(request))
+        num_free = self.num_blocks - self._blocks_reserved()
+        if len(self._running) >= self.config.max_num_seqs:
+            return Admission("full", f"{len(self._running)} requests running (max_num_seqs)", num_needed, num_free)
+        if num_needed > num_free:
+            return Admission("full", f"needs {num_needed} KV blocks, {num_free} free", num_needed, num_free)
+        return Admission("ok", "", num_needed, num_free)
+
+    def add_request(self, request: DecodeRequest) -> Admission:
+        if request.request_id in self._running:
+            return Admission("rejected", f"request {request.request_id} is already running")
+        admission = self.check_admission(request)
+        if not admission.ok:
+            return admission
+        prompt = list(request.prompt_token_ids)
+        num_reserved = self._reserved_tokens(request)
+        tracker = OutputTracker(self.tokenizer, request.sampling, self.eos_token_ids,
+                                max_tokens=num_reserved - len(prompt))
+        if request.first_token_id is not None:
+            tracker.push(request.first_token_id)   # streamed by the prefill node already
+            prompt.append(request.first_token_id)
+        key = self._new_key(request.request_id)
+        if request.kv is not None:
+            MAILBOX.offer(key, request.kv)
+        params = self._vllm_sampling(request.sampling, max_tokens=num_reserved - len(prompt), kv_key=key)
+        self._running[request.request_id] = _Running(request.request_id, key, tracker, num_reserved,
+                                                     len(request.prompt_token_ids))
+        self._llm.add_request(request.request_id, {"prompt_token_ids": prompt}, params)
+        return admission
+
+    def step(self) -> list[TokenEvent]:
+        events: list[TokenEvent] = []
+        for output in self._llm.step():
+            run = self._running.get(output.request_id)
+            if run is not None:
+                events.extend(self._events(run, output))
+        self.stats.num_steps += 1
+        return events
+
+    def _events(self, run: _Running, output: Any) -> list[TokenEvent]:
+        if not run.seen_first_output:
+            run.seen_first_output = True
+            num_cached = int(output.num_cached_tokens or 0)
+            self.stats.num_imported_tokens += num_cached
+            self.stats.num_prefilled_tokens += max(0, run.num_prompt_tokens - num_cached)
+        events = []
+        for token_id in output.outputs[0].token_ids if output.outputs else ():
+            text, finish_reason = run.tracker.push(int(token_id))
+            self.stats.num_generated_tokens += 1
+            events.append(TokenEvent(run.request_id, int(token_id), text, run.tracker.num_tokens - 1, finish_reason))
+            if finish_reason is not None:
+                break
+        if run.tracker.finish_reason is None and output.finished:
+            run.tracker.finish_reason = "length"   # vLLM ended it first (its max_tokens is ours)
+            events.append(TokenEvent(run.request_id, None, "", run.tracker.num_tokens, "length"))
+        if run.tracker.finish_reason is not None:
+            self._forget(run, still_in_vllm=not output.finished)
+        return events
+
+    def abort(self, request_id: str) -> TokenEvent | None:
+        run = self._running.get(request_id)
+        if run is None:
+            return None
+        self._forget(run, still_in_vllm=True)
+        run.tracker.abort()
+        return TokenEvent(request_id, None, "", run.tracker.num_tokens, "abort")
+
+    def _forget(self, run: _Running, *, still_in_vllm: bool) -> None:
+        self._running.pop(run.request_id, None)
+        MAILBOX.withdraw(run.kv_key)
+        if still_in_vllm:
+            self._llm.abort_request([run.request_id])
+
+    def has_unfinished(self) -> bool:
+        return bool(self._running)
+
+    def cached_session_tokens(self, session_id: str) -> int:
+        return 0   # prefix caching is off: every turn is prefilled (or its KV imported) afresh
+
+    def drop_session(self, session_id: str) -> bool:
+        return False
+
+    def kv_usage(self) -> KvUsage:
+        num_used = min(self.num_blocks, self._blocks_reserved())
+        return KvUsage(self.block_size, self.num_blocks, self.num_blocks - num_used, num_used, 0, 0)
+
+    def close(self) -> None:
+        for run in list(self._running.values()):
+            self._forget(run, still_in_vllm=True)
+        shutdown = getattr(self._llm.engine_core, "shutdown", None)
+        if shutdown is not None:
+            shutdown()
+
+    # ---- helpers -----------------------------------------------------------------------------
+    def _new_key(self, request_id: str) -> str:
+        return f"{request_id}#{next(self._keys)}"
+
+    def _reserved_tokens(self, request: DecodeRequest) -> int:
+        return min(len(request.prompt_token_ids) + request.sampling.max_tokens, self.max_model_len)
+
+    def _blocks(self, num_tokens: int) -> int:
+        return math.ceil(num_tokens / self.block_size)
+
+    def _blocks_reserved(self) -> int:
+        return sum(self._blocks(run.num_reserved_tokens) for run in self._running.values())
+
+    def _validate_prompt(self, request_id: str, prompt: Sequence[int]) -> None:
+        if not prompt:
+            raise ValueError(f"request {request_id}: empty prompt")
+        if len(prompt) >= self.max_model_len:
+            raise ValueError(f"request {request_id}: prompt of {len(prompt)} tokens leaves no room in the "
+                             f"model's context of {self.max_model_len}")
+        vocab = self.runner.config.vocab_size
+        if min(prompt) < 0 or max(prompt) >= vocab:
+            raise ValueError(f"request {request_id}: token id outside the vocabulary (0..{vocab - 1})")
+
+    def _vllm_sampling(self, sampling: SamplingParams, *, max_tokens: int, kv_key: str, capture: bool = False) -> Any:
+        from vllm import SamplingParams as VllmSampling
+        from vllm.sampling_params import RequestOutputKind
+
+        transfer = {KV_KEY_PARAM: kv_key} | ({CAPTURE_PARAM: True} if capture else {})
+        # pdbus's OutputTracker decides EOS, stop ids and stop strings; vLLM only samples.
+        return VllmSampling(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
+                            seed=sampling.seed, max_tokens=max(1, max_tokens), ignore_eos=True, detokenize=False,
+                            output_kind=RequestOutputKind.DELTA, extra_args={"kv_transfer_params": transfer})
