@@ -10,6 +10,8 @@ Contract:
 - `security=SecurityConfig` (optional): CURVE on the ROUTER, a ZAP `Gatekeeper` admitting the
   configured keys only, and READY accepted only for a role the sender's key is admitted for.
 - `run_broker(..., policy=)`: the `pdbus broker` process: uvloop, SIGINT/SIGTERM stop it cleanly.
+- A socket monitor on the ROUTER reports every closed connection to the core
+  (`on_connection_closed`), so a killed node is found by probing, before its liveness expires.
 Every event is logged (structlog, JSON in production): node_joined, node_left (reason,
 silent_for_s, lost requests), capacity_changed, message_rejected.
 """
@@ -23,6 +25,7 @@ from collections.abc import Callable
 
 import uvloop
 import zmq
+from zmq.utils.monitor import recv_monitor_message
 
 from bus import constants as c
 from bus.broker_core import BrokerCore
@@ -65,6 +68,9 @@ class Broker:
         socket = self._bind()
         self._reactor = RouterReactor(socket, self.core, self.core.heartbeat.tick_s,
                                       after_batch=self._publish_events)
+        monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
+        loop = asyncio.get_running_loop()
+        loop.add_reader(monitor.getsockopt(zmq.FD), self._on_monitor, monitor)
         self.log.info("broker_started", endpoint=self.bound_endpoint,
                       heartbeat_ms=self.core.heartbeat.interval_s * 1000,
                       liveness=self.core.heartbeat.liveness)
@@ -72,6 +78,9 @@ class Broker:
         try:
             await self._reactor.run()
         finally:
+            loop.remove_reader(monitor.getsockopt(zmq.FD))
+            socket.disable_monitor()
+            monitor.close(linger=0)
             self.core.shutdown(time.monotonic())
             self._reactor.flush()
             socket.close(linger=200)
@@ -84,6 +93,19 @@ class Broker:
     def stop(self) -> None:
         if self._reactor is not None:
             self._reactor.stop()
+
+    def _on_monitor(self, monitor: zmq.Socket) -> None:
+        """Drain the monitor (its FD is edge-triggered); probe once for all the closes seen."""
+        closed = 0
+        while True:
+            try:
+                event = recv_monitor_message(monitor, zmq.NOBLOCK)
+            except zmq.Again:
+                break
+            closed += event["event"] == zmq.EVENT_DISCONNECTED
+        if closed and self._reactor is not None:
+            self.core.on_connection_closed(time.monotonic())
+            self._reactor.flush()
 
     def _bind(self) -> zmq.Socket:
         socket = self._context.socket(zmq.ROUTER)

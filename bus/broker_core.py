@@ -4,6 +4,14 @@ Contract:
 - `on_frames(identity, frames, now)`: one message received on the ROUTER socket (identity
   stripped). `tick(now)`: run the timers (expire silent nodes, heartbeat idle links, fail
   requests orphaned by a restart). `shutdown(now)`: DISCONNECT everyone.
+- A dead process closes its TCP connection at once; the broker need not wait for its silence.
+  `on_connection_closed(now)` (the shell's socket monitor saw a connection close; it cannot
+  say whose) probes every node with a HEARTBEAT now and at each tick for one interval;
+  `peer_gone(identity, now)` (a send found that peer's connection gone: EHOSTUNREACH) gives
+  the node one heartbeat interval to register again from a new connection (a live node
+  reconnects within libzmq's 100 ms and keeps its requests), then it leaves as
+  `connection_lost`: a killed node is declared dead in about a third of the liveness window.
+  A frozen or cut-off node keeps its connection and is still judged by its silence.
 - Results accumulate in `outbox` (lists `[identity, *frames]` to send as they are) and `events`
   (`bus.registry` events for logs and listeners); the shell takes them with `take_outbox()` /
   `take_events()`. `metrics` counts routed and dropped messages and joins/leaves.
@@ -55,6 +63,7 @@ class BrokerCore(RouteTable):
         self.events: list[BrokerEvent] = []
         self.metrics: Counter[str] = Counter()
         self.now = 0.0   # time of the input being handled, for paths that send without a `now`
+        self.probe_until = 0.0   # after a connection closed: probe every node until then
         # Nodes re-register within about one liveness window of a broker restart; give the
         # other end of a re-announced request two windows before declaring it lost.
         RouteTable.__init__(self, orphan_grace_s if orphan_grace_s is not None else 2 * self.heartbeat.expiry_s)
@@ -190,10 +199,13 @@ class BrokerCore(RouteTable):
         """Expire silent nodes, heartbeat idle links, fail orphaned requests."""
         self.now = now
         config = self.heartbeat
+        probing = now < self.probe_until
         for node in list(self.nodes_by_identity.values()):
             if node.timers.is_expired(now, config):
                 self._forget(node, LeaveReason.EXPIRED, now)
-            elif node.timers.heartbeat_due(now, config):
+            elif node.connection_lost_at is not None and now - node.connection_lost_at >= config.interval_s:
+                self._forget(node, LeaveReason.CONNECTION_LOST, now)
+            elif probing or node.timers.heartbeat_due(now, config):
                 self.send(node, list(_HEARTBEAT), now)
         self.expire_orphans(now)
         if self.queue.by_id:
@@ -236,3 +248,17 @@ class BrokerCore(RouteTable):
     def unroutable(self, identity: bytes) -> None:
         """The shell could not deliver to `identity` (socket gone or queue full)."""
         self.metrics[f"dropped.{DropReason.UNROUTABLE}"] += 1
+
+    def on_connection_closed(self, now: float) -> None:
+        """Some peer's connection closed: find out whose by probing everyone (see the contract)."""
+        self.metrics["connections.closed"] += 1
+        self.probe_until = now + self.heartbeat.interval_s
+        for node in list(self.nodes_by_identity.values()):
+            self.send(node, list(_HEARTBEAT), now)
+
+    def peer_gone(self, identity: bytes, now: float) -> None:
+        """A send to `identity` found no connection (not merely a full queue)."""
+        node = self.nodes_by_identity.get(identity)
+        if node is not None and node.connection_lost_at is None:
+            node.connection_lost_at = now
+            self.metrics["nodes.connection_lost"] += 1

@@ -7,7 +7,9 @@ either end leaves: the client then gets ERROR `node_lost` (details: node_id, num
 forwarded so far) and the serving node gets CANCEL `client_lost`.
 After a broker restart, routes are rebuilt from READY.inflight (server side) and READY.pending
 (client side); a route whose other end does not re-register within `orphan_grace_s` fails with
-ERROR `request_lost` / CANCEL `client_lost`.
+ERROR `request_lost` / CANCEL `client_lost`. Replies to a route whose server re-registered first
+are held (at most `MAX_HELD_REPLIES`) and forwarded when its client re-registers, so a stream
+loses nothing in between.
 A request the policy defers (`bus.routing.Defer`) waits in `queue` (`bus.broker_queue`) with no
 route yet; `dispatch_queued(now)` offers the queues' heads again and `expire_queued(now)` answers
 the requests that waited too long with ERROR `overloaded`. A client's CANCEL or departure just
@@ -33,6 +35,7 @@ if TYPE_CHECKING:
 
 
 OVERLOADED = "overloaded"
+MAX_HELD_REPLIES = 4096   # per route waiting for its client after a broker restart
 
 
 _BROKER_STATS = c.BROKER_STATS_SERVICE.encode()
@@ -117,6 +120,9 @@ class RouteTable:
     def on_reply(self, node: Node, command: Command, frames: list, now: float) -> None:
         """PARTIAL, FINAL or ERROR from the node serving the request."""
         route = self.routes.get(_raw(frames[1]))
+        if route is not None and route.server is node and route.client is None and route.request_id in self.orphans:
+            self._hold(route, command, frames)
+            return
         if route is None or route.server is not node or route.client is None:
             self.metrics["dropped.unknown_request"] += 1
             if route is not None and route.server is node and command is not Command.PARTIAL:
@@ -155,6 +161,24 @@ class RouteTable:
             route.server.timers.last_sent = now
             self.outbox.append([route.server.identity, *frames])
         self.metrics["routed.cancel"] += 1
+
+    def _hold(self, route: Route, command: Command, frames: list) -> None:
+        if len(route.held) >= MAX_HELD_REPLIES:
+            self.metrics["dropped.held_overflow"] += 1
+            return
+        route.held.append((command, [_raw(f) for f in frames]))   # copies: the frames' buffers are reused
+        self.metrics["held.reply"] += 1
+
+    def _release_held(self, route: Route, now: float) -> None:
+        held, route.held = route.held, []
+        for command, frames in held:
+            route.num_replies += 1
+            route.client.timers.last_sent = now
+            self.outbox.append([route.client.identity, *frames])
+            self.metrics["routed.reply"] += 1
+            if command is not Command.PARTIAL:
+                self.finish(route)
+                return
 
     # -- the deferred-request queue ------------------------------------------------------
 
@@ -231,6 +255,8 @@ class RouteTable:
                 route.client = new
                 new.waiting.add(route.request_id)
             self._settle(route)
+            if route.held:
+                self._release_held(route, now)
 
     def _route_for(self, request_id: bytes, service: str, now: float) -> Route:
         route = self.routes.get(request_id)
@@ -282,6 +308,9 @@ class RouteTable:
             if now - route.created_at <= self.orphan_grace_s:
                 continue
             self.finish(route)
+            if route.client is None and route.held and route.held[-1][0] is not Command.PARTIAL:
+                self.metrics["dropped.unclaimed_reply"] += 1   # replayed after its client had it all
+                continue
             self.metrics["failed.request_lost"] += 1
             if route.client is not None:
                 self.send_error(route.client.identity, route.request_id.decode(errors="replace"),

@@ -52,6 +52,7 @@ class LeaveReason:
     DISCONNECTED = "disconnected"  # it said DISCONNECT
     REPLACED = "replaced"          # the same node_id registered again from a new socket
     PROTOCOL_ERROR = "protocol_error"  # it sent something we could not accept (bad version, ...)
+    CONNECTION_LOST = "connection_lost"  # its TCP connection closed and it did not come back at once
 
 
 class DisconnectReason:

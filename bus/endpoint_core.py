@@ -13,6 +13,12 @@ Contract for the shell (bus.endpoint):
 Liveness (6/PPP, improved): any message from the broker counts as life; HEARTBEAT only after an
 idle interval; broker silent for interval*liveness -> LinkDown, new socket, READY again (with the
 requests in flight), each new attempt after a jittered, doubling, capped back-off.
+Replies survive a broker restart: the replies we sent (PARTIAL, FINAL, ERROR) stay in a short
+`sent_replies` window; at LinkDown those sent from one heartbeat interval before we last heard
+from the broker on are kept, and after the next registration they go out again before the
+backlog (READY.inflight names their requests, so the broker routes them). A broker that died
+with them queued, or a new broker that refused them before we re-registered, loses nothing;
+the client's stream drops the copies it already has (sequence numbers).
 """
 
 from __future__ import annotations
@@ -67,6 +73,8 @@ class EndpointCore:
         self.serving: dict[str, int] = {}    # request id -> next seq of our reply stream
         self.streams: dict[str, int] = {}    # request id we sent -> next seq we expect
         self.backlog: deque[list] = deque(maxlen=max_backlog)
+        self.sent_replies: deque[tuple[float, str, list]] = deque()   # (sent at, request id, frames)
+        self.replay: list[tuple[str, list]] = []   # replies to send again after re-registering
         self.outbox: list[list] = []
         self.events: list[Any] = []
         self.metrics: Counter[str] = Counter()
@@ -83,8 +91,9 @@ class EndpointCore:
         self._send_now(codec.encode(self.ready_message()), now)
 
     def ready_message(self) -> Ready:
+        inflight = dict.fromkeys([*self.serving, *(request_id for request_id, _ in self.replay)])
         return Ready(role=self.role, node_id=self.node_id, capacity=dict(self.capacity),
-                     data_endpoint=self.data_endpoint, inflight=tuple(self.serving),
+                     data_endpoint=self.data_endpoint, inflight=tuple(inflight),
                      pending=tuple(self.streams))
 
     def tick(self, now: float) -> bool:
@@ -92,7 +101,7 @@ class EndpointCore:
         if not self.registered:
             return now >= self.retry_at
         if self.timers.is_expired(now, self.heartbeat):
-            self._link_down("expired")
+            self._link_down("expired", self.timers.last_seen)
             return True
         if self.timers.heartbeat_due(now, self.heartbeat):
             self._send_now(codec.encode(Heartbeat()), now)
@@ -104,30 +113,38 @@ class EndpointCore:
             self._send_now(codec.encode(Disconnect(c.DisconnectReason.SHUTDOWN, "node stopping")), now)
         self.registered = False
 
-    def _link_down(self, reason: str) -> None:
+    def _link_down(self, reason: str, last_heard: float) -> None:
         self.registered = False
         self.metrics["link.lost"] += 1
         self.events.append(LinkDown(reason))
+        # What the broker had not yet forwarded when it went may be lost: anything sent from
+        # about one interval (messages in flight) before we last heard from it.
+        since = last_heard - self.heartbeat.interval_s
+        self.replay += [(request_id, frames) for sent_at, request_id, frames in self.sent_replies if sent_at >= since]
+        self.sent_replies.clear()
 
     def _link_up(self) -> None:
         self.registered = True
         self.backoff.reset()
         self.metrics["link.registered"] += 1
+        self.metrics["replies.replayed"] += len(self.replay)
         self.events.append(LinkUp())
+        self.outbox.extend(frames for _, frames in self.replay)
+        self.replay.clear()
         self.outbox.extend(self.backlog)
         self.backlog.clear()
 
     # -- input ---------------------------------------------------------------------------
 
     def on_frames(self, frames: list, now: float) -> None:
-        self.timers.last_seen = now
+        last_heard, self.timers.last_seen = self.timers.last_seen, now
         try:
             message = codec.decode(frames)
         except ProtocolError as exc:
             self._on_bad_input(exc)
             return
         if isinstance(message, Disconnect):
-            self._on_disconnect(message, now)
+            self._on_disconnect(message, now, last_heard)
             return
         if not self.registered:
             self._link_up()
@@ -140,12 +157,12 @@ class EndpointCore:
         if exc.request_id is not None and self.streams.pop(exc.request_id, None) is not None:
             self.events.append(Error(exc.request_id, exc.reason, f"unreadable reply: {exc.detail}"))
 
-    def _on_disconnect(self, message: Disconnect, now: float) -> None:
+    def _on_disconnect(self, message: Disconnect, now: float, last_heard: float) -> None:
         # The broker forgot us (restart, expiry after a freeze) or refuses us: register again,
         # on a fresh socket, after the back-off.
         self.metrics[f"disconnect.{message.reason}"] += 1
         if self.registered:
-            self._link_down(message.reason)
+            self._link_down(message.reason, last_heard)
         # First retry at once (the usual case: a restarted broker); repeated refusals back off.
         delay = 0.0 if self.backoff.num_attempts == 0 else self.backoff.next_delay()
         self.retry_at = min(self.retry_at, now + delay)
@@ -197,17 +214,17 @@ class EndpointCore:
             return False
         if final:
             del self.serving[request_id]
-            self._send_app(codec.encode(Final(request_id, seq, body, payload)), now)
+            self._send_reply(request_id, codec.encode(Final(request_id, seq, body, payload)), now)
         else:
             self.serving[request_id] = seq + 1
-            self._send_app(codec.encode(Partial(request_id, seq, body, payload)), now)
+            self._send_reply(request_id, codec.encode(Partial(request_id, seq, body, payload)), now)
         return True
 
     def reply_error(self, request_id: str, code: str, message: str, details: Mapping, now: float) -> bool:
         if self.serving.pop(request_id, None) is None:
             self.metrics["dropped.reply_to_unknown_request"] += 1
             return False
-        self._send_app(codec.encode(Error(request_id, code, message, dict(details))), now)
+        self._send_reply(request_id, codec.encode(Error(request_id, code, message, dict(details))), now)
         return True
 
     def direct(self, message: Direct, now: float) -> None:
@@ -227,6 +244,14 @@ class EndpointCore:
     def _send_now(self, frames: list, now: float) -> None:
         self.timers.last_sent = now
         self.outbox.append(frames)
+
+    def _send_reply(self, request_id: str, frames: list, now: float) -> None:
+        if self.registered:   # the backlog keeps the rest until it is sent
+            window = self.sent_replies
+            while window and window[0][0] < now - self.heartbeat.expiry_s - self.heartbeat.interval_s:
+                window.popleft()
+            window.append((now, request_id, frames))
+        self._send_app(frames, now)
 
     def _send_app(self, frames: list, now: float) -> None:
         if self.registered:

@@ -1,7 +1,9 @@
 """The asyncio (uvloop) driver of a ROUTER socket around a sans-I/O core.
 
 Contract: `RouterReactor(socket, core, tick_s)` with a core offering `on_frames(identity, frames,
-now)`, `tick(now)`, `take_outbox() -> [[identity, *frames], ...]` and `unroutable(identity)`.
+now)`, `tick(now)`, `take_outbox() -> [[identity, *frames], ...]` and `unroutable(identity)`;
+a core that also offers `peer_gone(identity, now)` hears which undeliverable peers have no
+connection any more (EHOSTUNREACH, as opposed to a full queue).
 `await run()` serves until `stop()`. Incoming messages are drained in batches with NOBLOCK
 receives (zero-copy frames) on socket readability; outgoing messages are sent zero-copy right
 after each batch; `core.tick` runs every `tick_s`, always after draining what has arrived, so a
@@ -71,12 +73,14 @@ class RouterReactor:
         if not outbox:
             self.after_batch()
             return
-        socket = self.socket
+        socket, peer_gone = self.socket, getattr(self.core, "peer_gone", None)
         for frames in outbox:
             try:
                 socket.send_multipart(frames, zmq.NOBLOCK, copy=False)
-            except zmq.ZMQError:   # EHOSTUNREACH (peer gone) or EAGAIN (its queue is full)
+            except zmq.ZMQError as exc:   # EHOSTUNREACH (peer gone) or EAGAIN (its queue is full)
                 self.core.unroutable(frames[0])
+                if exc.errno == zmq.EHOSTUNREACH and peer_gone is not None:
+                    peer_gone(frames[0], self.clock())
         self.after_batch()
         # A send can consume the edge-triggered read notification: look again.
         if socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:

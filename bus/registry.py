@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from bus.constants import SERVICES_BY_ROLE
+from bus.constants import SERVICES_BY_ROLE, Command
 from bus.liveness import LinkTimers
 
 
@@ -30,6 +30,7 @@ class Node:
     serving: set[bytes] = field(default_factory=set)   # requests routed to it, not finished
     waiting: set[bytes] = field(default_factory=set)   # requests it sent, not finished
     num_assigned: int = 0                              # requests ever routed to it
+    connection_lost_at: float | None = None            # a send to it found its connection gone
 
     @property
     def num_outstanding(self) -> int:
@@ -50,6 +51,9 @@ class Route:
     server: Node | None
     created_at: float
     num_replies: int = 0   # PARTIAL/FINAL messages forwarded to the client so far
+    # Replies that came while the route had no client yet (adopted after a broker restart from
+    # the server's READY before the client's): sent on when the client re-registers.
+    held: list[tuple[Command, list]] = field(default_factory=list)
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,6 +63,47 @@ def test_silent_node_expires_after_the_liveness_window(pair):
     assert pair.core.metrics["nodes.left.expired"] == 1
 
 
+def test_a_closed_connection_makes_the_broker_probe_every_node_for_one_interval(pair):
+    pair.core.on_connection_closed(pair.clock.now)
+    assert {dest for dest, m in pair.outgoing() if m == Heartbeat()} == {W, G}
+    pair.tick(0.05)
+    assert {dest for dest, m in pair.outgoing() if m == Heartbeat()} == {W, G}   # the pipe may close late
+    pair.tick(0.25)
+    pair.outgoing()
+    pair.tick(0.05)
+    assert pair.outgoing() == []   # probing over: heartbeats only on idle links again
+
+
+def test_a_node_whose_connection_is_gone_leaves_one_interval_later(pair):
+    pair.send(G, Request("decode", "r1", {}, (), "k"))
+    pair.outgoing()
+    pair.core.peer_gone(W, pair.clock.now)
+    pair.core.peer_gone(W, pair.clock.now + 0.1)   # later failed sends do not push the deadline
+    pair.core.peer_gone(b"stranger", pair.clock.now)   # unknown identities are ignored
+    pair.tick(0.24)
+    pair.send(G, Heartbeat())
+    assert "d1" in pair.core.nodes_by_id
+    pair.tick(0.02)
+    (left,) = [e for e in pair.core.take_events() if isinstance(e, NodeLeft)]
+    assert left.reason == c.LeaveReason.CONNECTION_LOST and left.lost_request_ids == ("r1",)
+    assert left.silent_for_s < HB.expiry_s
+    assert [(m.request_id, m.code) for m in pair.to(G) if isinstance(m, Error)] == [("r1", c.ErrorCode.NODE_LOST)]
+    assert pair.core.metrics["nodes.left.connection_lost"] == 1
+
+
+def test_a_node_that_reconnects_within_the_interval_keeps_its_requests(pair):
+    pair.send(G, Request("decode", "r1", {}, (), "k"))
+    pair.outgoing()
+    pair.core.peer_gone(W, pair.clock.now)
+    pair.tick(0.1)
+    pair.register(W2, "decode", "d1", inflight=("r1",))   # libzmq reconnected: a new routing id
+    pair.tick(0.3)
+    assert [e.reason for e in pair.core.take_events() if isinstance(e, NodeLeft)] == [c.LeaveReason.REPLACED]
+    assert not [m for m in pair.to(G) if isinstance(m, Error)]
+    pair.send(W2, Final("r1", 0))
+    assert [m.request_id for m in pair.to(G)] == ["r1"]
+
+
 def test_any_traffic_counts_as_life(pair):
     for _ in range(10):
         pair.tick(0.5)
@@ -265,6 +306,29 @@ def test_restarted_broker_rebuilds_routes_from_ready(clock):
     broker.keep_alive(1.6, W, G)   # r9 never claimed by a client: the server is told to stop
     assert Cancel("r9", c.CancelReason.CLIENT_LOST) in broker.to(W)
     assert set(broker.core.routes) == {b"r1"} and broker.core.metrics["failed.request_lost"] == 1
+
+
+def test_replies_before_the_client_reregistered_are_held_then_forwarded_in_order(clock):
+    broker = BrokerDriver(BrokerCore(HB), clock)
+    broker.register(W, "decode", "d1", inflight=("r1",))   # the server is back first
+    broker.outgoing()
+    broker.send(W, Partial("r1", 5))
+    broker.send(W, Partial("r1", 6))
+    broker.send(W, Final("r1", 7))
+    assert broker.outgoing() == [] and broker.core.metrics["held.reply"] == 3
+    broker.register(G, "gateway", "g1", pending=("r1",))
+    assert [(type(m).__name__, m.seq) for m in broker.to(G) if not isinstance(m, Heartbeat)] == [
+        ("Partial", 5), ("Partial", 6), ("Final", 7)]
+    assert not broker.core.routes and not broker.core.orphans   # the held FINAL ended the route
+
+
+def test_a_replayed_final_nobody_claims_expires_without_counting_a_lost_request(clock):
+    broker = BrokerDriver(BrokerCore(HB), clock)
+    broker.register(W, "decode", "d1", inflight=("r1",))   # replayed: its client already had it
+    broker.send(W, Final("r1", 3))
+    broker.keep_alive(1.6, W)
+    assert not broker.core.routes and broker.core.metrics["dropped.unclaimed_reply"] == 1
+    assert broker.core.metrics["failed.request_lost"] == 0
 
 
 def test_orphaned_pending_request_fails_with_request_lost(clock):

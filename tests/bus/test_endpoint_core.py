@@ -111,6 +111,41 @@ def test_disconnect_from_broker_triggers_prompt_reregistration(up, clock):
     assert up.tick(clock.now)
 
 
+def test_replies_the_old_broker_may_have_lost_go_out_again_after_reregistering(up, clock):
+    receive(up, Request("decode", "r1", None, (), "g1"), clock.now)
+    receive(up, Request("decode", "r2", None, (), "g1"), clock.now)
+    up.reply("r2", {"t": 0}, (), True, clock.now)   # r2 done long before the broker went
+    clock.advance(0.5)
+    receive(up, Heartbeat(), clock.now)             # last heard from the old broker
+    up.reply("r1", {"t": 0}, (), False, clock.now)
+    clock.advance(0.1)
+    up.reply("r1", {"t": 1}, (), True, clock.now)   # r1 finished while the broker was already dead
+    up.take_outbox()
+    receive(up, Disconnect(c.DisconnectReason.NOT_REGISTERED), clock.now)   # the new broker
+    up.reply("r9", None, (), False, clock.now)      # not ours: nothing to replay
+    assert up.tick(clock.now)
+    up.on_socket_opened(clock.now)
+    (ready,) = decoded(up)
+    assert ready.inflight == ("r1",)                # finished, but its FINAL may be lost: routed again
+    receive(up, Heartbeat(), clock.now)
+    assert [(type(m).__name__, m.request_id, m.seq) for m in decoded(up)] == [("Partial", "r1", 0), ("Final", "r1", 1)]
+    assert up.metrics["replies.replayed"] == 2 and not up.replay and not up.sent_replies
+
+
+def test_a_silent_broker_also_gets_the_recent_replies_again(up, clock):
+    receive(up, Request("decode", "r1", None, (), "g1"), clock.now)
+    up.reply("r1", {"t": 0}, (), False, clock.now)
+    clock.advance(0.5)
+    up.reply("r1", {"t": 1}, (), False, clock.now)
+    clock.advance(0.8)
+    assert up.tick(clock.now)                       # expired: last heard 1.3 s ago
+    up.on_socket_opened(clock.now)
+    up.take_outbox()
+    up.reply("r1", {"t": 2}, (), False, clock.now)  # unregistered: the backlog keeps it
+    receive(up, Heartbeat(), clock.now)
+    assert [m.seq for m in decoded(up)] == [0, 1, 2]   # replay (sent since last heard - 1 interval), backlog
+
+
 def test_repeated_refusals_back_off(node, clock):
     waits = []
     for _ in range(5):
