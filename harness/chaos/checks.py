@@ -8,6 +8,9 @@ Contract:
   Token ids when both passes have them (ws, bus), otherwise text and token count (sse: the OpenAI
   chunks carry no ids). `first_divergence` says at which token a stream first differed.
 - `kv_fault_audit(cluster)`: whether any flipped KV chunk could have been decoded (must be 0).
+- `rss_grown(before, after, slack_mib, slack_ratio)`: the nodes whose resident memory grew past
+  max(slack_mib, slack_ratio x before) over a pass; `before`/`after` map node id -> (pid, MiB),
+  so a node killed and revived (a new process) is not compared.
 - `latency(records)`: p50/p99 of whole-request latency; `recovery(records, fault)`: per stream hit
   by the fault (live at the fault and served with a failure, or every live stream for the
   broker), the time from the fault to the first token of the resumed stream (`resumed_at`).
@@ -57,6 +60,17 @@ def kv_fault_audit(cluster: Any) -> dict[str, int]:
         shortfall += max(0, num_flips - result["checksum_failures"] - result["rejected"])
     return {"transfers_with_flips": len(flips), "failed_closed": failed_closed, "verified_after_resend": verified,
             "undecodable_headers": undecodable, "uncaught_flips": max(0, shortfall - undecodable)}
+
+
+def rss_grown(before: dict[str, tuple[int, float]], after: dict[str, tuple[int, float]], slack_mib: float,
+              slack_ratio: float) -> dict[str, float]:
+    grown = {}
+    for node_id, (pid, mib) in before.items():
+        if node_id in after and after[node_id][0] == pid:
+            growth = after[node_id][1] - mib
+            if growth > max(slack_mib, slack_ratio * mib):
+                grown[node_id] = round(growth, 1)
+    return grown
 
 
 def percentile(values: list[float], q: float) -> float | None:

@@ -143,6 +143,10 @@ class ChaosCluster(ClusterProcs):
                 sizes[node_id] = round(kib / 1024, 1)
         return sizes
 
+    def node_pids(self) -> dict[str, int]:
+        """Per live node, its process id (a revived node has a new one)."""
+        return {node_id: proc.process.pid for node_id, proc in self.nodes.items() if proc.alive}
+
     def thaw_all(self) -> None:
         for proc in self.nodes.values():
             proc.signal(signal.SIGCONT)

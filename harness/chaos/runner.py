@@ -8,7 +8,9 @@ the seeded workload once fault-free (the reference), then per scenario: stream i
 scenario's fault hits, repair the cluster (revive, heal, thaw), wait for every decode node's KV
 to be back to baseline, and check. A scenario passes when no request was lost, every stream
 equals the reference (raw KV; with int8 the divergences are reported, not failed), the KV is
-back to baseline, the scenario's own evidence holds, and the recovery time of the streams the
+back to baseline, no node that lived through the pass grew its resident memory past
+max(`rss_slack_mib`, `rss_slack_ratio` x its size before the pass), the scenario's own
+evidence holds, and the recovery time of the streams the
 fault hit stays within the bound: liveness window + one heartbeat + the client's retry delay +
 one re-prefill (the reference pass's p99 time to first token).
 """
@@ -51,6 +53,8 @@ class ChaosOptions:
     results_dir: str | None = "results"
     verbose: bool = True
     enforce_recovery_bound: bool = True   # the short test form reports it but asserts no timing
+    rss_slack_mib: float = 128.0          # growth over a pass that still counts as "back to baseline"
+    rss_slack_ratio: float = 0.10
 
 
 def short_options(**overrides: Any) -> ChaosOptions:
@@ -127,7 +131,7 @@ def run_scenario(scenario: Scenario, ctx: Ctx, options: ChaosOptions, reference:
     if not all(idle_before.values()):
         problems.append(f"KV not at baseline before the fault: {idle_before}")
     ctx.kv_faults_mark = cluster.count("chaos_kv_fault")
-    before, rss_before = checks.snapshot(cluster), cluster.rss_mib()
+    before, rss_before, pids_before = checks.snapshot(cluster), cluster.rss_mib(), cluster.node_pids()
 
     async def fault(progress) -> FaultEvent:
         ctx.fault = await scenario.inject(ctx, progress)
@@ -148,7 +152,10 @@ def run_scenario(scenario: Scenario, ctx: Ctx, options: ChaosOptions, reference:
         problems.append(f"repair raised {type(exc).__name__}: {exc}")
     cluster.thaw_all()
     idle_after = cluster.wait_kv_idle(30)
-    after = checks.snapshot(cluster)
+    after, rss_after, pids_after = checks.snapshot(cluster), cluster.rss_mib(), cluster.node_pids()
+    rss_grown = checks.rss_grown(
+        {n: (pids_before.get(n), mib) for n, mib in rss_before.items()},
+        {n: (pids_after.get(n), mib) for n, mib in rss_after.items()}, options.rss_slack_mib, options.rss_slack_ratio)
     evidence = scenario.check(ctx, before, after) if scenario.check and ctx.fault else {"ok": ctx.fault is not None}
     comparison = checks.compare(records, reference)
     recovery = checks.recovery(records, ctx.fault)
@@ -160,6 +167,8 @@ def run_scenario(scenario: Scenario, ctx: Ctx, options: ChaosOptions, reference:
         problems.append(f"{len(comparison.diverged)} streams differ from the fault-free pass: {comparison.diverged}")
     if not all(idle_after.values()):
         problems.append(f"KV not back to baseline: {idle_after}")
+    if rss_grown:
+        problems.append(f"resident memory not back near its baseline (MiB grown): {rss_grown}")
     if not evidence.get("ok"):
         problems.append(f"scenario evidence failed: {evidence}")
     if scenario.recovery_bound:
@@ -177,7 +186,8 @@ def run_scenario(scenario: Scenario, ctx: Ctx, options: ChaosOptions, reference:
         "recovery_p99_s": None if recovery_p99 is None else round(recovery_p99, 3),
         "recovery_s": [round(t, 3) for t in recovery], "recovery_bound_s": round(bound, 3) if scenario.recovery_bound else None,
         "fault": None if ctx.fault is None else {"target": ctx.fault.target, "details": ctx.fault.details},
-        "evidence": evidence, "kv_idle_after": idle_after, "rss_mib_before": rss_before, "rss_mib_after": cluster.rss_mib(),
+        "evidence": evidence, "kv_idle_after": idle_after, "rss_mib_before": rss_before, "rss_mib_after": rss_after,
+        "rss_grown_mib": rss_grown,
         "records": [r.to_json() for r in records], "extras": [r.to_json() for r in extras],
         "timeline": timeline(cluster, ctx.fault, records) if scenario.recovery_bound else [],
         "seconds": round(time.monotonic() - started, 1),

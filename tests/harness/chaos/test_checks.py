@@ -11,6 +11,7 @@ from harness.chaos.checks import (
     percentile,
     recovery,
     resumed_at,
+    rss_grown,
 )
 from harness.chaos.drivers import StreamRecord
 from harness.chaos.passes import FaultEvent
@@ -97,3 +98,11 @@ def test_kv_audit_flags_a_verified_transfer_with_fewer_catches_than_flips():
                      "undecodable_headers": 0, "uncaught_flips": 1}
     audit = kv_fault_audit(FakeCluster([*events, {"event": "chaos_kv_undecodable"}]))
     assert audit["uncaught_flips"] == 0
+
+
+def test_rss_growth_past_the_slack_is_reported_per_surviving_node():
+    before = {"decode-0": (10, 1000.0), "decode-1": (11, 1000.0), "prefill-0": (12, 100.0), "gone": (13, 50.0)}
+    after = {"decode-0": (10, 1090.0), "decode-1": (21, 400.0), "prefill-0": (12, 300.0)}
+    # decode-0 within max(64, 10% = 100); decode-1 is a revived process (new pid); gone is gone
+    assert rss_grown(before, after, slack_mib=64, slack_ratio=0.10) == {"prefill-0": 200.0}
+    assert rss_grown(before, {"decode-0": (10, 1101.0)}, slack_mib=64, slack_ratio=0.10) == {"decode-0": 101.0}
