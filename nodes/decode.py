@@ -75,6 +75,7 @@ class DecodeWork:
         # reports `full` in its capacity, so the broker queues new requests instead of the client
         # retrying here until its retries run out.
         self.num_blocks_wanted = 0
+        self._mib_per_block: float | None = None
 
     # -- Work ------------------------------------------------------------------------------
     def prepare(self) -> str:
@@ -122,8 +123,16 @@ class DecodeWork:
             self.num_blocks_wanted = 0
         return {"kv_blocks_total": usage.num_blocks, "kv_blocks_free": num_available,
                 "kv_blocks_cached": usage.num_session_blocks, "block_size": usage.block_size,
+                "kv_mib_cached": round(usage.num_session_blocks * self._block_mib(usage.block_size), 1),
                 "max_running": self.engine.config.max_num_seqs, "num_running": len(self.engine.running) + num_waiting,
                 "full": int(self.num_blocks_wanted > 0)}
+
+    def _block_mib(self, block_size: int) -> float:
+        """Memory one KV block takes (MiB), so the memory finished sessions hold by design is known."""
+        if self._mib_per_block is None:
+            runner = getattr(self.engine, "runner", None)
+            self._mib_per_block = runner.new_kv(block_size).nbytes / 2**20 if runner is not None else 0.0
+        return self._mib_per_block
 
     def _num_available_blocks(self, usage: Any) -> int:
         """Blocks a new request could get: free ones plus finished sessions' (evicted LRU-first
