@@ -8,9 +8,10 @@ Contract:
   Token ids when both passes have them (ws, bus), otherwise text and token count (sse: the OpenAI
   chunks carry no ids). `first_divergence` says at which token a stream first differed.
 - `kv_fault_audit(cluster)`: whether any flipped KV chunk could have been decoded (must be 0).
-- `rss_grown(before, after, slack_mib, slack_ratio)`: the nodes whose resident memory grew past
-  max(slack_mib, slack_ratio x before) over a pass; `before`/`after` map node id -> (pid, MiB),
-  so a node killed and revived (a new process) is not compared.
+- `rss_grown(before, after, slack_mib, slack_ratio, held_mib)`: the nodes whose resident memory
+  grew past max(slack_mib, slack_ratio x before) plus what they hold more by design
+  (`held_mib`: a decode node's cached sessions, `kv_mib_cached`) over a pass; `before`/`after`
+  map node id -> (pid, MiB), so a node killed and revived (a new process) is not compared.
 - `latency(records)`: p50/p99 of whole-request latency; `recovery(records, fault)`: per stream hit
   by the fault (live at the fault and served with a failure, or every live stream for the
   broker), the time from the fault to the first token of the resumed stream (`resumed_at`).
@@ -63,11 +64,11 @@ def kv_fault_audit(cluster: Any) -> dict[str, int]:
 
 
 def rss_grown(before: dict[str, tuple[int, float]], after: dict[str, tuple[int, float]], slack_mib: float,
-              slack_ratio: float) -> dict[str, float]:
+              slack_ratio: float, held_mib: dict[str, float] | None = None) -> dict[str, float]:
     grown = {}
     for node_id, (pid, mib) in before.items():
         if node_id in after and after[node_id][0] == pid:
-            growth = after[node_id][1] - mib
+            growth = after[node_id][1] - mib - max(0.0, (held_mib or {}).get(node_id, 0.0))
             if growth > max(slack_mib, slack_ratio * mib):
                 grown[node_id] = round(growth, 1)
     return grown

@@ -8,8 +8,9 @@ the seeded workload once fault-free (the reference), then per scenario: stream i
 scenario's fault hits, repair the cluster (revive, heal, thaw), wait for every decode node's KV
 to be back to baseline, and check. A scenario passes when no request was lost, every stream
 equals the reference (raw KV; with int8 the divergences are reported, not failed), the KV is
-back to baseline, no node that lived through the pass grew its resident memory past
-max(`rss_slack_mib`, `rss_slack_ratio` x its size before the pass), the scenario's own
+back to baseline, no warm node (one that served a pass before: a fresh process grows while it
+warms up) that lived through the pass grew its resident memory past max(`rss_slack_mib`,
+`rss_slack_ratio` x its size before the pass) beyond what its cached sessions grew, the scenario's own
 evidence holds, and the recovery time of the streams the
 fault hit stays within the bound: liveness window + one heartbeat + the client's retry delay +
 one re-prefill (the reference pass's p99 time to first token).
@@ -107,12 +108,12 @@ def run_chaos(options: ChaosOptions) -> dict[str, Any]:
         beat = cluster.settings["heartbeat"]
         liveness_s = beat["interval_ms"] * beat["liveness"] / 1000
         bound = liveness_s + beat["interval_ms"] / 1000 + RETRY_DELAY_S + (checks.percentile(ttft, 99) or 0.0)
-        rows = []
+        rows, warm_pids = [], set(cluster.node_pids().values())
         for index, name in enumerate(options.scenarios):
             say(options, f"scenario {name} ...")
             ctx = Ctx(cluster, new_driver(cluster, options), random.Random(options.seed * 1000 + index), specs,
                       liveness_s, stall_hold_s=60.0 if options.model == "tiny" else 240.0)
-            row = run_scenario(SCENARIOS[name], ctx, options, by_name, bound)
+            row = run_scenario(SCENARIOS[name], ctx, options, by_name, bound, warm_pids)
             row["latency_fault_free"] = checks.latency(reference.records)
             rows.append(row)
             say(options, f"  {'ok' if row['ok'] else 'FAILED'} in {row['seconds']:.1f}s"
@@ -124,7 +125,8 @@ def run_chaos(options: ChaosOptions) -> dict[str, Any]:
 
 
 def run_scenario(scenario: Scenario, ctx: Ctx, options: ChaosOptions, reference: dict[str, StreamRecord],
-                 bound: float) -> dict[str, Any]:
+                 bound: float, warm_pids: set[int]) -> dict[str, Any]:
+    """One scenario's pass and checks; `warm_pids` (the processes that served a pass before) grows."""
     cluster, started = ctx.cluster, time.monotonic()
     problems: list[str] = []
     idle_before = cluster.wait_kv_idle(30)
@@ -132,6 +134,7 @@ def run_scenario(scenario: Scenario, ctx: Ctx, options: ChaosOptions, reference:
         problems.append(f"KV not at baseline before the fault: {idle_before}")
     ctx.kv_faults_mark = cluster.count("chaos_kv_fault")
     before, rss_before, pids_before = checks.snapshot(cluster), cluster.rss_mib(), cluster.node_pids()
+    cached_before = {n: (cluster.kv_capacity(n) or {}).get("kv_mib_cached", 0.0) for n in cluster.decode_ids()}
 
     async def fault(progress) -> FaultEvent:
         ctx.fault = await scenario.inject(ctx, progress)
@@ -153,9 +156,12 @@ def run_scenario(scenario: Scenario, ctx: Ctx, options: ChaosOptions, reference:
     cluster.thaw_all()
     idle_after = cluster.wait_kv_idle(30)
     after, rss_after, pids_after = checks.snapshot(cluster), cluster.rss_mib(), cluster.node_pids()
+    held = {n: (cluster.kv_capacity(n) or {}).get("kv_mib_cached", 0.0) - mib for n, mib in cached_before.items()}
     rss_grown = checks.rss_grown(
-        {n: (pids_before.get(n), mib) for n, mib in rss_before.items()},
-        {n: (pids_after.get(n), mib) for n, mib in rss_after.items()}, options.rss_slack_mib, options.rss_slack_ratio)
+        {n: (pids_before.get(n), mib) for n, mib in rss_before.items() if pids_before.get(n) in warm_pids},
+        {n: (pids_after.get(n), mib) for n, mib in rss_after.items()}, options.rss_slack_mib, options.rss_slack_ratio,
+        held)
+    warm_pids.update(pids_before.values())
     evidence = scenario.check(ctx, before, after) if scenario.check and ctx.fault else {"ok": ctx.fault is not None}
     comparison = checks.compare(records, reference)
     recovery = checks.recovery(records, ctx.fault)

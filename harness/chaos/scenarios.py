@@ -131,14 +131,20 @@ def check_freeze(ctx: Ctx, before: dict, after: dict) -> dict:
 async def kill_prefill(ctx: Ctx, progress: Progress) -> FaultEvent:
     """Only the victim's prefills are slowed, so the re-sent prefill on a survivor runs at speed. The
     victim is the prefill node that has served the most (the scheduler breaks ties among idle
-    prefill nodes the same way every time, so that node is the one that gets the next prefill)."""
+    prefill nodes the same way every time, so that node is the one that gets the next prefill);
+    when it starts none within its share of the 30 s, the next node is slowed instead."""
     cluster = ctx.cluster
     alive = [n for n, p in cluster.nodes.items() if n.startswith("prefill") and p.alive]
-    victim = max(alive, key=lambda n: (len(cluster.nodes[n].find("prefill_done")), ctx.rng.random()))
-    mark = len(cluster.nodes[victim].find("chaos_prefill_started"))
-    cluster.control(prefill_delay_ms=PREFILL_DELAY_MS, prefill_delay_node=victim)
-    started = await progress.wait_for(lambda: len(cluster.nodes[victim].find("chaos_prefill_started")) > mark,
-                                      timeout=30.0)
+    candidates = sorted(alive, key=lambda n: (len(cluster.nodes[n].find("prefill_done")), ctx.rng.random()), reverse=True)
+    started = None
+    for victim in candidates * 2:   # the favourite may get no prefill this pass: try the others in turn
+        mark = len(cluster.nodes[victim].find("chaos_prefill_started"))
+        cluster.control(prefill_delay_ms=PREFILL_DELAY_MS, prefill_delay_node=victim)
+        started = await progress.wait_for(
+            lambda v=victim, m=mark: len(cluster.nodes[v].find("chaos_prefill_started")) > m,
+            timeout=30.0 / (2 * len(candidates)))
+        if started:
+            break
     at = time.monotonic()
     await asyncio.to_thread(cluster.kill, victim)
     cluster.control()

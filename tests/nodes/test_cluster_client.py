@@ -5,9 +5,9 @@ from __future__ import annotations
 
 import pytest
 
+from bus.mailbox import BusError
 from nodes import cluster_wire as wire
 from nodes.cluster_client import ClusterClient, Generation
-from bus.mailbox import BusError
 from nodes.cluster_orchestrator import Attempt, Retry, StreamToken, _retry_from, retry_delay
 from nodes.engines.base import SamplingParams
 

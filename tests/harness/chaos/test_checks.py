@@ -106,3 +106,10 @@ def test_rss_growth_past_the_slack_is_reported_per_surviving_node():
     # decode-0 within max(64, 10% = 100); decode-1 is a revived process (new pid); gone is gone
     assert rss_grown(before, after, slack_mib=64, slack_ratio=0.10) == {"prefill-0": 200.0}
     assert rss_grown(before, {"decode-0": (10, 1101.0)}, slack_mib=64, slack_ratio=0.10) == {"decode-0": 101.0}
+
+
+def test_memory_a_decode_node_holds_by_design_for_cached_sessions_is_allowed():
+    before, after = {"decode-0": (10, 1000.0)}, {"decode-0": (10, 1250.0)}
+    assert rss_grown(before, after, slack_mib=128, slack_ratio=0.10) == {"decode-0": 250.0}
+    assert rss_grown(before, after, slack_mib=128, slack_ratio=0.10, held_mib={"decode-0": 200.0}) == {}
+    assert rss_grown(before, after, 128, 0.10, held_mib={"decode-0": -500.0}) == {"decode-0": 250.0}   # evicted: no credit
