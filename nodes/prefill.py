@@ -70,6 +70,7 @@ class PrefillWork:
         self.endpoint: Endpoint | None = None
         self.log = get_logger("prefill")
         self.num_kv_bytes_sent = 0
+        self.num_prefilled = 0   # in the capacity, so every pass ends in a report (see `capacity`)
 
     # -- Work ------------------------------------------------------------------------------
     def prepare(self) -> str:
@@ -103,14 +104,20 @@ class PrefillWork:
             self.jobs[request.request_id].clock.mark("prefill_started")
         for result in self.engine.prefill(batch):
             self._on_prefilled(result)
+        self.num_prefilled += len(batch)
         return True
 
     def next_deadline(self) -> float | None:
         return min((d for d in (self.urgent.deadline(), self.batcher.deadline()) if d is not None), default=None)
 
     def capacity(self) -> dict[str, float]:
+        # The scheduler adds the tokens it routed here since our last report to `queued_tokens`.
+        # A prompt that arrives and runs between two reports leaves `queued_tokens` unchanged, so
+        # without the counter no report would follow and its tokens would count against this node
+        # for good (it would look busy while idle, and recoveries would queue on the other node).
         return {"max_batch_tokens": self.batcher.max_batch_tokens,
-                "queued_tokens": self.batcher.num_queued_tokens + self.urgent.num_queued_tokens}
+                "queued_tokens": self.batcher.num_queued_tokens + self.urgent.num_queued_tokens,
+                "num_prefilled": self.num_prefilled}
 
     def close(self) -> None:
         self.kv_thread.run(self.sender.close(), timeout=5)

@@ -119,6 +119,20 @@ def test_an_urgent_prefill_runs_before_queued_new_work_and_without_the_batching_
     work.close()
 
 
+def test_every_pass_changes_the_capacity_so_the_scheduler_gets_a_report(kv_thread):
+    """An urgent prompt runs the moment it arrives: `queued_tokens` is 0 before and after, so
+    only the pass counter makes the capacity differ (the scheduler forgets its routed estimate)."""
+    work, endpoint = make_work(kv_thread)
+    before = work.capacity()
+    work.on_message(request(urgent=True, data_endpoint="tcp://127.0.0.1:9"))
+    assert work.work(time.monotonic())
+    after = work.capacity()
+    assert after["queued_tokens"] == before["queued_tokens"] == 0 and after != before
+    assert after["num_prefilled"] == before["num_prefilled"] + 1
+    work.on_message(Cancel("p1"))
+    work.close()
+
+
 def test_cancel_drops_a_queued_urgent_prompt(kv_thread):
     work, endpoint = make_work(kv_thread)
     work.on_message(request(urgent=True))
