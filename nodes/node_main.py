@@ -15,15 +15,18 @@ from nodes.runtime import prefer_passive_openmp
 
 def serve_role(args: argparse.Namespace, role: str) -> int:
     prefer_passive_openmp()   # before torch is imported
-    from nodes.colocated import node_works
     from nodes.engines.model_loader import ModelLoadError
+    from nodes.engines.vllm_args import VllmUnavailable
     from nodes.node_settings import node_settings
     from nodes.runtime import build_engine, run_node
 
     settings = node_settings(args, role)
     try:
         engine = build_engine(settings)
-    except (ModelLoadError, ValueError) as exc:
+    except (ModelLoadError, VllmUnavailable, ValueError) as exc:
         print(f"pdbus {role}: {exc}", file=sys.stderr)
         return 2
+    # Imported only now: vLLM's start-up rebinds kernels across every loaded module and trips over
+    # some (numba's llvmlite, which the KV codec may load), so the engine starts first.
+    from nodes.colocated import node_works
     return run_node(settings, lambda kv_thread: node_works(role, settings, engine, kv_thread))

@@ -15,7 +15,7 @@ from bus.liveness import HeartbeatConfig
 from bus.security import SecurityConfig, SecurityError, is_loopback
 from nodes.commands.broker import heartbeat_config
 from nodes.commands.keys import security_config
-from nodes.engines.base import EngineConfig
+from nodes.engines.base import ENGINE_KINDS, LOADER_SETTINGS, EngineConfig
 from nodes.settings import SettingsError, load_settings, section
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
@@ -30,6 +30,7 @@ class NodeSettings:
     model: str
     model_dir: str | None
     engine: dict = field(default_factory=dict)     # [engine] values for EngineConfig
+    engine_kind: str = "torch"                     # [engine] kind / --engine: "torch" (built-in) or "vllm"
     kv_quant: str = "int8"
     kv_compression: str = "auto"
     kv_bind: str = "tcp://127.0.0.1:0"
@@ -50,6 +51,8 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--broker", help="broker endpoint (default: [broker] endpoint)")
     parser.add_argument("--model", help="model spec: the packaged default, 'tiny', an HF folder or a .gguf")
     parser.add_argument("--model-dir", help="model cache directory")
+    parser.add_argument("--engine", choices=ENGINE_KINDS,
+                        help="engine: the built-in torch one, or vLLM in-process (make install-vllm; docs/VLLM.md)")
     parser.add_argument("--dtype", help="engine dtype (default: [engine] dtype)")
     parser.add_argument("--threads", type=int, help="torch threads (default: [engine] num_threads)")
     parser.add_argument("--kv-quant", choices=["raw", "bf16", "int8", "int8_sym"], help="KV mode on the wire")
@@ -64,7 +67,7 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _engine_values(settings: dict, args: argparse.Namespace, role: str) -> dict:
-    values = {k: v for k, v in section(settings, "engine").items() if k not in ("model", "model_dir")}
+    values = {k: v for k, v in section(settings, "engine").items() if k not in LOADER_SETTINGS}
     prefill, decode = section(settings, "prefill"), section(settings, "decode")
     if "max_batch_tokens" in prefill and role != "decode":
         values["max_batch_tokens"] = prefill["max_batch_tokens"]
@@ -78,6 +81,13 @@ def _engine_values(settings: dict, args: argparse.Namespace, role: str) -> dict:
     if getattr(args, "threads", None):
         values["num_threads"] = args.threads
     return values
+
+
+def _engine_kind(engine: dict, args: argparse.Namespace) -> str:
+    kind = getattr(args, "engine", None) or engine.get("kind", "torch")
+    if kind not in ENGINE_KINDS:
+        raise SettingsError(f"[engine] kind must be one of {', '.join(ENGINE_KINDS)}, got {kind!r}")
+    return kind
 
 
 def node_security(settings: dict, args: argparse.Namespace, role: str, broker: str, kv_bind: str
@@ -103,6 +113,7 @@ def node_settings(args: argparse.Namespace, role: str) -> NodeSettings:
         model=args.model or engine.get("model", DEFAULT_MODEL),
         model_dir=args.model_dir or engine.get("model_dir"),
         engine=_engine_values(settings, args, role),
+        engine_kind=_engine_kind(engine, args),
         kv_quant=args.kv_quant or kv.get("quant", "int8"),
         kv_compression=args.kv_compression or kv.get("compression", "auto"),
         kv_bind=kv_bind,

@@ -159,6 +159,12 @@ def prefer_passive_openmp() -> None:
 
 def build_engine(settings: NodeSettings) -> Any:
     """Load the model and build the engine (torch threads are pinned by the engine)."""
+    if settings.engine_kind == "vllm":
+        from nodes.engines.model_loader import open_model_folder
+        from nodes.engines.vllm_engine import VllmEngine
+
+        model = open_model_folder(settings.model, model_dir=settings.model_dir)
+        return VllmEngine(model, settings.engine_config(), role=settings.role)
     from nodes.engines.engine import LlamaEngine
     from nodes.engines.model_loader import load_model
 

@@ -41,7 +41,8 @@ from typing import Any, Literal
 
 FinishReason = Literal["stop", "length", "abort"]
 AdmissionStatus = Literal["ok", "full", "rejected"]
-LOADER_SETTINGS = frozenset({"model", "model_dir"})
+LOADER_SETTINGS = frozenset({"model", "model_dir", "kind"})   # read by the node, not the engine
+ENGINE_KINDS = ("torch", "vllm")
 
 
 @dataclass(frozen=True, slots=True)

