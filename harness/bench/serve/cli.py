@@ -5,8 +5,9 @@ Presets: `--quick` (what `make bench-quick` runs, < 10 min here): rates 0.5, 1, 
 requests each, the mixed workload with output lengths halved (chats 64 tokens out, documents 32;
 prompt lengths unchanged). The default (`make bench`): rates 0.25 .. 2 req/s, 60 requests each,
 the mixed workload at full size. Systems: `pdbus-disagg` (1 prefill + 1 decode node),
-`pdbus-coloc` (2 `both` nodes), `vllm` (its line says "not installed" until issue 9). Every node
-runs one torch thread; the engine dtype is `--dtype` (bfloat16, the engine's fast path). pdbus
+`pdbus-coloc` (2 `both` nodes), `vllm` (vLLM's own OpenAI server on both cores) and `pdbus-vllm`
+(1 prefill + 1 decode node running vLLM engines, KV over pdbus); the two vLLM lines say "not
+installed" without `make install-vllm`. Every pdbus node runs one thread; the engine dtype is `--dtype` (bfloat16, the engine's fast path). pdbus
 has no cross-request prefix cache (each request is a new session), and each rate uses a new seed.
 Writes `results/<tag>-<system>-<rate>.json`, `results/<tag>-summary.json` and `results/<tag>.png`.
 """
@@ -26,7 +27,7 @@ from harness.bench.serve.metrics import MIXED_SLO, Slo, parse_goodput
 from harness.bench.serve.runner import SweepConfig, config_dict, run_system
 from harness.bench.serve.systems import PdbusSystem, VllmSystem
 
-SYSTEMS = ("pdbus-disagg", "pdbus-coloc", "vllm")
+SYSTEMS = ("pdbus-disagg", "pdbus-coloc", "vllm", "pdbus-vllm")
 QUICK = {"rates": [0.5, 1.0, 1.5], "num_prompts": 24, "output_scale": 0.5}
 FULL = {"rates": [0.25, 0.5, 0.75, 1.0, 1.5, 2.0], "num_prompts": 60, "output_scale": 1.0}
 VOCAB_SIZES = {"tiny": 512}
@@ -86,7 +87,12 @@ def build_systems(names: list[str], args: argparse.Namespace, config: SweepConfi
     systems = []
     for name in names:
         if name == "vllm":
-            systems.append(VllmSystem())
+            systems.append(VllmSystem(model=args.model, dtype=args.dtype,
+                                      log_path=config.results_dir / f"{config.tag}-vllm-server.log"))
+        elif name == "pdbus-vllm":   # vLLM engines behind pdbus nodes, disaggregated (docs/VLLM.md)
+            systems.append(PdbusSystem(name, colocated=False, model=args.model, config=getattr(args, "config", None),
+                                       env={**env, "PDBUS__ENGINE__KIND": '"vllm"'},
+                                       log_path=config.results_dir / f"{config.tag}-{name}-cluster.log"))
         elif name in ("pdbus-disagg", "pdbus-coloc"):
             systems.append(PdbusSystem(name, colocated=name == "pdbus-coloc", model=args.model,
                                        config=getattr(args, "config", None), env=env,

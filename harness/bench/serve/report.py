@@ -73,14 +73,15 @@ def targets(rows: list[dict], disagg: str = "pdbus-disagg", coloc: str = "pdbus-
     else:
         found.append(_target("highest rate at >=90% attainment, disagg/coloc", None, ">= 1.5", None,
                              f"capacities {d_cap} / {c_cap}: a system met 90% at no measured rate"))
-    v_rows = measured(rows, vllm)
-    if v_rows:
-        d_best = max(r["slo_goodput"] for r in measured(rows, disagg))
+    v_rows, d_rows = measured(rows, vllm), measured(rows, disagg)
+    if v_rows and d_rows:
+        d_best = max(r["slo_goodput"] for r in d_rows)
         v_best = max(r["slo_goodput"] for r in v_rows)
         found.append(_target("best SLO goodput, disagg/vLLM", d_best / v_best if v_best else None, ">= 1.0",
                              v_best > 0 and d_best >= v_best))
     else:
-        found.append(_target("best SLO goodput, disagg/vLLM", None, ">= 1.0", None, "vLLM not installed"))
+        found.append(_target("best SLO goodput, disagg/vLLM", None, ">= 1.0", None,
+                             "vLLM not installed" if not v_rows else f"{disagg} not measured"))
     shares = [r["pdbus_stages_long_prompts"]["mean_kv_transfer_ms"] / r["pdbus_stages_long_prompts"]["mean_ttft_ms"]
               for r in measured(rows, disagg) if r.get("pdbus_stages_long_prompts", {}).get("mean_ttft_ms")]
     if shares:

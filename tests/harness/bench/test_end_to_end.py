@@ -7,12 +7,13 @@ import json
 import pytest
 
 from harness.bench.serve.cli import run
-from harness.bench.serve.systems import SystemUnavailable, VllmSystem
+from harness.bench.serve.systems import PdbusSystem, SystemUnavailable, VllmSystem
 
 pytestmark = pytest.mark.integration
 
 
-def test_bench_measures_a_real_tiny_cluster_and_writes_vllm_keyed_json(tmp_path, capsys):
+def test_bench_measures_a_real_tiny_cluster_and_writes_vllm_keyed_json(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(VllmSystem, "available", lambda self: False)   # as on a machine without vLLM
     code = run(["--model", "tiny", "--dtype", "float32", "--systems", "pdbus-disagg,vllm", "--request-rates", "inf",
                 "--num-prompts", "4", "--output-scale", "0.05", "--num-warmup", "1", "--results-dir", str(tmp_path),
                 "--tag", "t", "--goodput", "ttft:60000", "tpot:60000"])
@@ -29,9 +30,18 @@ def test_bench_measures_a_real_tiny_cluster_and_writes_vllm_keyed_json(tmp_path,
     assert "not installed" in capsys.readouterr().out
 
 
-@pytest.mark.skipif(importlib.util.find_spec("vllm") is not None, reason="vllm is installed here")
-def test_vllm_system_is_a_stub_that_says_not_installed():
+def test_without_vllm_both_vllm_lines_say_not_installed(monkeypatch):
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name: None)
     system = VllmSystem()
     assert not system.available()
     with pytest.raises(SystemUnavailable, match="not installed"):
         system.start()
+    assert not PdbusSystem("pdbus-vllm", colocated=False, env={"PDBUS__ENGINE__KIND": '"vllm"'}).available()
+    assert PdbusSystem("pdbus-disagg", colocated=False).available()
+
+
+def test_vllm_server_is_started_the_way_that_works_here(tmp_path):
+    argv = VllmSystem(dtype="bfloat16").argv(tmp_path / "SmolLM2", "SmolLM2", 8123)
+    assert argv[1:3] == ["-m", "vllm.entrypoints.openai.api_server"]   # not the broken console script
+    assert {"--enforce-eager", "--no-enable-prefix-caching"} <= set(argv)
+    assert argv[argv.index("--served-model-name") + 1] == "SmolLM2" and argv[argv.index("--port") + 1] == "8123"

@@ -35,6 +35,13 @@ def test_capacities_and_targets():
     assert "MET" in report.targets_text(report.targets(ROWS))
 
 
+def test_vllm_measured_without_the_pdbus_disagg_line_is_noted_not_a_crash():
+    rows = [row("vllm", "1", 0.9, 80), row("pdbus-vllm", "1", 0.95, 70)]
+    found = {t["name"]: t for t in report.targets(rows)}
+    goodput = found["best SLO goodput, disagg/vLLM"]
+    assert goodput["met"] is None and goodput["note"] == "pdbus-disagg not measured"
+
+
 def test_summary_and_plot(tmp_path):
     summary = report.summary(ROWS, {"rates": ["0.5", "1", "1.5"]})
     assert summary["capacity_at_90pct"]["pdbus-disagg"] == 1.0 and len(summary["rows"]) == len(ROWS)
