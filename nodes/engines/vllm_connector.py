@@ -204,4 +204,5 @@ class PdbusConnector(KVConnectorBase_V1):
     def wait_for_save(self) -> None:
         meta = self._get_connector_metadata()
         for save in getattr(meta, "saves", ()):
-            MAILBOX.capture(save.key, gather(self._layers, save.block_ids, save.num_tokens, self._layout))
+            # .cpu(): the KV plane sends host memory (a no-op on the CPU backend)
+            MAILBOX.capture(save.key, gather(self._layers, save.block_ids, save.num_tokens, self._layout).cpu())
