@@ -114,6 +114,8 @@ class VllmEngine(Engine):
             self._llm.add_request(key, {"prompt_token_ids": list(request.prompt_token_ids)}, params)
         first_tokens: dict[str, int] = {}
         while len(first_tokens) < len(requests):
+            if not self._llm.has_unfinished_requests():
+                raise RuntimeError(f"vLLM ended {len(requests) - len(first_tokens)} prefill(s) without a token")
             for output in self._llm.step():
                 if output.finished and output.outputs and output.outputs[0].token_ids:
                     first_tokens[output.request_id] = int(output.outputs[0].token_ids[0])

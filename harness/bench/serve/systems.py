@@ -40,6 +40,18 @@ class SystemUnavailable(RuntimeError):
     pass
 
 
+def terminate(process: subprocess.Popen | None) -> None:
+    """SIGTERM (the launcher and vLLM's server stop their children), then SIGKILL after 30 s."""
+    if process is None or process.poll() is not None:
+        return
+    process.send_signal(signal.SIGTERM)
+    try:
+        process.wait(30)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        process.wait(10)
+
+
 class PdbusSystem:
     def __init__(self, name: str, *, colocated: bool, model: str | None = None, config: str | None = None,
                  env: dict[str, str] | None = None, log_path: Path | None = None) -> None:
@@ -93,14 +105,7 @@ class PdbusSystem:
 
     def stop(self) -> None:
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+        terminate(process)
 
 
 class VllmSystem:
@@ -160,11 +165,4 @@ class VllmSystem:
 
     def stop(self) -> None:
         process, self._process = self._process, None
-        if process is None or process.poll() is not None:
-            return
-        process.send_signal(signal.SIGTERM)
-        try:
-            process.wait(30)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            process.wait(10)
+        terminate(process)
