@@ -167,6 +167,7 @@ def run_scenario(scenario: Scenario, ctx: Ctx, options: ChaosOptions, reference:
     recovery = checks.recovery(records, ctx.fault)
     recovery_p99 = checks.percentile(recovery, 99)
     lost = [r for r in records if not r.ok]
+    stalled = any("stalled" in str((r.pdbus or {}).get("failures")) for r in records)   # a longer timeline
     problems += [f"{r.name} lost: {r.error}" for r in lost]
     problems += [f"{r.name} (extra client) ended badly: {r.error}" for r in extras if not (r.ok or r.aborted)]
     if not comparison.identical and options.kv == "raw":
@@ -195,7 +196,7 @@ def run_scenario(scenario: Scenario, ctx: Ctx, options: ChaosOptions, reference:
         "evidence": evidence, "kv_idle_after": idle_after, "rss_mib_before": rss_before, "rss_mib_after": rss_after,
         "rss_grown_mib": rss_grown,
         "records": [r.to_json() for r in records], "extras": [r.to_json() for r in extras],
-        "timeline": timeline(cluster, ctx.fault, records) if scenario.recovery_bound else [],
+        "timeline": timeline(cluster, ctx.fault, records, after_s=40.0 if stalled else 8.0),
         "seconds": round(time.monotonic() - started, 1),
     }
 
