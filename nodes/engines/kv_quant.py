@@ -4,10 +4,14 @@ Contract: `TorchQuantizer(compile=True)` implements bus.kv.quant.Quantizer for t
 (float32, bfloat16, float16; layout layers x 2 x kv_heads x tokens x head_dim), producing byte for
 byte the payload format of bus.kv.quant (the numpy reference) and decoding it straight into a
 preallocated torch destination of the engine's dtype. Anything that is not a torch tensor is handed
-to the numpy quantizer. The int8 kernels run under `torch.compile` (dynamic shapes, so one compile
-serves every chunk size) with an eager fallback when compiling is unavailable or fails;
-`warmup()` compiles them at start-up (the first compile takes seconds; inductor caches on disk).
-Encoder and decoder agree with numpy up to one code step where float rounding ties differ.
+to the numpy quantizer. With `compile=True`, the default `int8` mode runs on the single-pass numba
+kernels of bus.kv.int8_kernels (float32, bfloat16 and float16 sources; float32 and bfloat16
+destinations), whose payloads and decoded values are bit-identical to the numpy reference's; they
+ran 2-4x faster than the inductor kernels here (bench-kv's stage table). Every other mode and
+dtype runs under `torch.compile` (dynamic shapes, so one compile serves every chunk size);
+`compile=False`, a missing numba or a failing compiler give eager torch.
+`warmup()` compiles everything at start-up (the first compile takes seconds; both cache on disk).
+The torch kernels agree with numpy up to one code step where float rounding ties differ.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from bus.kv import int8_kernels
 from bus.kv.errors import KVValueError
 from bus.kv.layout import ChunkSpec, KVInfo, plan_chunks
 from bus.kv.quant import EncodedPayload, NumpyQuantizer
@@ -96,6 +101,7 @@ def convert_into(source: torch.Tensor, out: torch.Tensor) -> None:
     out.copy_(source.to(out.dtype))
 
 
+
 KERNELS = {"params_int8": asym_params, "params_int8_sym": sym_params, "quantize_int8": quantize_asym,
            "quantize_int8_sym": quantize_sym, "decode_int8": decode_int8_rows,
            "decode_int8_sym": decode_int8_sym_rows, "convert": convert_into}
@@ -111,6 +117,8 @@ class TorchQuantizer:
         # prompt sizes do not trigger recompiles (dynamo gives up after 8 and runs eager).
         self._compiled: dict[tuple, Any] = {}
         self._scratch = torch.empty(0)
+        self.fast_int8 = compile and int8_kernels.AVAILABLE   # `int8` on bus.kv.int8_kernels
+        self._work = int8_kernels.Scratch(64)
 
     @property
     def compiled(self) -> bool:
@@ -139,7 +147,8 @@ class TorchQuantizer:
                     for mode in ("bf16", "int8", "int8_sym"):
                         outs = [np.empty(spec.num_rows * 64 * 2, np.uint8), np.empty(spec.num_rows * 8, np.uint8)]
                         payload = self.encode(kv, info, spec, mode, outs)
-                        arrays = [np.frombuffer(memoryview(f).cast("B"), np.uint8) for f in payload.frames]
+                        # read-only, as received frames are (numba compiles per array type)
+                        arrays = [np.frombuffer(bytes(memoryview(f).cast("B")), np.uint8) for f in payload.frames]
                         self.decode(arrays, info, spec, mode, payload.scale_dtype, torch.empty_like(kv))
 
     def kv_info(self, kv: Any, dtype: str | None = None) -> KVInfo:
@@ -184,6 +193,8 @@ class TorchQuantizer:
         code_dtype = torch.uint8 if mode == "int8" else torch.int8
         codes = _tensor(outs[0], rows.numel(), code_dtype).view(rows.shape)
         params = _tensor(outs[1], num_params * 2, torch.float16)
+        if mode == "int8" and self.fast_int8:
+            return self._encode_int8_fast(kv, info, spec, rows, outs)
         if rows.dtype != torch.float32:  # ATen's bf16 row reductions are ~3x slower than fp32 here
             rows = self._float32_scratch(rows)
         # Row reductions run eager: ATen's are ~5x faster than inductor's here.
@@ -194,6 +205,24 @@ class TorchQuantizer:
             return self.numpy.encode(_numpy_view(kv, info), info, spec, mode, outs)
         self._run("quantize_" + mode, rows, params, codes)
         return EncodedPayload([outs[0][: rows.numel()], outs[1][: num_params * 2]], "f16")
+
+    def _encode_int8_fast(self, kv: torch.Tensor, info: KVInfo, spec: ChunkSpec, rows: torch.Tensor,
+                          outs: list[np.ndarray]) -> EncodedPayload:
+        num_rows = spec.num_rows
+        codes = outs[0][: rows.numel()].reshape(num_rows, info.head_dim)
+        params = outs[1][: num_rows * 4].view(np.uint16)
+        if rows.dtype == torch.float16:
+            rows = self._float32_scratch(rows)
+        source = _numpy_view(rows, info)
+        encode = int8_kernels.encode_rows if rows.dtype == torch.float32 else int8_kernels.encode_bf16_rows
+        try:
+            fits = encode(source, codes, params, self._work)
+        except Exception:  # numba cannot compile here: torch kernels from now on
+            self.fast_int8 = False
+            return self.encode(kv, info, spec, "int8", outs)
+        if not fits:  # non-finite KV (an error) or a range beyond float16 (float32 params): numpy
+            return self.numpy.encode(_numpy_view(kv, info), info, spec, "int8", outs)
+        return EncodedPayload([outs[0][: rows.numel()], outs[1][: num_rows * 4]], "f16")
 
     def _float32_scratch(self, rows: torch.Tensor) -> torch.Tensor:
         if self._scratch.numel() < rows.numel():
@@ -209,6 +238,8 @@ class TorchQuantizer:
             return
         target = self._chunk(dst, info, spec)
         shape = target.shape
+        if mode == "int8" and scale_dtype == "f16" and self.fast_int8 and self._decode_int8_fast(payload, target):
+            return
         if mode in ("int8", "int8_sym") and scale_dtype == "f16":
             code_dtype = torch.uint8 if mode == "int8" else torch.int8
             codes = torch.from_numpy(payload[0]).view(code_dtype).view(shape)
@@ -223,6 +254,17 @@ class TorchQuantizer:
             self.numpy._decode_f32(payload, info, spec, mode, scale_dtype, staging)
             target.copy_(torch.from_numpy(staging))
 
+    def _decode_int8_fast(self, payload: list[np.ndarray], target: torch.Tensor) -> bool:
+        """Dequantize on bus.kv.int8_kernels into a float32 or bfloat16 target; False for others."""
+        if target.dtype not in (torch.float32, torch.bfloat16):
+            return False
+        out = target.numpy() if target.dtype == torch.float32 else target.view(torch.int16).numpy().view(np.uint16)
+        try:
+            int8_kernels.decode_rows(payload[0].reshape(target.shape), payload[1].view(np.uint16), out, self._work)
+        except Exception:  # numba cannot compile here: torch kernels from now on
+            self.fast_int8 = False
+            return False
+        return True
 
 def _tensor(buffer: np.ndarray, nbytes: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(buffer[:nbytes]).view(dtype)

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from bus.kv import KVReceiver, KVSender, KVValueError
-from bus.kv.layout import plan_chunks
+from bus.kv.layout import f32_to_bf16_bits, plan_chunks
 from bus.kv.quant import NumpyQuantizer, max_payload_sizes
 from nodes.engines.kv_quant import TorchQuantizer
 from tests.bus.kv.conftest import synthetic_kv
@@ -125,3 +125,29 @@ async def test_torch_sender_numpy_receiver_and_back(compiled):
     assert (result.kv.float() - kv).abs().max() < 0.1
     await sender.close()
     await receiver.close()
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
+def test_fast_int8_is_bit_identical_to_numpy_both_ways(compiled, dtype):
+    """The numba path (compile=True) encodes and decodes exactly as the numpy reference does."""
+    assert compiled.fast_int8
+    kv = torch.from_numpy(synthetic_kv(tokens=50, head_dim=64)).to(dtype)
+    info, ours = encode_all(compiled, kv, "int8", chunk_bytes=20000)
+    reference = NumpyQuantizer()
+    source = numpy_view(kv)
+    numpy_info = reference.kv_info(source, "bfloat16" if dtype == torch.bfloat16 else None)
+    for dst_dtype in (torch.float32, torch.bfloat16):
+        dst = torch.full(kv.shape, float("nan"), dtype=dst_dtype)
+        expected = np.full(kv.shape, np.nan, np.float32)
+        for spec, frames, scale in ours:
+            sizes = max_payload_sizes("int8", spec.num_rows, numpy_info)
+            payload = reference.encode(source, numpy_info, spec, "int8", [np.empty(n, np.uint8) for n in sizes])
+            assert scale == payload.scale_dtype == "f16"
+            for a, b in zip(frames, payload.frames, strict=True):
+                np.testing.assert_array_equal(a, np.frombuffer(memoryview(b).cast("B"), np.uint8))
+            compiled.decode(frames, info, spec, "int8", scale, dst)
+            reference.decode(frames, numpy_info, spec, "int8", scale, expected)
+        if dst_dtype == torch.float32:
+            np.testing.assert_array_equal(dst.numpy(), expected)
+        else:
+            np.testing.assert_array_equal(numpy_view(dst), f32_to_bf16_bits(expected))

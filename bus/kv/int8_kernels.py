@@ -1,0 +1,224 @@
+"""Single-pass numba kernels of the `int8` mode (per-token asymmetric), on numpy arrays.
+
+Contract: `AVAILABLE` says whether numba is importable; without it nothing here may be called.
+`encode_rows(rows, codes, params, work)` quantizes float32 rows (R, D) into uint8 codes and the
+rows' params, float16 bit patterns (uint16) lo[0..R) then hi[0..R), bus.kv.quant's frame 1;
+`encode_bf16_rows` does the same from bfloat16 bits (uint16). Both return False, leaving their outputs partly written, when a row holds a
+NaN or infinity or its range does not fit float16: the caller then takes the numpy reference path
+(bus.kv.quant), which raises or falls back to float32 params. `decode_rows(codes, params, out, work)`
+writes code * step + lo into a float32 or bfloat16-bits (uint16) (P, T, D) destination.
+`work = Scratch(head_dim)` holds the per-call scratch arrays (not thread-safe: one per caller).
+
+Every float operation is bus.kv.quant's, in its order and in float32, without FMA contraction
+(numba's default), so codes, params and decoded values are bit-identical to the numpy reference;
+tests/bus/kv/test_int8_kernels.py asserts it. numba has no float16 on CPU, so the params are
+rounded and converted on the bits: to nearest even at float16's mantissa width, float16's
+subnormal step below 2**-14, "does not fit" from 65520 (which rounds to infinity); numpy's own
+float16 conversion also ran slower than the rest of the chunk's encode.
+Why one pass: the row min/max, the params and the codes are computed while the row sits in L1, so
+each value is read from memory once (three passes, as ATen reductions plus a quantize kernel need,
+ran at a third of the speed here); the 16-lane min/max is written so that LLVM vectorises it.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+try:
+    import numba
+except ImportError:  # the torch and numpy quantizers serve every mode without it
+    numba = None
+
+AVAILABLE = numba is not None
+LANES = 16
+OUTWARD = np.float32(2.0**-10)   # bus.kv.quant.OUTWARD
+F16_TINY = np.float32(2.0**-24)  # bus.kv.quant.F16_TINY
+F16_MAX = np.float32(65504.0)
+
+
+def _njit(function):
+    """Compiled on first call per argument types, cached on disk; the plain function without numba."""
+    return numba.njit(cache=True, boundscheck=False, nogil=True)(function) if AVAILABLE else function
+
+
+def _inline(function):
+    """A helper of the kernels, inlined into them by numba: a call per row with array arguments
+    costs reference-count updates that took longer than the row's arithmetic."""
+    return numba.njit(inline="always", boundscheck=False)(function) if AVAILABLE else function
+
+
+class Scratch:
+    """The small arrays the kernels work in: lanes of the row min/max, a float<->bits word, a row."""
+
+    def __init__(self, head_dim: int) -> None:
+        self.lanes = np.empty((3, LANES), np.float32)
+        self.word = np.empty(1, np.float32)
+        self.row = np.empty((1, head_dim), np.float32)
+
+    def args(self) -> tuple:
+        lanes = self.lanes
+        return lanes[0], lanes[1], lanes[2], self.word, self.word.view(np.uint32)
+
+
+@_inline
+def _row_range(src, r, mn, mx, ck):  # pragma: no cover - runs compiled
+    """(min, max, finite) of row r; heads of 64k values take 16 SIMD lanes, others a scalar loop."""
+    width = src.shape[1]
+    low, high, check = src[r, 0], src[r, 0], np.float32(0.0)
+    if width % 64 == 0:
+        for k in range(LANES):
+            x0, x1, x2, x3 = src[r, k], src[r, k + 16], src[r, k + 32], src[r, k + 48]
+            l0, l1 = (x0 if x0 < x1 else x1), (x2 if x2 < x3 else x3)
+            h0, h1 = (x0 if x0 > x1 else x1), (x2 if x2 > x3 else x3)
+            mn[k], mx[k] = (l0 if l0 < l1 else l1), (h0 if h0 > h1 else h1)
+            ck[k] = ((x0 - x0) + (x1 - x1)) + ((x2 - x2) + (x3 - x3))   # NaN iff a value is NaN or inf
+        for c in range(64, width, 64):
+            for k in range(LANES):
+                x0, x1, x2, x3 = src[r, c + k], src[r, c + k + 16], src[r, c + k + 32], src[r, c + k + 48]
+                l0, l1 = (x0 if x0 < x1 else x1), (x2 if x2 < x3 else x3)
+                h0, h1 = (x0 if x0 > x1 else x1), (x2 if x2 > x3 else x3)
+                l0, h0 = (l0 if l0 < l1 else l1), (h0 if h0 > h1 else h1)
+                mn[k], mx[k] = (l0 if l0 < mn[k] else mn[k]), (h0 if h0 > mx[k] else mx[k])
+                ck[k] += ((x0 - x0) + (x1 - x1)) + ((x2 - x2) + (x3 - x3))
+        for k in range(LANES):
+            low = mn[k] if mn[k] < low else low
+            high = mx[k] if mx[k] > high else high
+            check += ck[k]
+        return low, high, check == 0
+    for j in range(width):
+        x = src[r, j]
+        low = x if x < low else low
+        high = x if x > high else high
+        check += x - x
+    return low, high, check == 0
+
+
+@_inline
+def _to_float16(value, word, bits):  # pragma: no cover - runs compiled
+    """The float16 nearest to a float32 (ties to even), as a float32; inf when it does not fit."""
+    magnitude = abs(value)
+    if not magnitude < np.float32(65520.0):
+        return np.float32(np.inf)
+    if magnitude < np.float32(2.0**-14):   # subnormal: a multiple of 2**-24 (the scaling is exact)
+        scaled = value * np.float32(16777216.0)
+        rounded = (scaled + np.float32(12582912.0)) - np.float32(12582912.0)   # 1.5 * 2**23: to integer
+        return np.float32(math.copysign(rounded * np.float32(2.0**-24), value))
+    word[0] = value
+    b = bits[0]
+    bits[0] = (b + np.uint32(0xFFF) + ((b >> np.uint32(13)) & np.uint32(1))) & np.uint32(0xFFFFE000)
+    return word[0]
+
+
+@_inline
+def _float16_bits(value, word, bits):  # pragma: no cover - runs compiled
+    """The float16 bit pattern of a float32 that holds a finite float16 value."""
+    word[0] = value
+    b = bits[0]
+    sign = np.uint16((b >> np.uint32(16)) & np.uint32(0x8000))
+    if abs(value) < np.float32(2.0**-14):   # subnormal or zero: an exact multiple of 2**-24
+        return sign | np.uint16(np.int32(abs(value) * np.float32(16777216.0)))
+    exponent = ((b >> np.uint32(23)) & np.uint32(0xFF)) - np.uint32(112)   # rebias 127 -> 15
+    return sign | np.uint16((exponent << np.uint32(10)) | ((b >> np.uint32(13)) & np.uint32(0x3FF)))
+
+
+@_inline
+def _float16_value(h, word, bits):  # pragma: no cover - runs compiled
+    """The float32 value of float16 bits (exact; inf and NaN kept)."""
+    h32 = np.uint32(h)
+    sign = (h32 & np.uint32(0x8000)) << np.uint32(16)
+    exponent = (h32 >> np.uint32(10)) & np.uint32(0x1F)
+    mantissa = h32 & np.uint32(0x3FF)
+    if exponent == 0:
+        magnitude = np.float32(mantissa) * np.float32(2.0**-24)
+        return -magnitude if sign else magnitude
+    exponent = np.uint32(0xFF) if exponent == 31 else exponent + np.uint32(112)
+    bits[0] = sign | (exponent << np.uint32(23)) | (mantissa << np.uint32(13))
+    return word[0]
+
+
+@_inline
+def _encode_row(src, r, codes, out_row, params, mn, mx, ck, word, bits):  # pragma: no cover - runs compiled
+    low, high, finite = _row_range(src, r, mn, mx, ck)
+    if not finite:
+        return False
+    lo_r = _to_float16(low - (abs(low) * OUTWARD + F16_TINY), word, bits)
+    hi_r = _to_float16(high + (abs(high) * OUTWARD + F16_TINY), word, bits)
+    if not (abs(lo_r) <= F16_MAX and abs(hi_r) <= F16_MAX):
+        return False
+    params[out_row] = _float16_bits(lo_r, word, bits)
+    params[codes.shape[0] + out_row] = _float16_bits(hi_r, word, bits)
+    step = (hi_r - lo_r) / np.float32(255.0)
+    inverse = np.float32(1.0) / step if step > 0 else np.float32(0.0)
+    for j in range(src.shape[1]):   # round half up by truncation, as the reference
+        scaled = (src[r, j] - lo_r) * inverse + np.float32(0.5)
+        codes[out_row, j] = np.uint8(np.int32(min(max(scaled, np.float32(0.0)), np.float32(255.5))))
+    return True
+
+
+@_njit
+def _encode_f32(rows, codes, params, mn, mx, ck, word, bits):  # pragma: no cover - runs compiled
+    for r in range(rows.shape[0]):  # noqa: SIM110 - numba compiles no generator into all()
+        if not _encode_row(rows, r, codes, r, params, mn, mx, ck, word, bits):
+            return False
+    return True
+
+
+@_njit
+def _encode_bf16(rows, codes, params, mn, mx, ck, word, bits, row, row_bits):  # pragma: no cover
+    for r in range(rows.shape[0]):
+        for j in range(rows.shape[1]):
+            row_bits[0, j] = np.uint32(rows[r, j]) << np.uint32(16)
+        if not _encode_row(row, 0, codes, r, params, mn, mx, ck, word, bits):
+            return False
+    return True
+
+
+def encode_rows(rows: np.ndarray, codes: np.ndarray, params: np.ndarray, work: Scratch) -> bool:
+    """float32 rows (R, D) -> uint8 codes (R, D) and params (2R,) uint16: float16 bits of lo then hi."""
+    return bool(_encode_f32(rows, codes, params, *work.args()))
+
+
+def encode_bf16_rows(rows: np.ndarray, codes: np.ndarray, params: np.ndarray, work: Scratch) -> bool:
+    """bfloat16 bits (R, D) uint16 -> as encode_rows."""
+    if work.row.shape[1] != rows.shape[1]:
+        work.row = np.empty((1, rows.shape[1]), np.float32)
+    return bool(_encode_bf16(rows, codes, params, *work.args(), work.row, work.row.view(np.uint32)))
+
+
+@_njit
+def _decode_f32(codes, params, out, word, bits):  # pragma: no cover - runs compiled
+    num_tokens, num_rows = codes.shape[1], codes.shape[0] * codes.shape[1]
+    for p in range(codes.shape[0]):
+        for t in range(num_tokens):
+            low = _float16_value(params[p * num_tokens + t], word, bits)
+            step = (_float16_value(params[num_rows + p * num_tokens + t], word, bits) - low) / np.float32(255.0)
+            for j in range(codes.shape[2]):
+                out[p, t, j] = np.float32(codes[p, t, j]) * step + low
+
+
+@_njit
+def _decode_bf16(codes, params, out, word, bits, row, row_bits):  # pragma: no cover - runs compiled
+    num_tokens, num_rows = codes.shape[1], codes.shape[0] * codes.shape[1]
+    for p in range(codes.shape[0]):
+        for t in range(num_tokens):
+            low = _float16_value(params[p * num_tokens + t], word, bits)
+            step = (_float16_value(params[num_rows + p * num_tokens + t], word, bits) - low) / np.float32(255.0)
+            for j in range(codes.shape[2]):
+                row[0, j] = np.float32(codes[p, t, j]) * step + low
+            for j in range(codes.shape[2]):   # to bfloat16: round to nearest even (finite values)
+                b = row_bits[0, j]
+                out[p, t, j] = np.uint16((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+
+
+def decode_rows(codes: np.ndarray, params: np.ndarray, out: np.ndarray, work: Scratch) -> None:
+    """uint8 codes (P, T, D), params (2*P*T,) float16 bits -> out (P, T, D): float32, or uint16
+    bfloat16 bits."""
+    _, _, _, word, bits = work.args()
+    if out.dtype == np.float32:
+        _decode_f32(codes, params, out, word, bits)
+        return
+    if work.row.shape[1] != codes.shape[2]:
+        work.row = np.empty((1, codes.shape[2]), np.float32)
+    _decode_bf16(codes, params, out, word, bits, work.row, work.row.view(np.uint32))
