@@ -169,6 +169,9 @@ class PrefillWork:
             done = KvSendDone(job.request_id, report)
         except KVError as exc:
             done = KvSendDone(job.request_id, None, str(exc))
+        except Exception as exc:   # a bug must fail this transfer (kv_failed), never leave it hanging
+            self.log.exception("kv_send_crashed", request_id=job.request_id, transfer_id=job.transfer_id)
+            done = KvSendDone(job.request_id, None, f"internal: {exc!r}")
         self.endpoint.inbox.put(done)
 
     def _on_send_done(self, done: KvSendDone) -> None:

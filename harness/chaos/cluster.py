@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import signal
 import sys
 from pathlib import Path
@@ -100,8 +101,11 @@ class ChaosCluster(ClusterProcs):
     # -- faults and observations ----------------------------------------------------------
     def control(self, **order: Any) -> None:
         """Orders for the hooked nodes (`harness.chaos.hooked_node`): `flip=N` / `drop=N` (each prefill
-        node corrupts / drops its next N KV chunks), `prefill_delay_ms=X` (slow prefills); {} = calm."""
-        self.control_path.write_text(json.dumps(order))
+        node corrupts / drops its next N KV chunks), `prefill_delay_ms=X` (slow prefills); {} = calm.
+        Written to a temporary file and renamed, so a node never reads it half-written."""
+        partial = self.control_path.with_suffix(".tmp")
+        partial.write_text(json.dumps(order))
+        os.replace(partial, self.control_path)
 
     def processes(self, role: str | None = None) -> list[Proc]:
         return [p for node_id, p in [*self.dead, *self.nodes.items()] if role is None or node_id.startswith(role)]

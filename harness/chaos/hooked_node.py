@@ -35,14 +35,16 @@ log = get_logger("chaos_hook")
 
 
 def read_order(path: str, cache: dict[str, Any]) -> dict[str, Any]:
-    """The control file's current order, re-read only when the file changed."""
+    """The control file's current order, re-read only when the file changed. The harness replaces
+    the file atomically; a file caught half-written anyway keeps the previous order until the next
+    read (an exception here would kill the KV send it runs in, leaving that transfer stuck)."""
     try:
         stamp = os.stat(path).st_mtime_ns
-    except OSError:
-        return {}
-    if cache.get("stamp") != stamp:
-        with open(path) as file:
-            cache.update(stamp=stamp, order=json.load(file))
+        if cache.get("stamp") != stamp:
+            with open(path) as file:
+                cache.update(stamp=stamp, order=json.load(file))
+    except (OSError, ValueError):
+        pass
     return cache.get("order", {})
 
 

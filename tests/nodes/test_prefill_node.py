@@ -141,6 +141,21 @@ def test_cancel_drops_a_queued_urgent_prompt(kv_thread):
     assert not work.work(time.monotonic() + 1) and not endpoint.sent
 
 
+def test_a_send_that_crashes_fails_the_transfer_instead_of_hanging(kv_thread):
+    work, endpoint = make_work(kv_thread)
+
+    async def broken(*args, **kwargs):
+        raise ValueError("a bug in the send path")
+    work.sender.send = broken
+    work.on_message(request())
+    work.work(time.monotonic() + 1)
+    done = take_inbox(work, endpoint)
+    assert isinstance(done, KvSendDone) and done.report is None and "internal" in done.error
+    (error,) = endpoint.of("error", "p1")
+    assert error["code"] == wire.KV_FAILED and not work.jobs and not endpoint.of("direct")
+    work.close()
+
+
 def test_batcher_waits_for_max_wait_or_the_token_budget(kv_thread):
     work, endpoint = make_work(kv_thread)
     work.on_message(request())
