@@ -8,9 +8,16 @@ endpoint on the KV thread (`KVSender`, mode/compression from `[kv]`), then a DIR
 the decode node — from the KV thread the moment the send is verified, so the decode node never
 waits for this node's next prefill pass — and the FINAL `done` {token, transfer report, timings}
 to the client. A failed send answers ERROR `kv_failed`.
+A batch runs as a pass of chunks (`Engine.start_prefill`): each `work()` call computes at most
+`chunk_tokens` prompt tokens (`[engine] prefill_chunk_tokens`, default 256), and the node loop takes
+its inbox between two calls.
 A request with `"urgent": true` (a client re-sending a lost prefill or resuming a stream after a
 failover) waits in a lane of its own that runs before any other queued prompt and without the
-batching wait, so recovery never queues behind new work (a pass already running finishes first). CANCEL drops a queued prompt or aborts its send (the receiver
+batching wait, and interrupts a pass of new work between two chunks (that pass resumes afterwards
+from its KV so far), so recovery never waits behind new work for more than one chunk. An urgent
+pass itself runs in one step (up to `max_batch_tokens`): nothing may interrupt it.
+`queued_tokens` in the capacity counts queued prompts plus what running passes have left.
+CANCEL drops a queued prompt, stops computing it in a running pass, or aborts its send (the receiver
 frees its buffer), logged as `prefill_cancelled` with `stage`.
 """
 
@@ -26,7 +33,7 @@ from bus.kv.frames import CHUNK
 from bus.log import get_logger
 from bus.messages import Cancel, Request
 from nodes import cluster_wire as wire
-from nodes.engines.base import PrefillRequest, PrefillResult
+from nodes.engines.base import PrefillPass, PrefillRequest, PrefillResult
 from nodes.engines.kv_quant import TorchQuantizer
 from nodes.engines.prefill import PrefillBatcher
 from nodes.node_settings import NodeSettings
@@ -56,12 +63,21 @@ class PrefillJob:
     sending: bool = False
 
 
+@dataclass(frozen=True, slots=True)
+class RunningPass:
+    prefill: PrefillPass
+    urgent: bool
+    num_requests: int
+
+
 class PrefillWork:
     def __init__(self, settings: NodeSettings, engine: Any, kv_thread: LoopThread) -> None:
         self.settings, self.engine, self.kv_thread = settings, engine, kv_thread
         config = engine.config
         self.batcher = PrefillBatcher(max_batch_tokens=config.max_batch_tokens, max_wait_s=config.prefill_max_wait_s)
         self.urgent = PrefillBatcher(max_batch_tokens=config.max_batch_tokens, max_wait_s=0.0)
+        self.chunk_tokens = config.prefill_chunk_tokens
+        self.passes: list[RunningPass] = []   # the last one runs; an urgent pass sits on the one it interrupted
         self.quantizer = TorchQuantizer(compile=settings.kv_compile)
         faults = (FaultInjector(flip_probability=1.0, only_kinds=(CHUNK,), max_faults=settings.kv_faults)
                   if settings.kv_faults else None)   # test-only: checksum failures on the data plane
@@ -94,18 +110,36 @@ class PrefillWork:
         return True
 
     def work(self, now: float) -> bool:
-        batch = self.urgent.next_batch(now) or self.batcher.next_batch(now)
-        if not batch:
+        """Run one chunk of the current pass, starting a pass first when one is due."""
+        if not (self.passes and self.passes[-1].urgent):
+            self._start_pass(self.urgent.next_batch(now), urgent=True)
+        if not self.passes:
+            self._start_pass(self.batcher.next_batch(now), urgent=False)
+        if not self.passes:
             return False
+        running = self.passes[-1]
+        for result in running.prefill.step():
+            self._on_prefilled(result)
+        if running.prefill.done:
+            self.passes.pop()
+            self.num_prefilled += running.num_requests
+        return True
+
+    def _start_pass(self, batch: list[PrefillRequest], *, urgent: bool) -> None:
+        if not batch:
+            return
+        if self.passes:   # only an urgent batch gets here: the pass of new work waits one chunk at most
+            self.log.info("prefill_interrupted", request_ids=[r.request_id for r in batch],
+                          num_tokens_left=self.passes[-1].prefill.num_remaining_tokens)
         if self.settings.prefill_delay_s:
             self.log.info("prefill_started", request_ids=[r.request_id for r in batch])
             time.sleep(self.settings.prefill_delay_s)
         for request in batch:
             self.jobs[request.request_id].clock.mark("prefill_started")
-        for result in self.engine.prefill(batch):
-            self._on_prefilled(result)
-        self.num_prefilled += len(batch)
-        return True
+        # Nothing interrupts an urgent pass, so it runs as one step (chunks cost up to 25% in bf16).
+        chunk_tokens = self.urgent.max_batch_tokens if urgent else self.chunk_tokens
+        self.passes.append(RunningPass(self.engine.start_prefill(batch, chunk_tokens=chunk_tokens), urgent,
+                                       len(batch)))
 
     def next_deadline(self) -> float | None:
         return min((d for d in (self.urgent.deadline(), self.batcher.deadline()) if d is not None), default=None)
@@ -116,7 +150,8 @@ class PrefillWork:
         # without the counter no report would follow and its tokens would count against this node
         # for good (it would look busy while idle, and recoveries would queue on the other node).
         return {"max_batch_tokens": self.batcher.max_batch_tokens,
-                "queued_tokens": self.batcher.num_queued_tokens + self.urgent.num_queued_tokens,
+                "queued_tokens": self.batcher.num_queued_tokens + self.urgent.num_queued_tokens
+                + sum(p.prefill.num_remaining_tokens for p in self.passes),
                 "num_prefilled": self.num_prefilled}
 
     def close(self) -> None:
@@ -206,6 +241,8 @@ class PrefillWork:
         if job.sending:
             self.kv_thread.submit(self.sender.abort(job.transfer_id, "cancelled by the client"))
             stage = "transfer"
+        elif any(p.prefill.cancel(request_id) for p in self.passes):
+            stage = "prefill"
         else:
             self.batcher.remove(request_id) or self.urgent.remove(request_id)
             stage = "queue"

@@ -12,6 +12,12 @@ Prefill side (a `pdbus prefill` node):
         Run one batch of prompts (the node's `PrefillBatcher` decides when a batch is ready: a token
         budget or a max wait). Each result carries the first sampled token, its text, the prompt's KV
         and a finish reason when the request already ended (EOS, stop, max_tokens == 1).
+    start_prefill(requests, *, chunk_tokens) -> PrefillPass
+        The same batch as a pass the node runs one `step()` (forward pass of at most `chunk_tokens`
+        prompt tokens) at a time, so that between two steps it can run an urgent prompt first; a
+        prompt cut between steps continues from its KV so far (nothing is recomputed). Its results
+        equal `prefill(requests)`'s. Default (`WholePrefill`): one step running `prefill(requests)`,
+        for engines that cannot stop inside a pass (the vLLM engine).
 
 Decode side (a `pdbus decode` node):
     check_admission(request) -> Admission   would `add_request` accept it now? (no side effects)
@@ -187,6 +193,51 @@ class EngineConfig:
         return cls(**known)
 
 
+class PrefillPass(ABC):
+    """A batch of prompts being prefilled, one `step()` at a time (see `Engine.start_prefill`)."""
+
+    @abstractmethod
+    def step(self) -> list[PrefillResult]:
+        """Run the next forward pass; the results of the prompts it finished (maybe none)."""
+
+    @property
+    @abstractmethod
+    def done(self) -> bool: ...
+
+    @property
+    @abstractmethod
+    def num_remaining_tokens(self) -> int:
+        """Prompt tokens of this pass still to compute (the node reports them as queued)."""
+
+    def cancel(self, request_id: str) -> bool:
+        """Stop computing this prompt (it yields no result). Default: it still runs."""
+        return False
+
+
+class WholePrefill(PrefillPass):
+    """The default pass: all the prompts in one `prefill(requests)` call, in a single step."""
+
+    def __init__(self, prefill, requests: Sequence[PrefillRequest]) -> None:
+        self._prefill, self._requests = prefill, list(requests)
+
+    def step(self) -> list[PrefillResult]:
+        requests, self._requests = self._requests, []
+        return self._prefill(requests) if requests else []
+
+    @property
+    def done(self) -> bool:
+        return not self._requests
+
+    @property
+    def num_remaining_tokens(self) -> int:
+        return sum(len(r.prompt_token_ids) for r in self._requests)
+
+    def cancel(self, request_id: str) -> bool:
+        before = len(self._requests)
+        self._requests = [r for r in self._requests if r.request_id != request_id]
+        return len(self._requests) < before
+
+
 class Engine(ABC):
     """See the module docstring for the whole contract."""
 
@@ -195,6 +246,10 @@ class Engine(ABC):
 
     @abstractmethod
     def prefill(self, requests: Sequence[PrefillRequest]) -> list[PrefillResult]: ...
+
+    def start_prefill(self, requests: Sequence[PrefillRequest], *, chunk_tokens: int) -> PrefillPass:
+        """`prefill(requests)` as an interruptible pass. Default: one uninterruptible step."""
+        return WholePrefill(self.prefill, requests)
 
     @abstractmethod
     def check_admission(self, request: DecodeRequest) -> Admission: ...

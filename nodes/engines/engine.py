@@ -22,6 +22,7 @@ from nodes.engines.base import (
     Engine,
     EngineConfig,
     KvUsage,
+    PrefillPass,
     PrefillRequest,
     PrefillResult,
     TokenEvent,
@@ -30,7 +31,7 @@ from nodes.engines.block_manager import BlockManager, CachedSession, SessionCach
 from nodes.engines.kv_slots import SlotCache
 from nodes.engines.llama import DecodeGroup, ForwardBatch, LlamaRunner, PrefillSpan
 from nodes.engines.output import OutputTracker
-from nodes.engines.prefill import run_prefill
+from nodes.engines.prefill import ChunkedPrefill, run_prefill
 from nodes.engines.sampling import new_generator, sample
 from nodes.engines.scheduler import ScheduledChunk, Sequence, schedule
 
@@ -83,6 +84,10 @@ class LlamaEngine(Engine):
                               max_model_len=self.max_model_len, eos_token_ids=self.eos_token_ids)
         self.stats.num_prefilled_tokens += sum(r.num_prompt_tokens for r in results)
         return results
+
+    def start_prefill(self, requests: Seq[PrefillRequest], *, chunk_tokens: int) -> PrefillPass:
+        return ChunkedPrefill(self.runner, self.tokenizer, requests, chunk_tokens=chunk_tokens,
+                              max_model_len=self.max_model_len, eos_token_ids=self.eos_token_ids, stats=self.stats)
 
     # ---- decode side -------------------------------------------------------------------------
     def check_admission(self, request: DecodeRequest) -> Admission:

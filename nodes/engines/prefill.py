@@ -6,6 +6,13 @@ longer prompt runs alone); each prompt writes its KV straight into its own exact
 tensor [layers, 2, kv_heads, prompt_tokens, head_dim], so exporting costs no copy. Only each
 prompt's last position gets logits.
 
+`ChunkedPrefill` is the same batch as an interruptible pass (`Engine.start_prefill`): each `step()`
+is one forward pass over the batch's next `chunk_tokens` prompt tokens (`plan_chunk`: the rest of the
+current prompt, then the start of the next ones, in order), each span writing at its offset in its
+prompt's export tensor, so a prompt cut between steps continues from its KV and nothing is computed
+twice. The step that computes a prompt's last token samples its first token. In float32 the results
+equal `run_prefill`'s: same token ids, KV bit-identical on this CPU (tests/nodes/engines/test_prefill_chunks.py).
+
 `PrefillBatcher` is the plain-data batching policy a prefill node runs: a batch is ready when the
 queued prompts reach `max_batch_tokens`, or when the oldest has waited `max_wait_s`.
 """
@@ -14,10 +21,12 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
 
 import torch
 
-from nodes.engines.base import PrefillRequest, PrefillResult
+from nodes.engines.base import PrefillPass, PrefillRequest, PrefillResult
 from nodes.engines.llama import ForwardBatch, LlamaRunner, PrefillSpan
 from nodes.engines.output import OutputTracker
 from nodes.engines.sampling import new_generator, sample
@@ -71,15 +80,101 @@ def _prefill_group(runner: LlamaRunner, tokenizer, group: list[PrefillRequest],
                          positions=torch.tensor(positions, device=device),
                          sample_rows=torch.tensor(last_rows, device=device), spans=spans)
     logits = runner.forward(batch).cpu()
-    params = [r.sampling for r in group]
+    return _first_tokens(tokenizer, group, [span.kv for span in spans], logits, eos_token_ids)
+
+
+def _first_tokens(tokenizer, requests: list[PrefillRequest], kvs: list[Any], logits: torch.Tensor,
+                  eos_token_ids: tuple[int, ...]) -> list[PrefillResult]:
+    """Sample each finished prompt's first token (logits row i is requests[i]'s last position)."""
+    params = [r.sampling for r in requests]
     firsts = sample(logits, params, [new_generator(p.seed) for p in params])
     results = []
-    for request, span, first in zip(group, spans, firsts, strict=True):
+    for request, kv, first in zip(requests, kvs, firsts, strict=True):
         tracker = OutputTracker(tokenizer, request.sampling, eos_token_ids)
         text, finish_reason = tracker.push(first)
-        results.append(PrefillResult(request.request_id, first, text, span.kv,
+        results.append(PrefillResult(request.request_id, first, text, kv,
                                      len(request.prompt_token_ids), finish_reason))
     return results
+
+
+def plan_chunk(prompts: Sequence[tuple[int, int]], chunk_tokens: int) -> list[tuple[int, int, int]]:
+    """The spans of the next step: `(prompt index, start, num_tokens)` covering the next
+    `chunk_tokens` uncomputed tokens, prompts in order. `prompts` holds `(num_tokens, num_computed)`."""
+    spans, budget = [], chunk_tokens
+    for index, (num_tokens, num_computed) in enumerate(prompts):
+        if budget <= 0:
+            break
+        size = min(num_tokens - num_computed, budget)
+        if size > 0:
+            spans.append((index, num_computed, size))
+            budget -= size
+    return spans
+
+
+@dataclass(slots=True, eq=False)
+class _Prompt:
+    request: PrefillRequest
+    kv: Any = None           # its export tensor, allocated by the step that starts it
+    num_computed: int = 0
+
+    @property
+    def num_tokens(self) -> int:
+        return len(self.request.prompt_token_ids)
+
+
+class ChunkedPrefill(PrefillPass):
+    """A batch of prompts prefilled in steps of at most `chunk_tokens` tokens (module docstring)."""
+
+    def __init__(self, runner: LlamaRunner, tokenizer, requests: Sequence[PrefillRequest], *, chunk_tokens: int,
+                 max_model_len: int, eos_token_ids: tuple[int, ...], stats: Any = None) -> None:
+        if chunk_tokens < 1:
+            raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
+        for request in requests:
+            _validate(request, max_model_len, runner.config.vocab_size)
+        self.runner, self.tokenizer, self.chunk_tokens = runner, tokenizer, chunk_tokens
+        self.eos_token_ids, self.stats = eos_token_ids, stats
+        self._prompts = [_Prompt(r) for r in requests]
+        self.num_steps = 0
+
+    @property
+    def done(self) -> bool:
+        return not self._prompts
+
+    @property
+    def num_remaining_tokens(self) -> int:
+        return sum(p.num_tokens - p.num_computed for p in self._prompts)
+
+    def cancel(self, request_id: str) -> bool:
+        before = len(self._prompts)
+        self._prompts = [p for p in self._prompts if p.request.request_id != request_id]
+        return len(self._prompts) < before
+
+    def step(self) -> list[PrefillResult]:
+        plan = plan_chunk([(p.num_tokens, p.num_computed) for p in self._prompts], self.chunk_tokens)
+        if not plan:
+            return []
+        spans, token_ids, positions, sample_rows, finished = [], [], [], [], []
+        for index, start, num_tokens in plan:
+            prompt = self._prompts[index]
+            if prompt.kv is None:
+                prompt.kv = self.runner.new_kv(prompt.num_tokens)
+            spans.append(PrefillSpan(row=len(token_ids), num_tokens=num_tokens, start=start, kv=prompt.kv))
+            token_ids.extend(prompt.request.prompt_token_ids[start:start + num_tokens])
+            positions.extend(range(start, start + num_tokens))
+            prompt.num_computed += num_tokens
+            if prompt.num_computed == prompt.num_tokens:
+                sample_rows.append(len(token_ids) - 1)
+                finished.append(prompt)
+        device = self.runner.device
+        logits = self.runner.forward(ForwardBatch(
+            token_ids=torch.tensor(token_ids, device=device), positions=torch.tensor(positions, device=device),
+            sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=device), spans=spans)).cpu()
+        self.num_steps += 1
+        if self.stats is not None:
+            self.stats.num_prefilled_tokens += len(token_ids)
+        self._prompts = [p for p in self._prompts if p.num_computed < p.num_tokens]
+        return _first_tokens(self.tokenizer, [p.request for p in finished], [p.kv for p in finished], logits,
+                             self.eos_token_ids)
 
 
 class PrefillBatcher:

@@ -3,9 +3,11 @@ token before the KV, the KV to a real receiver over loopback, cancellation, bad 
 
 from __future__ import annotations
 
+import asyncio
 import time
 
 import pytest
+import torch
 
 from bus.kv import KVReceiver
 from bus.messages import Cancel, Request
@@ -197,3 +199,93 @@ def test_cancel_while_the_kv_is_in_flight_aborts_the_send(kv_thread):
     assert isinstance(done, KvSendDone) and done.report is None and "cancel" in done.error
     assert not work.jobs and not endpoint.of("direct") and not endpoint.of("error") and not endpoint.of("final")
     work.close()
+
+
+def partial_ids(endpoint):
+    return [rid for kind, rid, _ in endpoint.sent if kind == "partial"]
+
+
+def test_an_urgent_prefill_interrupts_a_running_pass_between_chunks(kv_thread):
+    """New work runs in chunks; a recovery arriving mid-pass runs next, then the pass resumes from
+    its KV so far and ends with the same first token and KV as one uninterrupted pass."""
+    work, endpoint = make_work(kv_thread)
+    work.chunk_tokens = 3
+    long_prompt = list(range(20, 30))
+    reference = work.engine.prefill([wire_request(work, "ref", long_prompt)])[0]
+    work.on_message(request("new", prompt_token_ids=long_prompt, transfer_id="t-new",
+                            data_endpoint="tcp://127.0.0.1:9"))
+    now = time.monotonic() + 1
+    assert work.work(now) and not partial_ids(endpoint)   # 3 of 10 tokens done
+    assert work.capacity()["queued_tokens"] == 7
+    work.on_message(request("resumed", prompt_token_ids=[5, 6, 7], transfer_id="t-resumed", urgent=True,
+                            data_endpoint="tcp://127.0.0.1:9"))
+    assert work.capacity()["queued_tokens"] == 10
+    assert work.work(now) and partial_ids(endpoint) == ["resumed"]   # one chunk, before the rest of "new"
+    for _ in range(3):
+        assert work.work(now)
+    assert partial_ids(endpoint) == ["resumed", "new"] and not work.passes and not work.work(now)
+    (token,) = endpoint.of("partial", "new")
+    assert token["token_id"] == reference.first_token_id
+    assert work.capacity()["num_prefilled"] == 2 and work.capacity()["queued_tokens"] == 0
+    for request_id in ("resumed", "new"):
+        work.on_message(Cancel(request_id))
+    work.close()
+
+
+def keep_sends(work) -> dict:
+    """Replace the KV send by one that only records the KV (request id -> tensor)."""
+    sent = {}
+
+    def record(job, kv):
+        sent[job.request_id] = kv
+        return asyncio.sleep(0)   # the coroutine the KV thread runs
+    work._send = record
+    return sent
+
+
+def wire_request(work, request_id, prompt):
+    from nodes.engines.base import PrefillRequest
+    return PrefillRequest(request_id, tuple(prompt), wire.sampling_from_wire(GREEDY))
+
+
+def test_the_interrupted_pass_keeps_its_kv_and_recomputes_nothing(kv_thread):
+    work, endpoint = make_work(kv_thread)
+    work.chunk_tokens = 4
+    long_prompt = list(range(20, 32))
+    reference = work.engine.prefill([wire_request(work, "ref", long_prompt)])[0]
+    sent_kv = keep_sends(work)
+    work.on_message(request("new", prompt_token_ids=long_prompt, transfer_id="t-new"))
+    now = time.monotonic() + 1
+    work.work(now)
+    work.on_message(request("resumed", prompt_token_ids=PROMPT, transfer_id="t-resumed", urgent=True))
+    before = work.engine.stats.num_prefilled_tokens
+    while work.work(now):
+        pass
+    assert work.engine.stats.num_prefilled_tokens - before == len(long_prompt) - 4 + len(PROMPT)
+    assert torch.allclose(sent_kv["new"], reference.kv, atol=1e-6, rtol=0)
+    assert partial_ids(endpoint) == ["resumed", "new"]
+
+
+def test_cancel_stops_a_prompt_inside_a_running_pass(kv_thread):
+    work, endpoint = make_work(kv_thread)
+    work.chunk_tokens = 4
+    work.on_message(request("p1", prompt_token_ids=list(range(20, 32))))
+    now = time.monotonic() + 1
+    assert work.work(now)
+    assert work.on_message(Cancel("p1"))
+    assert work.capacity()["queued_tokens"] == 0 and not work.jobs
+    assert work.work(now) and not work.passes and not work.work(now)
+    assert not endpoint.of("partial")
+
+
+def test_an_urgent_pass_runs_whole_and_urgent_prompts_keep_their_order(kv_thread):
+    work, endpoint = make_work(kv_thread)
+    work.chunk_tokens = 4
+    keep_sends(work)
+    work.on_message(request("new", prompt_token_ids=list(range(20, 32))))
+    work.on_message(request("u1", prompt_token_ids=list(range(20, 28)), urgent=True))
+    now = time.monotonic() + 1
+    assert work.work(now) and partial_ids(endpoint) == ["u1"]   # 8 tokens in one step, not two chunks
+    work.on_message(request("u2", prompt_token_ids=[5, 6], urgent=True))
+    assert work.work(now) and partial_ids(endpoint) == ["u1", "u2"]
+    assert work.work(now) and work.passes and work.passes[-1].prefill.num_remaining_tokens == 8
