@@ -151,3 +151,26 @@ def test_fast_int8_is_bit_identical_to_numpy_both_ways(compiled, dtype):
             np.testing.assert_array_equal(dst.numpy(), expected)
         else:
             np.testing.assert_array_equal(numpy_view(dst), f32_to_bf16_bits(expected))
+
+
+def test_a_failing_numba_kernel_falls_back_to_torch_for_good(monkeypatch):
+    """No working numba (a compile error, say): the transfer still encodes and decodes, on torch."""
+    from bus.kv import int8_kernels
+
+    def broken(*args):
+        raise RuntimeError("no LLVM here")
+
+    quantizer = TorchQuantizer(compile=True)
+    assert quantizer.fast_int8
+    monkeypatch.setattr(int8_kernels, "encode_rows", broken)
+    monkeypatch.setattr(int8_kernels, "decode_rows", broken)
+    kv = torch.from_numpy(synthetic_kv(tokens=20, head_dim=64))
+    info, chunks = encode_all(quantizer, kv, "int8")
+    assert not quantizer.fast_int8
+    dst = torch.zeros_like(kv)
+    for spec, frames, scale in chunks:
+        quantizer.decode(frames, info, spec, "int8", scale, dst)
+    assert (dst - kv).abs().max() <= (kv.amax() - kv.amin()) / 255
+    quantizer.fast_int8 = True   # a decode-side failure alone falls back too
+    quantizer.decode(chunks[0][1], info, chunks[0][0], "int8", chunks[0][2], dst)
+    assert not quantizer.fast_int8
