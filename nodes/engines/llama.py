@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
+from nodes.engines import bf16_gemv
 from nodes.engines.model_config import LlamaConfig
 from nodes.engines.rope import rope_tables
 
@@ -70,7 +71,8 @@ class LayerWeights:
 class LlamaRunner:
     def __init__(self, config: LlamaConfig, weights: dict[str, torch.Tensor], *,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
-                 max_len: int | None = None, pack_weights: bool | None = None) -> None:
+                 max_len: int | None = None, pack_weights: bool | None = None,
+                 use_gemv: bool = True) -> None:
         self.config = config
         self.dtype = dtype
         self.device = torch.device(device)
@@ -88,6 +90,8 @@ class LlamaRunner:
         self.embed = get("model.embed_tokens.weight")
         self.lm_head = get_matrix("model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight")
         self.norm = get("model.norm.weight")
+        # Decode steps (a few rows) run their linear layers on numba GEMVs, 2-3x faster than oneDNN's.
+        self.gemv = bf16_gemv.Bf16Gemv.create(config, get) if self.packed and use_gemv else None
         self.max_len = max_len or config.max_position_embeddings
         cos, sin = rope_tables(config, self.max_len)
         half = config.head_dim // 2
@@ -133,17 +137,26 @@ class LlamaRunner:
         cos = self.cos[batch.positions][:, None, :]
         sin = self.sin[batch.positions][:, None, :]
         num_tokens = x.shape[0]
+        gemv = self.gemv if num_tokens <= bf16_gemv.MAX_ROWS else None
         for index, layer in enumerate(self.layers):
-            h = rms_norm(x, layer.input_norm, c.rms_norm_eps)
-            qkv = self._linear(h, layer.qkv)
+            if gemv is not None:
+                qkv = gemv.qkv(index, x)
+            else:
+                qkv = self._linear(rms_norm(x, layer.input_norm, c.rms_norm_eps), layer.qkv)
             # q and k rotate together: one set of elementwise ops instead of two.
             qk = apply_rope(qkv[:, :self.q_size + self.kv_size].view(num_tokens, -1, c.head_dim), cos, sin)
             q, k = qk[:, :c.num_heads], qk[:, c.num_heads:]
             v = qkv[:, self.q_size + self.kv_size:].view(num_tokens, c.num_kv_heads, c.head_dim)
-            x = self._add_linear(x, self._attention(index, q, k, v, batch), layer.o)
-            x = self._mlp(x, rms_norm(x, layer.post_norm, c.rms_norm_eps), layer)
+            attn = self._attention(index, q, k, v, batch)
+            if gemv is not None:
+                x = gemv.mlp(index, gemv.attn_out(index, attn, x))
+            else:
+                x = self._add_linear(x, attn, layer.o)
+                x = self._mlp(x, rms_norm(x, layer.post_norm, c.rms_norm_eps), layer)
         if not len(batch.sample_rows):
             return torch.empty(0, c.vocab_size)
+        if gemv is not None:
+            return gemv.logits(x[batch.sample_rows]).float()
         last = rms_norm(x[batch.sample_rows], self.norm, c.rms_norm_eps)
         return self._linear(last, self.lm_head).float()
 

@@ -1,0 +1,149 @@
+"""numba GEMV kernels for bf16 decode steps: a few token rows against bf16 weight matrices.
+
+Contract: `AVAILABLE` says whether numba is importable; without it nothing here may be called.
+Arrays are numpy: bf16 values travel as their uint16 bit patterns (numpy has no bfloat16), rows
+[M, K] against weights [N, K] ([out, in], as torch stores them), outputs uint16 [M, N].
+- `linear(x, w, out)`: out = x @ w.T;
+- `norm_linear(x, norm_w, eps, w, out)`: RMSNorm(x) @ w.T;
+- `linear_add(x, w, residual, out)`: residual + x @ w.T;
+- `norm_swiglu(x, norm_w, eps, w_gate, w_up, out)`: silu(h @ w_gate.T) * (h @ w_up.T), h = RMSNorm(x).
+`warmup()` compiles them all (seconds on first use; cached on disk after).
+
+Why: at one to a few rows a linear layer is a matrix-vector product bound by reading the weights.
+oneDNN's packed bf16 kernels read them at 7-13 GB/s on this machine's layer shapes and pay about
+25 us a call; these loops run at 23-25 GB/s with ~6 us a call (harness.bench.engine measures the
+whole step). Products accumulate in float32 (LLVM vectorises the row dot under fast-math
+reassociation) and every result is rounded to bf16 where the oneDNN path rounds: after the norm's
+scale and weight, after silu, after the gating product, once after a fused residual add. So the two
+paths differ only by float32 summation order.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+try:
+    import numba
+    from llvmlite import ir
+    from numba import types
+    from numba.extending import intrinsic
+except ImportError:  # the oneDNN path serves every step without it
+    numba = None
+
+AVAILABLE = numba is not None
+FASTMATH = {"reassoc", "contract"}   # vectorised float32 reductions, FMA; no unsafe NaN/inf folding
+
+
+def _njit(function):
+    return numba.njit(cache=True, boundscheck=False, nogil=True, fastmath=FASTMATH)(function)
+
+
+def _inline(function):
+    return numba.njit(inline="always", boundscheck=False, fastmath=FASTMATH)(function)
+
+
+if AVAILABLE:
+    @intrinsic
+    def _to_f32(typingctx, bits):
+        """bf16 bits (uint16) -> float32: the bits are float32's upper half."""
+        def codegen(context, builder, signature, args):
+            wide = builder.zext(args[0], ir.IntType(32))
+            return builder.bitcast(builder.shl(wide, ir.Constant(ir.IntType(32), 16)), ir.FloatType())
+        return types.float32(types.uint16), codegen
+
+    @intrinsic
+    def _f32_bits(typingctx, value):
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], ir.IntType(32))
+        return types.uint32(types.float32), codegen
+
+    @intrinsic
+    def _bits_f32(typingctx, bits):
+        def codegen(context, builder, signature, args):
+            return builder.bitcast(args[0], ir.FloatType())
+        return types.float32(types.uint32), codegen
+
+    @_inline
+    def _bf16_bits(value):  # pragma: no cover - runs compiled
+        """float32 -> bf16 bits, rounded to nearest even (as torch's conversion; no NaN inputs here)."""
+        b = _f32_bits(value)
+        return np.uint16((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+
+    @_inline
+    def _round(value):  # pragma: no cover - runs compiled
+        """float32 rounded to the nearest bf16 value, kept as float32."""
+        return _bits_f32(np.uint32(_bf16_bits(value)) << np.uint32(16))
+
+    @_inline
+    def _load_rows(x, xf):  # pragma: no cover - runs compiled
+        for m in range(x.shape[0]):
+            for k in range(x.shape[1]):
+                xf[m, k] = _to_f32(x[m, k])
+
+    @_inline
+    def _norm_rows(x, norm_w, eps, xf):  # pragma: no cover - runs compiled
+        """llama.rms_norm's bf16 branch: float32 statistics, bf16 scale, rounded twice."""
+        size = x.shape[1]
+        for m in range(x.shape[0]):
+            squares = np.float32(0.0)
+            for k in range(size):
+                v = _to_f32(x[m, k])
+                squares += v * v
+            scale = _round(np.float32(1.0) / np.sqrt(squares / np.float32(size) + np.float32(eps)))
+            for k in range(size):
+                xf[m, k] = _round(_round(_to_f32(x[m, k]) * scale) * _to_f32(norm_w[k]))
+
+    @_inline
+    def _dot(xf, m, w, o):  # pragma: no cover - runs compiled
+        acc = np.float32(0.0)
+        for k in range(w.shape[1]):
+            acc += xf[m, k] * _to_f32(w[o, k])
+        return acc
+
+    @_inline
+    def _silu(value):  # pragma: no cover - runs compiled
+        return value / (np.float32(1.0) + np.exp(-value))
+
+    @_njit
+    def linear(x, w, out):  # pragma: no cover - runs compiled
+        xf = np.empty(x.shape, np.float32)
+        _load_rows(x, xf)
+        for o in range(w.shape[0]):
+            for m in range(x.shape[0]):
+                out[m, o] = _bf16_bits(_dot(xf, m, w, o))
+
+    @_njit
+    def norm_linear(x, norm_w, eps, w, out):  # pragma: no cover - runs compiled
+        xf = np.empty(x.shape, np.float32)
+        _norm_rows(x, norm_w, eps, xf)
+        for o in range(w.shape[0]):
+            for m in range(x.shape[0]):
+                out[m, o] = _bf16_bits(_dot(xf, m, w, o))
+
+    @_njit
+    def linear_add(x, w, residual, out):  # pragma: no cover - runs compiled
+        xf = np.empty(x.shape, np.float32)
+        _load_rows(x, xf)
+        for o in range(w.shape[0]):
+            for m in range(x.shape[0]):
+                out[m, o] = _bf16_bits(_dot(xf, m, w, o) + _to_f32(residual[m, o]))
+
+    @_njit
+    def norm_swiglu(x, norm_w, eps, w_gate, w_up, out):  # pragma: no cover - runs compiled
+        xf = np.empty(x.shape, np.float32)
+        _norm_rows(x, norm_w, eps, xf)
+        for o in range(w_gate.shape[0]):
+            for m in range(x.shape[0]):
+                gate = _round(_silu(_dot(xf, m, w_gate, o)))
+                out[m, o] = _bf16_bits(_dot(xf, m, w_up, o) * gate)
+
+
+def warmup() -> None:
+    """Compile (or load from the disk cache) every kernel for the array types the runner passes."""
+    x = np.zeros((1, 8), np.uint16)
+    w = np.zeros((4, 8), np.uint16)
+    out = np.zeros((1, 4), np.uint16)
+    linear(x, w, out)
+    norm_linear(x, x[0], 1e-5, w, out)
+    linear_add(x, w, out, out)
+    norm_swiglu(x, x[0], 1e-5, w, w, out)
