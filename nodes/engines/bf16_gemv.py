@@ -4,7 +4,8 @@ Contract: `Bf16Gemv.create(config, get)` returns None where the kernels cannot r
 they fail to compile), else an object holding each layer's weights as bf16 bit patterns (numpy
 uint16 views of plain [out, in] tensors; `get(name)` gives a weight in bf16 on the CPU). Its methods
 take and return contiguous bf16 torch tensors of `rows` tokens:
-`qkv(layer, x)` = RMSNorm + fused q/k/v projection, `attn_out(layer, attn, residual)` = residual +
+`qkv(layer, x)` = RMSNorm + fused q/k/v projection, `decode_attention(...)` = RoPE + KV write +
+attention of pure decode steps (after `set_rope(cos, sin)`), `attn_out(layer, attn, residual)` = residual +
 o-projection, `mlp(layer, x)` = x + SwiGLU(RMSNorm(x)), `logits(x)` = final RMSNorm + LM head.
 `LlamaRunner` takes this path for steps of at most `MAX_ROWS` tokens (decode steps), where it runs
 2-3x faster than oneDNN's packed GEMMs; larger steps keep oneDNN's AMX kernels. The weights are a
@@ -75,6 +76,19 @@ class Bf16Gemv:
         w = self.layers[layer]
         out, out_bits = self._new(x.shape[0], w.qkv.shape[0])
         kernels.norm_linear(bits(x), w.input_norm, self.eps, w.qkv, out_bits)
+        return out
+
+    def set_rope(self, cos: torch.Tensor, signed_sin: torch.Tensor) -> None:
+        """The runner's bf16 RoPE tables [max_len, head_dim] (rotate-half's sign folded into sin)."""
+        self.cos, self.sin = bits(cos), bits(signed_sin)
+
+    def decode_attention(self, layer: int, qkv: torch.Tensor, positions: torch.Tensor, slots: torch.Tensor,
+                         cache: torch.Tensor, num_heads: int) -> torch.Tensor:
+        """RoPE, KV write and attention for one decode token per row of `qkv` (see the kernel)."""
+        assert cache.is_contiguous(), "the kernel writes KV into the cache in place"
+        out, out_bits = self._new(qkv.shape[0], num_heads * cache.shape[5])
+        kernels.decode_attention(bits(qkv), self.cos, self.sin, positions.numpy(), slots.numpy(), bits(cache),
+                                 layer, num_heads, out_bits)
         return out
 
     def attn_out(self, layer: int, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:

@@ -98,6 +98,8 @@ class LlamaRunner:
         # The sign of rotate-half folded into the table: x*cos + swap_halves(x)*signed_sin.
         sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
         self.cos, self.sin = cos.to(self.device, dtype), sin.to(self.device, dtype)
+        if self.gemv is not None:
+            self.gemv.set_rope(self.cos, self.sin)
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
 
@@ -143,11 +145,15 @@ class LlamaRunner:
                 qkv = gemv.qkv(index, x)
             else:
                 qkv = self._linear(rms_norm(x, layer.input_norm, c.rms_norm_eps), layer.qkv)
-            # q and k rotate together: one set of elementwise ops instead of two.
-            qk = apply_rope(qkv[:, :self.q_size + self.kv_size].view(num_tokens, -1, c.head_dim), cos, sin)
-            q, k = qk[:, :c.num_heads], qk[:, c.num_heads:]
-            v = qkv[:, self.q_size + self.kv_size:].view(num_tokens, c.num_kv_heads, c.head_dim)
-            attn = self._attention(index, q, k, v, batch)
+            if gemv is not None and not batch.spans and batch.decode is not None:   # pure decode: one kernel
+                group = batch.decode
+                attn = gemv.decode_attention(index, qkv, group.positions, group.slots, group.cache, c.num_heads)
+            else:
+                # q and k rotate together: one set of elementwise ops instead of two.
+                qk = apply_rope(qkv[:, :self.q_size + self.kv_size].view(num_tokens, -1, c.head_dim), cos, sin)
+                q, k = qk[:, :c.num_heads], qk[:, c.num_heads:]
+                v = qkv[:, self.q_size + self.kv_size:].view(num_tokens, c.num_kv_heads, c.head_dim)
+                attn = self._attention(index, q, k, v, batch)
             if gemv is not None:
                 x = gemv.mlp(index, gemv.attn_out(index, attn, x))
             else:
