@@ -11,7 +11,6 @@ over-committing memory. Torch threads are pinned at construction (`num_threads`)
 from __future__ import annotations
 
 from collections.abc import Sequence as Seq
-from dataclasses import dataclass
 
 import torch
 
@@ -28,6 +27,7 @@ from nodes.engines.base import (
     TokenEvent,
 )
 from nodes.engines.block_manager import BlockManager, CachedSession, SessionCache
+from nodes.engines.engine_common import DTYPES, EngineStats, resolve_dtype
 from nodes.engines.kv_slots import SlotCache
 from nodes.engines.llama import DecodeGroup, ForwardBatch, LlamaRunner, PrefillSpan
 from nodes.engines.output import OutputTracker
@@ -35,23 +35,7 @@ from nodes.engines.prefill import ChunkedPrefill, run_prefill
 from nodes.engines.sampling import new_generator, sample
 from nodes.engines.scheduler import ScheduledChunk, Sequence, schedule
 
-DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
-          "float16": torch.float16, "fp16": torch.float16}
-
-
-@dataclass(slots=True)
-class EngineStats:
-    num_prefilled_tokens: int = 0     # prompt tokens this engine computed KV for
-    num_imported_tokens: int = 0      # tokens whose KV arrived from elsewhere
-    num_reused_tokens: int = 0        # tokens whose KV came from a cached session
-    num_generated_tokens: int = 0
-    num_steps: int = 0
-
-
-def resolve_dtype(name: str) -> torch.dtype:
-    if name not in DTYPES:
-        raise ValueError(f"unknown dtype {name!r} (choose from {', '.join(DTYPES)})")
-    return DTYPES[name]
+__all__ = ["DTYPES", "EngineStats", "LlamaEngine", "resolve_dtype"]
 
 
 class LlamaEngine(Engine):

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -39,7 +40,7 @@ from nodes.engines.base import (
     SamplingParams,
     TokenEvent,
 )
-from nodes.engines.engine import EngineStats, resolve_dtype
+from nodes.engines.engine_common import EngineStats, resolve_dtype
 from nodes.engines.model_loader import ModelFolder
 from nodes.engines.output import OutputTracker
 from nodes.engines.vllm_args import (
@@ -78,6 +79,9 @@ class VllmEngine(Engine):
     def __init__(self, model: ModelFolder, config: EngineConfig | None = None, *, role: str = "both") -> None:
         self.config = config or EngineConfig()
         require_vllm()
+        if "llvmlite" in sys.modules:   # see engine_common.py: vLLM 0.32's start-up would crash obscurely
+            raise RuntimeError("start the vLLM engine before anything imports numba (the KV codec or the "
+                               "built-in runner): vLLM 0.32's kernel rebinding fails on llvmlite objects")
         prepare_environment(self.config)
         from vllm.v1.engine.llm_engine import LLMEngine
 

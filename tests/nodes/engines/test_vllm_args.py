@@ -63,3 +63,14 @@ def test_an_unknown_engine_kind_is_a_settings_error(tmp_path):
     config.write_text('[engine]\nkind = "tensorrt"\n')
     with pytest.raises(SettingsError, match="kind must be one of torch, vllm"):
         node_settings(_args("--config", str(config)), "prefill")
+
+
+def test_the_vllm_adapter_imports_without_numba():
+    """vLLM 0.32 cannot start once numba's llvmlite is loaded, so its adapter must not pull it in."""
+    import subprocess
+    import sys
+
+    code = ("import sys, nodes.engines.vllm_engine, nodes.node_settings, nodes.runtime; "
+            "print('llvmlite' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "False"
