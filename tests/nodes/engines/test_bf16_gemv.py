@@ -1,0 +1,94 @@
+"""The bf16 decode path on numba kernels (nodes/engines/bf16_gemv.py, bf16_kernels.py) against the
+torch/oneDNN path it replaces for steps of few rows: same results up to float32 summation order
+(then bf16 rounding), the KV it writes, and the fallback when numba cannot run."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nodes.engines import bf16_gemv, bf16_kernels
+from nodes.engines.llama import DecodeGroup, ForwardBatch, LlamaRunner, PrefillSpan
+
+pytestmark = pytest.mark.skipif(not bf16_kernels.AVAILABLE, reason="numba is not installed")
+
+
+def runners(model) -> tuple[LlamaRunner, LlamaRunner]:
+    fast = LlamaRunner(model.config, model.weights, dtype=torch.bfloat16, max_len=256)
+    plain = LlamaRunner(model.config, model.weights, dtype=torch.bfloat16, max_len=256, use_gemv=False)
+    assert fast.gemv is not None and plain.gemv is None
+    return fast, plain
+
+
+def assert_bf16_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    # A few bf16 steps of the values' scale: what reordering float32 sums can move after rounding.
+    scale = float(expected.abs().max())
+    torch.testing.assert_close(actual.float(), expected.float(), atol=0.04 * scale, rtol=0.0)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 3, bf16_gemv.MAX_ROWS])
+def test_small_prefill_through_the_gemv_kernels_matches_onednn(tiny_model, num_tokens):
+    fast, plain = runners(tiny_model)
+    ids = torch.arange(5, 5 + num_tokens)
+    results = []
+    for runner in (fast, plain):
+        kv = runner.new_kv(16)
+        batch = ForwardBatch(ids, torch.arange(num_tokens), torch.arange(num_tokens),
+                             spans=[PrefillSpan(0, num_tokens, 0, kv)])
+        results.append((runner.forward(batch), kv[:, :, :, :num_tokens]))
+    (fast_logits, fast_kv), (plain_logits, plain_kv) = results
+    assert_bf16_close(fast_logits, plain_logits)
+    assert_bf16_close(fast_kv, plain_kv)
+    assert torch.equal(fast_logits.argmax(-1), plain_logits.argmax(-1))
+
+
+def decode_batch(cache: torch.Tensor, positions: list[int], slots: list[int]) -> ForwardBatch:
+    num_slots = cache.shape[1]
+    lengths = torch.ones(num_slots, dtype=torch.long)
+    lengths[slots] = torch.tensor(positions) + 1
+    max_len = int(lengths.max())
+    mask = torch.zeros(num_slots, 1, 1, max_len, dtype=cache.dtype)
+    mask.masked_fill_((torch.arange(max_len)[None, :] >= lengths[:, None])[:, None, None, :], float("-inf"))
+    rows = torch.arange(len(slots))
+    group = DecodeGroup(rows=rows, slots=torch.tensor(slots), positions=torch.tensor(positions), cache=cache,
+                        num_slots=num_slots, mask=mask, max_len=max_len, dense=slots == list(range(num_slots)))
+    return ForwardBatch(torch.tensor([7, 11, 13][:len(slots)]), torch.tensor(positions), rows, decode=group)
+
+
+@pytest.mark.parametrize("slots", [[0], [0, 1, 2], [2, 0]])
+def test_decode_attention_kernel_matches_sdpa_and_writes_the_same_kv(tiny_model, slots):
+    """Slots of different lengths (no mask in the kernel: each row reads its own keys 0..position),
+    and a non-dense step where slot 1 idles."""
+    fast, plain = runners(tiny_model)
+    c = tiny_model.config
+    positions = [9, 30, 17][:len(slots)]
+    cache = (torch.randn(c.num_layers, 3, 2, c.num_kv_heads, 40, c.head_dim) * 0.5).to(torch.bfloat16)
+    caches = [cache.clone(), cache.clone()]
+    fast_logits = fast.forward(decode_batch(caches[0], positions, slots))
+    plain_logits = plain.forward(decode_batch(caches[1], positions, slots))
+    assert_bf16_close(fast_logits, plain_logits)
+    assert_bf16_close(caches[0], caches[1])
+    untouched = torch.ones_like(cache, dtype=torch.bool)
+    for slot, position in zip(slots, positions, strict=True):
+        untouched[:, slot, :, :, position] = False
+    assert torch.equal(caches[0][untouched], cache[untouched])   # only each row's own position written
+
+
+def test_without_numba_or_with_a_failing_compiler_the_runner_keeps_onednn(tiny_model, monkeypatch):
+    monkeypatch.setattr(bf16_kernels, "AVAILABLE", False)
+    assert LlamaRunner(tiny_model.config, tiny_model.weights, dtype=torch.bfloat16).gemv is None
+    monkeypatch.setattr(bf16_kernels, "AVAILABLE", True)
+
+    def broken() -> None:
+        raise RuntimeError("no compiler")
+    monkeypatch.setattr(bf16_kernels, "warmup", broken)
+    runner = LlamaRunner(tiny_model.config, tiny_model.weights, dtype=torch.bfloat16, max_len=64)
+    assert runner.gemv is None
+    kv = runner.new_kv(8)
+    logits = runner.forward(ForwardBatch(torch.tensor([5]), torch.tensor([0]), torch.tensor([0]),
+                                         spans=[PrefillSpan(0, 1, 0, kv)]))
+    assert logits.shape == (1, tiny_model.config.vocab_size)
+
+
+def test_float32_never_takes_the_bf16_kernels(tiny_model):
+    assert LlamaRunner(tiny_model.config, tiny_model.weights, dtype=torch.float32).gemv is None
