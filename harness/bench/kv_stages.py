@@ -22,24 +22,22 @@ from bus.kv.quant import NumpyQuantizer, max_payload_sizes
 from nodes.engines.kv_quant import TorchQuantizer
 
 
-def median_seconds(fn, repeats: int = 5) -> float:
-    fn()
+def _timings(fn, repeats: int) -> list[float]:
+    fn()   # warm-up: compile, fault pages in
     times = []
     for _ in range(repeats):
         started = time.perf_counter()
         fn()
         times.append(time.perf_counter() - started)
-    return statistics.median(times)
+    return times
+
+
+def median_seconds(fn, repeats: int = 5) -> float:
+    return statistics.median(_timings(fn, repeats))
 
 
 def best_seconds(fn, repeats: int = 7) -> float:
-    fn()
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - started)
-    return min(times)
+    return min(_timings(fn, repeats))
 
 
 def _chunks(quantizer, kv, mode, chunk_bytes):
