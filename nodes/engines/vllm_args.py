@@ -6,6 +6,7 @@ Contract:
 - `require_vllm() -> str` returns the installed version or raises `VllmUnavailable` with what to do.
 - `prepare_environment(config)` sets what vLLM reads at import time; call it before importing vllm.
   Each setting is only a default: a value already in the environment wins.
+- `max_context_tokens(config) -> int`: the longest context the KV budget lets vLLM start with.
 - `engine_args(folder, config, kv_role, max_model_len) -> EngineArgs`.
 
 Why these settings (measured on the 2-core CPU machine, see the vLLM issue and docs/VLLM.md):
@@ -70,7 +71,7 @@ def prepare_environment(config: EngineConfig) -> None:
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "VLLM_NO_USAGE_STATS": "1",
-        "VLLM_LOGGING_LEVEL": os.environ.get("VLLM_LOGGING_LEVEL", "WARNING"),
+        "VLLM_LOGGING_LEVEL": "WARNING",
     }
     for name, value in defaults.items():
         os.environ.setdefault(name, value)
@@ -85,6 +86,13 @@ def num_cache_blocks(config: EngineConfig, block_size: int) -> int:
 def cache_block_size(config: EngineConfig) -> int:
     """vLLM's block size: the CPU attention kernels want a multiple of 32 (128 is its CPU default)."""
     return CPU_BLOCK_SIZE if config.device == "cpu" else GPU_BLOCK_SIZE
+
+
+def max_context_tokens(config: EngineConfig) -> int:
+    """The longest context vLLM will start with: one request must fit the KV budget, less the
+    block vLLM reserves (it refuses to start otherwise)."""
+    block_size = cache_block_size(config)
+    return (num_cache_blocks(config, block_size) - 1) * block_size
 
 
 def engine_args(folder: Path, config: EngineConfig, kv_role: str | None, max_model_len: int) -> Any:

@@ -45,9 +45,8 @@ from nodes.engines.model_loader import ModelFolder
 from nodes.engines.output import OutputTracker
 from nodes.engines.vllm_args import (
     KV_ROLES,
-    cache_block_size,
     engine_args,
-    num_cache_blocks,
+    max_context_tokens,
     prepare_environment,
     require_vllm,
 )
@@ -88,12 +87,8 @@ class VllmEngine(Engine):
         self.model_name = model.name
         self.tokenizer = model.tokenizer
         self.eos_token_ids = tuple(model.config.eos_token_ids)
-        # vLLM refuses to start unless one request of max_model_len fits in the KV budget (less its
-        # reserved null block), so the context is capped by [engine] num_kv_blocks too.
-        num_budget_tokens = (num_cache_blocks(self.config, cache_block_size(self.config)) - 1) * \
-            cache_block_size(self.config)
         self.max_model_len = min(self.config.max_model_len or model.config.max_position_embeddings,
-                                 model.config.max_position_embeddings, num_budget_tokens)
+                                 model.config.max_position_embeddings, max_context_tokens(self.config))
         self.runner = KvShape(model.config, resolve_dtype(self.config.dtype))
         args = engine_args(model.folder, self.config, KV_ROLES.get(role), self.max_model_len)
         self._llm = LLMEngine.from_engine_args(args)

@@ -17,7 +17,7 @@ import pytest
 
 from harness.cluster_procs import ClusterProcs
 from tests.integration.cluster_helpers import client_for, greedy
-from tests.integration.vllm_helpers import MODEL, VLLM_ENGINE, plain_vllm, requires_vllm
+from tests.integration.vllm_helpers import MODEL, VLLM_ENGINE, plain_vllm, requires_vllm, run_worker
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.real_model, requires_vllm,
               pytest.mark.timeout(600)]
@@ -75,17 +75,8 @@ def test_default_int8_kv_runs_end_to_end(prompts, reference):
 
 
 def test_kv_the_connector_cannot_inject_is_recomputed_by_vllm_not_decoded(prompts, reference):
-    import json
-    import subprocess
-    import sys
-
-    from tests.integration.vllm_helpers import REPO
-
-    run = subprocess.run([sys.executable, "-m", "tests.integration.vllm_load_failure_worker", str(reference[1][0]),
-                          str(MAX_TOKENS)], input=json.dumps(list(prompts[1])), capture_output=True, text=True,
-                         cwd=REPO, timeout=300, check=False)
-    assert run.returncode == 0, run.stderr[-3000:]
-    result = json.loads(run.stdout.strip().splitlines()[-1])
+    result = run_worker("tests.integration.vllm_load_failure_worker", [str(reference[1][0]), str(MAX_TOKENS)],
+                        list(prompts[1]))
     assert result["load_failures"] == 1 and result["injected"] == 1   # taken, refused, reported to vLLM
     # Recomputed: vLLM prefilled prompt + first token in one pass, so the plain-vLLM run to compare
     # with is that same pass (bf16 prefill and decode kernels round differently, so the two-step

@@ -40,6 +40,7 @@ def test_the_kv_budget_becomes_whole_vllm_blocks():
     assert vllm_args.cache_block_size(config) == 128
     assert vllm_args.num_cache_blocks(config, 128) == 64
     assert vllm_args.num_cache_blocks(EngineConfig(num_kv_blocks=1, block_size=16), 128) == 1
+    assert vllm_args.max_context_tokens(config) == 63 * 128   # vLLM's own estimate here: 8064
 
 
 def _args(*argv):
