@@ -91,7 +91,7 @@ def build_systems(names: list[str], args: argparse.Namespace, config: SweepConfi
                                       log_path=config.results_dir / f"{config.tag}-vllm-server.log"))
         elif name == "pdbus-vllm":   # vLLM engines behind pdbus nodes, disaggregated (docs/VLLM.md)
             systems.append(PdbusSystem(name, colocated=False, model=args.model, config=getattr(args, "config", None),
-                                       env={**env, "PDBUS__ENGINE__KIND": '"vllm"'},
+                                       env=env, engine="vllm",
                                        log_path=config.results_dir / f"{config.tag}-{name}-cluster.log"))
         elif name in ("pdbus-disagg", "pdbus-coloc"):
             systems.append(PdbusSystem(name, colocated=name == "pdbus-coloc", model=args.model,

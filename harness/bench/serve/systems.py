@@ -12,7 +12,7 @@ Contract:
 - `VllmSystem`: vLLM's own OpenAI server (see its docstring for how it is started). `available()`
   is True only when `import vllm` would work; otherwise the benchmark prints its line as "not
   installed" and runs nothing.
-- `pdbus-vllm` is a `PdbusSystem` whose nodes run vLLM (`PDBUS__ENGINE__KIND="vllm"`): 1 prefill +
+- `pdbus-vllm` is a `PdbusSystem` whose nodes run vLLM (`engine="vllm"`, i.e. `PDBUS__ENGINE__KIND="vllm"`): 1 prefill +
   1 decode node, KV over the pdbus data plane; `available()` is False without vLLM.
 - `SystemUnavailable` is raised by `start()` for a system that cannot run here.
 """
@@ -54,16 +54,16 @@ def terminate(process: subprocess.Popen | None) -> None:
 
 class PdbusSystem:
     def __init__(self, name: str, *, colocated: bool, model: str | None = None, config: str | None = None,
-                 env: dict[str, str] | None = None, log_path: Path | None = None) -> None:
-        self.name, self.colocated, self.model, self.config = name, colocated, model, config
-        self.env = dict(env or {})
+                 env: dict[str, str] | None = None, log_path: Path | None = None, engine: str = "torch") -> None:
+        self.name, self.colocated, self.model, self.config, self.engine = name, colocated, model, config, engine
+        self.env = {**(env or {}), "PDBUS__ENGINE__KIND": f'"{engine}"'}
         self.log_path = log_path or Path("results") / f"serve-{name}-cluster.log"
         self.url = ""
         self._process: subprocess.Popen | None = None
         self._ready = threading.Event()
 
     def available(self) -> bool:
-        return '"vllm"' not in self.env.get("PDBUS__ENGINE__KIND", "") or importlib.util.find_spec("vllm") is not None
+        return self.engine != "vllm" or importlib.util.find_spec("vllm") is not None
 
     def argv(self) -> list[str]:
         shape = ["--colocated", "--nodes", "2"] if self.colocated else ["--prefill", "1", "--decode", "1"]

@@ -36,7 +36,7 @@ def test_without_vllm_both_vllm_lines_say_not_installed(monkeypatch):
     assert not system.available()
     with pytest.raises(SystemUnavailable, match="not installed"):
         system.start()
-    assert not PdbusSystem("pdbus-vllm", colocated=False, env={"PDBUS__ENGINE__KIND": '"vllm"'}).available()
+    assert not PdbusSystem("pdbus-vllm", colocated=False, engine="vllm").available()
     assert PdbusSystem("pdbus-disagg", colocated=False).available()
 
 
