@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
+import gc
 import os
 import signal
 import threading
@@ -190,6 +191,11 @@ def run_node(settings: NodeSettings, make_works: Callable[[LoopThread], list[Wor
             work.publish_capacity = loop.publish_now
     endpoint.core.capacity = loop.current_capacity()   # READY carries it
     log = get_logger("node", node_id=endpoint.node_id, role=settings.role)
+    # The weights and start-up objects live as long as the process: freeze them out of the
+    # collector (as vLLM does after loading), so a gen-2 collection never walks them while holding
+    # the GIL the heartbeat thread needs.
+    gc.collect()
+    gc.freeze()
     with endpoint:
         log.info("node_started", data_endpoint=data_endpoint, model=settings.model, curve=bool(settings.security),
                  kv_quant=settings.kv_quant, capacity=endpoint.core.capacity)

@@ -15,6 +15,7 @@ Contract:
 from __future__ import annotations
 
 import asyncio
+import gc
 import socket
 import ssl
 import time
@@ -150,6 +151,10 @@ def run_gateway(config: GatewayConfig, client: Any, model: ModelInfo) -> None:
         stop = asyncio.Event()
         for number in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(number, stop.set)
+        # Start-up objects (the tokenizer above all) live as long as the process: keep gen-2
+        # collections from walking them while they hold the GIL the bus heartbeat thread needs.
+        gc.collect()
+        gc.freeze()
         try:
             await serve(Gateway(config, Backend(client, model, config)), stop)
         finally:
