@@ -64,6 +64,7 @@ class DecodeWork:
         self.always_local = always_local
         self.quantizer = TorchQuantizer(compile=settings.kv_compile)
         self.receiver = KVReceiver(self._allocate, quantizer=self.quantizer, bind=settings.kv_bind,
+                                   advertise=settings.kv_advertise,
                                    security=settings.security,
                                    on_result=self._on_result)
         self.jobs: dict[str, DecodeJob] = {}

@@ -34,6 +34,7 @@ class NodeSettings:
     kv_quant: str = "int8"
     kv_compression: str = "auto"
     kv_bind: str = "tcp://127.0.0.1:0"
+    kv_advertise: str = ""                         # what prefill nodes dial, when not the bound address
     kv_compile: bool = True
     kv_timeout_s: float = 30.0                     # a decode node waits this long for admitted KV
     local_suffix_tokens: int = 64
@@ -58,6 +59,7 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-quant", choices=["raw", "bf16", "int8", "int8_sym"], help="KV mode on the wire")
     parser.add_argument("--kv-compression", choices=["auto", "lz4", "zstd", "none"])
     parser.add_argument("--kv-bind", help="KV data endpoint to bind (decode side)")
+    parser.add_argument("--kv-advertise", help="KV data endpoint prefill nodes dial (default: the bound one)")
     parser.add_argument("--key", help="CURVE key pair name in [security] key_dir (default: the role)")
     parser.add_argument("--heartbeat-ms", type=int, help="heartbeat interval in milliseconds")
     parser.add_argument("--liveness", type=int, help="missed heartbeats before the broker is dead")
@@ -90,10 +92,11 @@ def _engine_kind(engine: dict, args: argparse.Namespace) -> str:
     return kind
 
 
-def node_security(settings: dict, args: argparse.Namespace, role: str, broker: str, kv_bind: str
+def node_security(settings: dict, args: argparse.Namespace, role: str, broker: str, *kv_endpoints: str
                   ) -> SecurityConfig | None:
-    """CURVE when the broker or the KV data endpoint is reachable from other machines (or forced)."""
-    exposed = broker if not is_loopback(broker) or not kv_bind else kv_bind
+    """CURVE when the broker or the KV data endpoint (bound or advertised) is reachable from other
+    machines (or forced)."""
+    exposed = next((e for e in (broker, *kv_endpoints) if e and not is_loopback(e)), broker)
     try:
         return security_config(settings, getattr(args, "key", None) or role, exposed)
     except SecurityError as exc:
@@ -105,6 +108,7 @@ def node_settings(args: argparse.Namespace, role: str) -> NodeSettings:
     engine, kv = section(settings, "engine"), section(settings, "kv")
     broker = args.broker or section(settings, "broker").get("endpoint", c.DEFAULT_ENDPOINT)
     kv_bind = args.kv_bind or kv.get("data_bind", "tcp://127.0.0.1:0")
+    kv_advertise = args.kv_advertise or kv.get("data_advertise", "")
     return NodeSettings(
         role=role,
         broker=broker,
@@ -117,11 +121,12 @@ def node_settings(args: argparse.Namespace, role: str) -> NodeSettings:
         kv_quant=args.kv_quant or kv.get("quant", "int8"),
         kv_compression=args.kv_compression or kv.get("compression", "auto"),
         kv_bind=kv_bind,
+        kv_advertise=kv_advertise,
         kv_compile=bool(kv.get("compile", True)),
         kv_timeout_s=float(kv.get("timeout_s", 30.0)),
         local_suffix_tokens=int(section(settings, "scheduler").get("local_suffix_tokens", 64)),
         prefill_delay_s=args.test_prefill_delay_ms / 1000,
         step_delay_s=args.test_step_delay_ms / 1000,
         kv_faults=args.test_kv_faults,
-        security=node_security(settings, args, role, broker, kv_bind),
+        security=node_security(settings, args, role, broker, kv_bind, kv_advertise),
     )

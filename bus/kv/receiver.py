@@ -2,8 +2,8 @@
 
 Contract:
     receiver = KVReceiver(allocate=None, release=None, quantizer=None, config=ReceiveConfig(),
-                          bind="tcp://127.0.0.1:0")
-    endpoint = await receiver.start()        # advertise this in READY (the bound address)
+                          bind="tcp://127.0.0.1:0", advertise="")
+    endpoint = await receiver.start()        # advertise this in READY: `advertise`, or the bound address
     result = await receiver.result(transfer_id, timeout=None)  -> TransferResult (ok or failed)
     async for result in receiver.results():  # or: every result, in completion order
     receiver.cancel(transfer_id)             # the request was aborted: drop it, free its buffer
@@ -14,6 +14,9 @@ refused). A result is ok only when the whole transfer verified; failed results w
 `release(transfer_id, dst)` and carry the reason (timeout, retries exhausted, refused, aborted).
 `on_result(result)` (optional) is called for every result as well. All protocol logic lives in
 recv_core.ReceiverCore.
+`advertise` is the address senders must dial when it is not the bound one (NAT, containers, a
+proxy in front of the node, a 0.0.0.0 bind); the port of a `:0` bind is only known after binding,
+so an advertised endpoint names its own port.
 `security=SecurityConfig` (optional): the ROUTER is a CURVE server on its own context with a ZAP
 `Gatekeeper` admitting only keys admitted as `prefill`/`both` (the only roles that send KV); the
 advertised endpoint carries this node's public key (`...;curve=<hex>`) for senders to check.
@@ -65,12 +68,12 @@ def _senders_only(security: SecurityConfig | None) -> SecurityConfig | None:
 class KVReceiver:
     def __init__(self, allocate: Allocate | None = None, release: Release | None = None, *,
                  quantizer: Quantizer | None = None, config: ReceiveConfig | None = None,
-                 bind: str = "tcp://127.0.0.1:0", faults: FaultInjector | None = None,
+                 bind: str = "tcp://127.0.0.1:0", advertise: str = "", faults: FaultInjector | None = None,
                  on_result: Callable[[TransferResult], None] | None = None,
                  context: zmq.asyncio.Context | None = None, security: SecurityConfig | None = None) -> None:
         self.security = _senders_only(security)
         self.core = ReceiverCore(quantizer or NumpyQuantizer(), allocate or numpy_allocator(), release, config)
-        self.bind, self.faults, self.on_result = bind, faults, on_result
+        self.bind, self.advertise, self.faults, self.on_result = bind, advertise, faults, on_result
         # ZAP is per context: a CURVE receiver owns its context, so its Gatekeeper is the only one.
         self._context = zmq.asyncio.Context() if security else (context or zmq.asyncio.Context.instance())
         self.gatekeeper: Gatekeeper | None = None
@@ -90,7 +93,7 @@ class KVReceiver:
             self.gatekeeper = Gatekeeper(self._context, self.security).start()
             apply_server(self._socket, self.security)
         self._socket.bind(self.bind)
-        self.endpoint = self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
+        self.endpoint = self.advertise or self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
         if self.security is not None:
             self.endpoint = with_server_key(self.endpoint, self.security.public_key)
         loop = asyncio.get_running_loop()

@@ -163,3 +163,25 @@ async def test_results_stream_yields_successes_and_failures_in_order(pair):
         await sender.send(endpoint, "bad-1", "r2", synthetic_kv(), mode="int8")
     failed = await stream.__anext__()
     assert failed.transfer_id == "bad-1" and not failed.ok
+
+
+async def test_senders_dial_the_advertised_endpoint_not_the_bound_one():
+    from harness.chaos.proxy import PartitionProxy
+    from harness.cluster_procs import free_port
+
+    port = free_port()
+    proxy = PartitionProxy(port).start()
+    receiver = KVReceiver(bind=f"tcp://127.0.0.1:{port}", advertise=f"tcp://127.0.0.1:{proxy.port}")
+    sender = KVSender(chunk_bytes=4096)
+    try:
+        endpoint = await receiver.start()
+        assert endpoint == f"tcp://127.0.0.1:{proxy.port}"
+        kv = synthetic_kv(tokens=16)
+        report = await sender.send(endpoint, "t1", "r1", kv, mode="raw")
+        result = await receiver.result("t1", timeout=5)
+        assert report.ok and result.kv.tobytes() == kv.tobytes()
+        assert proxy.num_connections == 1   # the bytes went through the advertised address
+    finally:
+        await sender.close()
+        await receiver.close()
+        proxy.stop()

@@ -63,7 +63,8 @@ def tiny_engine(**config: Any) -> LlamaEngine:
 
 def no_args(**values: Any) -> argparse.Namespace:
     base = dict(config=None, broker=None, node_id=None, model=None, model_dir=None, dtype=None, threads=None,
-                kv_quant=None, kv_compression=None, kv_bind=None, heartbeat_ms=None, liveness=None,
+                kv_quant=None, kv_compression=None, kv_bind=None, kv_advertise=None, heartbeat_ms=None,
+                liveness=None,
                 test_prefill_delay_ms=0, test_step_delay_ms=0, test_kv_faults=0)
     base.update(values)
     return argparse.Namespace(**base)

@@ -2,7 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
+
 from nodes.node_settings import node_settings
+from nodes.settings import SettingsError
 from tests.nodes.cluster_fakes import no_args
 
 CONFIG = """
@@ -46,3 +49,22 @@ def test_flags_override_the_config(tmp_path):
     assert (settings.broker, settings.kv_quant, settings.model, settings.node_id) == (
         "tcp://127.0.0.1:9", "raw", "other", "n1")
     assert settings.engine_config().num_threads == 2 and settings.step_delay_s == 0.03
+
+
+def test_the_kv_endpoint_can_advertise_another_address_than_it_binds(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(CONFIG.replace('data_bind = "tcp://127.0.0.1:0"',
+                                   'data_bind = "tcp://127.0.0.1:7001"\ndata_advertise = "tcp://127.0.0.1:7002"'))
+    settings = node_settings(no_args(config=str(path)), "decode")
+    assert (settings.kv_bind, settings.kv_advertise) == ("tcp://127.0.0.1:7001", "tcp://127.0.0.1:7002")
+    flagged = node_settings(no_args(config=str(path), kv_advertise="tcp://127.0.0.1:9"), "decode")
+    assert flagged.kv_advertise == "tcp://127.0.0.1:9"
+    assert node_settings(no_args(config=None), "decode").kv_advertise == ""
+
+
+def test_an_advertised_kv_endpoint_off_this_machine_asks_for_curve(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)   # an empty default key_dir
+    path = tmp_path / "c.toml"
+    path.write_text(CONFIG)
+    with pytest.raises(SettingsError, match="key pair"):   # auto security: keys needed, none in key_dir
+        node_settings(no_args(config=str(path), kv_advertise="tcp://203.0.113.5:7001"), "decode")
