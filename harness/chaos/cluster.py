@@ -1,6 +1,7 @@
 """The chaos harness's cluster: `ClusterProcs` whose nodes run with the data-plane hooks
-(`harness.chaos.hooked_node`), one decode node optionally behind a `PartitionProxy`, and the
-gateway as one more process.
+(`harness.chaos.hooked_node`), one decode node optionally behind two `PartitionProxy`s (its bus
+link to the broker, and its KV data endpoint, which it advertises at the proxy's port so prefill
+nodes dial through it), and the gateway as one more process.
 
 Contract:
     with ChaosCluster(num_prefill=2, num_decode=2, model="tiny", kv_quant="raw",
@@ -9,6 +10,7 @@ Contract:
         cluster.control(flip=4) / control(drop=2)  # the next N KV chunks sent by the prefill nodes
         cluster.kv_idle()                          # {decode node: bool}: every KV block free again
         cluster.revive(node_id)                    # restart a killed node under the same id
+        cluster.cut() / cluster.heal()             # partition the proxied node: bus and KV links
         cluster.count(event, role=None, **fields)  # log events summed over live and dead processes
 Every process is started by PID and stopped by PID (`stop()`, also on errors in `start()`).
 """
@@ -41,7 +43,8 @@ class ChaosCluster(ClusterProcs):
     def __init__(self, *, proxied: str | None = None, gateway: bool = True, **options: Any) -> None:
         super().__init__(**options)
         self.proxied = proxied
-        self.proxy = None
+        self.proxy = None      # the proxied node's bus link
+        self.kv_proxy = None   # and its KV data endpoint (decode nodes)
         self.with_gateway = gateway
         self.gateway: Proc | None = None
         self.gateway_url: str | None = None
@@ -56,6 +59,10 @@ class ChaosCluster(ClusterProcs):
             from harness.chaos.proxy import PartitionProxy
             self.proxy = self.proxy or PartitionProxy(self.port).start()
             broker = ["--broker", f"tcp://127.0.0.1:{self.proxy.port}"]
+            if role != "prefill":   # it receives KV: prefill nodes reach it only through the proxy too
+                self.kv_proxy = self.kv_proxy or PartitionProxy(free_port()).start()
+                broker += ["--kv-bind", f"tcp://127.0.0.1:{self.kv_proxy.target_port}",
+                           "--kv-advertise", f"tcp://127.0.0.1:{self.kv_proxy.port}"]
         faults = ["--test-kv-faults", "1"] if role != "decode" else []   # builds the (unarmed) injector
         args = pdbus(*command, "--node-id", node_id, *self._common(), *broker, *faults, *self.extra_args.get(role, []))
         hooked = [sys.executable, "-m", "harness.chaos.hooked_node", "--control", str(self.control_path), "--", *args[3:]]
@@ -95,8 +102,29 @@ class ChaosCluster(ClusterProcs):
         try:
             super().stop()
         finally:
-            if self.proxy is not None:
-                self.proxy.stop()
+            for proxy in self.partition_proxies():
+                proxy.stop()
+
+    # -- the partition ----------------------------------------------------------------------
+    def partition_proxies(self) -> list:
+        return [p for p in (self.proxy, self.kv_proxy) if p is not None]
+
+    def cut(self) -> None:
+        """Swallow every byte between the proxied node and the rest (broker and KV senders)."""
+        for proxy in self.partition_proxies():
+            proxy.cut()
+
+    def heal(self) -> None:
+        for proxy in self.partition_proxies():
+            proxy.heal()
+
+    def bytes_swallowed(self) -> dict[str, int]:
+        return {"bus": self.proxy.num_bytes_swallowed if self.proxy else 0,
+                "kv": self.kv_proxy.num_bytes_swallowed if self.kv_proxy else 0}
+
+    def num_kv_connections(self) -> int:
+        """Connections prefill nodes opened to the proxied node's KV endpoint (through its proxy)."""
+        return self.kv_proxy.num_connections if self.kv_proxy else 0
 
     # -- faults and observations ----------------------------------------------------------
     def control(self, **order: Any) -> None:

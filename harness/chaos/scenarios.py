@@ -256,19 +256,23 @@ async def partition(ctx: Ctx, progress: Progress) -> FaultEvent:
     num_left = len(broker.find("node_left", node_id=PARTITIONED_NODE))
     num_joined = len(broker.find("node_joined", node_id=PARTITIONED_NODE))
     at = time.monotonic()
-    cluster.proxy.cut()
+    cluster.cut()
     declared = await wait_event(broker, "node_left", num_left + 1, 10 * ctx.liveness_s + 5, node_id=PARTITIONED_NODE)
     await asyncio.sleep(1.0)
-    await asyncio.to_thread(cluster.proxy.heal)
+    await asyncio.to_thread(cluster.heal)
     return FaultEvent(at, PARTITIONED_NODE, {"declared_lost": declared, "joined_before": num_joined,
-                                             "bytes_swallowed": cluster.proxy.num_bytes_swallowed},
+                                             "bytes_swallowed": cluster.bytes_swallowed(),
+                                             "kv_connections_before": cluster.num_kv_connections()},
                       healed_at=time.monotonic())
 
 
 def check_partition(ctx: Ctx, before: dict, after: dict) -> dict:
     event = ctx.fault
-    ok = bool(event.details.get("declared_lost") and event.details.get("rejoined"))
-    return {"ok": ok, **{k: event.details.get(k) for k in ("declared_lost", "rejoined", "bytes_swallowed")}}
+    # KV reached the node only through its proxy (so the cut covered the data plane too).
+    kv_through_proxy = event.details.get("kv_connections_before", 0) > 0
+    ok = bool(event.details.get("declared_lost") and event.details.get("rejoined") and kv_through_proxy)
+    return {"ok": ok, "kv_through_proxy": kv_through_proxy,
+            **{k: event.details.get(k) for k in ("declared_lost", "rejoined", "bytes_swallowed")}}
 
 
 SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
@@ -287,7 +291,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              stall_begins, extras=stalled_client, check=check_stalled, recovery_bound=False),
     Scenario("abort-storm", "extra clients disconnect mid-stream at seeded random points", storm_begins,
              extras=storm, check=check_storm, recovery_bound=False),
-    Scenario("partition", f"cut {PARTITIONED_NODE} off from the broker (TCP proxy swallows bytes), then heal",
+    Scenario("partition", f"cut {PARTITIONED_NODE} off from the broker and the prefill nodes' KV (TCP proxies "
+             "swallow bytes), then heal",
              partition, repair=after_thaw, check=check_partition),
 ]}
-SHORT = ("kill-decode", "corrupt-kv", "abort-storm")   # the `make test` form
+SHORT = ("kill-decode", "corrupt-kv", "abort-storm", "partition")   # the `make test` form

@@ -23,6 +23,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--model", default="tiny", help="tiny (default) or SmolLM2-135M-Instruct")
     parser.add_argument("--kv", choices=["raw", "int8"], default="raw",
                         help="KV mode on the wire: raw (lossless: streams must be identical) or int8")
+    parser.add_argument("--dtype", choices=["float32", "bfloat16"], default="float32",
+                        help="engine dtype: float32 (default; with raw KV streams must be identical) or "
+                             "bfloat16 (the product's default engine: divergences are reported, not failed)")
     parser.add_argument("--driver", choices=["sse", "ws", "bus"], default="sse",
                         help="sse: OpenAI /v1/completions streaming (texts compared); ws: the gateway's "
                              "WebSocket (token ids compared); bus: ClusterClient, no gateway (token ids)")
@@ -31,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-tokens", type=int, help="prompt length in tokens (default 64)")
     parser.add_argument("--max-tokens", type=int, help="tokens per stream (default 48)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--short", action="store_true", help="the short form: kill-decode, corrupt-kv, abort-storm")
+    parser.add_argument("--short", action="store_true", help="the short form: kill-decode, corrupt-kv, abort-storm, partition")
     parser.add_argument("--results", default="results", help="folder for the JSON (default: results/)")
 
 
@@ -39,7 +42,7 @@ def main(args: argparse.Namespace) -> int:
     from harness.chaos.runner import ChaosOptions, short_options
     from harness.chaos.runner import main as run
 
-    values = {"model": args.model, "kv": args.kv, "driver": args.driver, "seed": args.seed,
+    values = {"model": args.model, "kv": args.kv, "dtype": args.dtype, "driver": args.driver, "seed": args.seed,
               "results_dir": args.results}
     for name, key in (("requests", "num_requests"), ("concurrency", "concurrency"),
                       ("prompt_tokens", "prompt_tokens"), ("max_tokens", "max_tokens")):

@@ -1,7 +1,7 @@
 """The short form of the chaos harness (`pdbus chaos --short`), as `make test` runs it: a real
 cluster (broker, 2 prefill, 2 decode nodes, the gateway; tiny model, fp32, raw KV, greedy) and the
 seeded workload streamed through the gateway's WebSocket (token ids), once fault-free and once per
-scenario: kill-decode, corrupt-kv, abort-storm. Fails if any request is lost, any stream's token
+scenario: kill-decode, corrupt-kv, abort-storm, partition. Fails if any request is lost, any stream's token
 ids differ from the fault-free pass, any KV block stays taken, or a scenario's evidence is missing
 (the decode kill hit no stream; a flipped KV byte went uncaught). Recovery times are reported by
 the harness, never asserted here."""
@@ -24,7 +24,7 @@ def row(run, name: str) -> dict:
     return next(r for r in run["rows"] if r["scenario"] == name)
 
 
-@pytest.mark.parametrize("name", ["kill-decode", "corrupt-kv", "abort-storm"])
+@pytest.mark.parametrize("name", ["kill-decode", "corrupt-kv", "abort-storm", "partition"])
 def test_no_request_is_lost_and_every_token_id_matches_the_fault_free_pass(run, name):
     result = row(run, name)
     assert result["problems"] == [] and result["ok"]
@@ -55,3 +55,9 @@ def test_the_abort_storm_cancelled_streams_on_the_nodes(run):
     result = row(run, "abort-storm")
     assert all(r["aborted"] for r in result["extras"] if not r["ok"])
     assert result["evidence"]["streams_cancelled_on_nodes"] >= 1
+
+
+def test_the_partition_cut_the_bus_and_the_kv_links_and_the_node_came_back(run):
+    evidence = row(run, "partition")["evidence"]
+    assert evidence["declared_lost"] and evidence["rejoined"]
+    assert evidence["kv_through_proxy"]   # prefill nodes reached its KV endpoint only via the proxy
