@@ -7,7 +7,8 @@ three threads, queues between them, and the engine's busy loop never touching a 
 - KV thread: a `LoopThread` (uvloop) runs the `KVSender` / `KVReceiver`; what finishes there is
   posted into the same inbox as a plain event (`KvSendDone`, `KvArrived`).
 - engine thread (the process's main thread): `NodeLoop.run()` takes inputs, gives each `Work`
-  (prefill side, decode side) its turn, then publishes capacity when it changed.
+  (prefill side, decode side) its turn, then publishes capacity when it changed; once idle it
+  hands freed heap back to the OS (`nodes.heap`).
 
 Contract for a `Work` (nodes/prefill.py, nodes/decode.py): `prepare() -> data endpoint | ""`
 (before the endpoint exists), `attach(endpoint)`, `on_message(message) -> bool` (True: mine),
@@ -34,6 +35,7 @@ import uvloop
 from bus.endpoint import Endpoint
 from bus.log import get_logger
 from bus.messages import Cancel, Direct, Error, Request
+from nodes.heap import HeapTrimmer
 from nodes.node_settings import NodeSettings
 
 IDLE_POLL_S = 0.1
@@ -97,6 +99,7 @@ class NodeLoop:
         self.log = get_logger("node", node_id=endpoint.node_id)
         self._capacity: dict[str, float] = {}
         self._capacity_sent_at = 0.0
+        self.heap = HeapTrimmer()
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -105,6 +108,7 @@ class NodeLoop:
             for work in self.works:
                 busy = work.work(now) or busy
             self._publish_capacity(now)
+            self.heap.on_iteration(busy, now)
             self._take_inputs(0.0 if busy else self._idle_timeout(now))
 
     def _idle_timeout(self, now: float) -> float:

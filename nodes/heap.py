@@ -1,0 +1,50 @@
+"""Give memory the engine freed back to the OS once a node goes quiet.
+
+glibc keeps what a burst freed (KV of finished requests, batch temporaries, failed-over transfers)
+in its arenas, so a node's resident size stays at its peak and a leak check cannot tell retention
+from a leak. `HeapTrimmer.on_iteration(busy, now)` is called once per node-loop iteration; after
+`idle_after_s` without work, and only if some work ran since the last trim, it calls glibc's
+`malloc_trim(0)` (which also returns free pages inside the arenas). Off the hot path by design: a
+busy node never trims. Elsewhere than glibc it does nothing.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import ctypes.util
+from collections.abc import Callable
+
+IDLE_AFTER_S = 0.2
+
+
+def _glibc_trim() -> Callable[[], None] | None:
+    name = ctypes.util.find_library("c")
+    try:
+        libc = ctypes.CDLL(name) if name else None
+        trim = libc.malloc_trim if libc is not None else None
+    except (OSError, AttributeError):   # not glibc (musl, macOS): nothing to trim
+        return None
+    if trim is None:
+        return None
+    trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
+    return lambda: trim(0)   # ctypes releases the GIL for the call
+
+
+class HeapTrimmer:
+    def __init__(self, idle_after_s: float = IDLE_AFTER_S, trim: Callable[[], None] | None = None) -> None:
+        self.idle_after_s = idle_after_s
+        self._trim = trim if trim is not None else _glibc_trim()
+        self._idle_since: float | None = None
+        self._worked_since_trim = False
+        self.num_trims = 0
+
+    def on_iteration(self, busy: bool, now: float) -> None:
+        if busy:
+            self._idle_since, self._worked_since_trim = None, True
+            return
+        if self._idle_since is None:
+            self._idle_since = now
+        if self._worked_since_trim and now - self._idle_since >= self.idle_after_s and self._trim is not None:
+            self._trim()
+            self._worked_since_trim = False
+            self.num_trims += 1
