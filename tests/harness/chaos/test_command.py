@@ -23,9 +23,18 @@ def test_flags_become_options(monkeypatch):
                      "--requests", "3", "--driver", "bus"]) == 0
     options = seen[0]
     assert options.scenarios == ["drop-kv", "partition"] and options.kv == "int8" and options.num_requests == 3
-    assert options.driver == "bus" and options.enforce_recovery_bound
+    assert options.driver == "bus" and options.enforce_recovery_bound and options.dtype == "float32"
+    assert runner.must_be_identical(runner.ChaosOptions())
     assert cli.main(["chaos", "--short"]) == 0
     assert seen[1].scenarios == list(SHORT) and seen[1].model == "tiny" and not seen[1].enforce_recovery_bound
+    assert cli.main(["chaos", "--dtype", "bfloat16", "--kv", "int8"]) == 0
+    assert seen[2].dtype == "bfloat16" and not runner.must_be_identical(seen[2])
+    assert not runner.must_be_identical(runner.ChaosOptions(dtype="bfloat16"))   # bf16 moves with batch shapes
+
+
+def test_the_cluster_runs_the_chosen_dtype():
+    cluster = runner.build_cluster(runner.ChaosOptions(dtype="bfloat16", scenarios=["kill-decode"]))
+    assert cluster.settings["engine"]["dtype"] == "bfloat16" and cluster.proxied is None
 
 
 def test_an_unknown_scenario_is_refused(capsys):
