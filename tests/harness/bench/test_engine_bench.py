@@ -1,0 +1,24 @@
+"""The engine benchmark's own pieces, on the tiny model: the chunked-prefill stage runs the
+interruptible pass to the end, and the summary prints the chunked column beside the whole pass."""
+
+from __future__ import annotations
+
+from harness.bench import engine as bench
+from tests.nodes.cluster_fakes import tiny_engine
+
+
+def test_the_chunked_stage_times_a_whole_interruptible_pass():
+    engine = tiny_engine(prefill_chunk_tokens=16)
+    assert bench.engine_chunked_prefill_seconds(engine, 40) > 0   # 3 chunks: 16 + 16 + 8
+    assert bench.engine_prefill_seconds(engine, 40) > 0
+
+
+def test_the_summary_shows_chunked_beside_whole(capsys):
+    prefill = {"engine_tok_s": 1000.0, "hf_tok_s": 800.0, "hf_all_logits_tok_s": 700.0, "gemm_tok_s": 2000.0,
+               "engine_chunked_tok_s": 900.0}
+    decode = {"engine_tok_s": 20.0, "hf_tok_s": 10.0, "gemm_tok_s": 30.0, "engine_step_ms": 50.0, "hf_step_ms": 100.0}
+    bench.print_summary({"dtype": "bfloat16", "threads": 1, "weight_bytes": 2**28, "dram_gbs": 10.0,
+                         "weights_pass_gbs": 8.0, "floor_step_ms": 25.0, "prefill": {512: prefill},
+                         "decode": {1: decode}})
+    out = capsys.readouterr().out
+    assert "| 512 | 1000 | 800 | 1.25x | 700 | 1.43x | 2000 | 50% | 900 | 0.90x |" in out
