@@ -18,7 +18,10 @@ prompt plus every token delivered (indices continue; duplicates dropped); a pref
 request is re-asked with `prefill: "local"`. Every retry counts against `max_retries`; past it, or
 on `overloaded` / `rejected` / `bad_request`, iteration raises `ClusterError` (never a hang: every
 wait is bounded by `stall_timeout_s`, the wait for a plan by `plan_timeout_s`, which exceeds the
-broker queue's timeout).
+broker queue's timeout). A decode node answering `full` (no KV room yet) is backpressure, not a
+failure: the request is offered again after a growing pause (the node now advertises `full`, so
+the broker places it elsewhere or holds it in its queue) without spending a retry, until it has
+waited `plan_timeout_s` for room in all; then `overloaded` (503 + Retry-After at the gateway).
 """
 
 from __future__ import annotations
@@ -39,6 +42,7 @@ from nodes.engines.base import SamplingParams
 __all__ = ["ClusterClient", "ClusterError", "Generation", "GenerationResult", "RequestTrace", "StreamToken"]
 
 FATAL_CODES = {"overloaded", wire.REJECTED, wire.BAD_REQUEST, "malformed", "oversized"}
+FULL_BACKOFF_CAP_S = 1.0   # the longest pause between offers of a request that found no room
 
 
 class ClusterError(Exception):
@@ -101,6 +105,7 @@ class Generation:
         self.tokens: list[StreamToken] = []
         self.finish_reason: str | None = None
         self.num_retries = 0
+        self.num_full = 0   # consecutive `full` answers: backpressure, not failures
         self.result: GenerationResult | None = None
         self._queue: asyncio.Queue = asyncio.Queue()
         self._task: asyncio.Task | None = None
@@ -170,11 +175,26 @@ class Generation:
                 if retry.code in FATAL_CODES:
                     self.trace.failures.append(f"{retry.code}@{retry.node_id}")
                     raise ClusterError(retry.code, retry.message, self.trace, **retry.details) from None
+                if retry.code == wire.FULL:
+                    await asyncio.sleep(self.wait_for_room(retry))
+                    continue
+                self.num_full = 0
                 if retry.counts:
                     self.spend_retry(retry.code, retry.message, retry.node_id)
                 else:
                     self.trace.failures.append(f"{retry.code}@{retry.node_id}")
                 await asyncio.sleep(retry_delay(retry, self.client.retry_delay_s))
+
+    def wait_for_room(self, retry: Retry) -> float:
+        """The pause before offering a request that found its decode node full again; `overloaded`
+        once it has waited `plan_timeout_s` in all (never a hang, never a spent retry)."""
+        self.num_full += 1
+        self.trace.failures.append(f"{retry.code}@{retry.node_id}")
+        if time.monotonic() - self._started_at > self.client.plan_timeout_s:
+            raise ClusterError("overloaded", f"no decode node had room within {self.client.plan_timeout_s}s; "
+                               f"last: {retry.message}", self.trace, retry_after_s=1.0)
+        pause = self.client.retry_delay_s * 2 ** (self.num_full - 1)
+        return max(retry_delay(retry, 0.0), min(pause, FULL_BACKOFF_CAP_S))
 
     def spend_retry(self, code: str, message: str, node_id: str = "") -> None:
         """Count one retry (decode resume or prefill re-send); ClusterError past the budget."""
