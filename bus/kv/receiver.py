@@ -106,7 +106,10 @@ class KVReceiver:
             frames = await self._socket.recv_multipart(copy=False)
             if len(frames) < 2:
                 continue
+            undecodable = self.core.undecodable
             replies = self.core.on_frames(frames[0].bytes, frames[1:], loop.time())
+            if self.core.undecodable > undecodable:   # too broken to name its transfer: its timer resends
+                log.warning("kv_undecodable", count=self.core.undecodable)
             await self._dispatch(replies)
 
     async def _tick(self) -> None:
@@ -133,9 +136,10 @@ class KVReceiver:
         if result.reason == _REFUSED:
             self.num_refused += 1
         log.log(20 if result.ok else 30, "kv_received" if result.ok else "kv_receive_failed",
-                transfer_id=result.transfer_id, request_id=result.request_id, reason=result.reason,
+                transfer_id=result.transfer_id, request_id=result.request_id, ok=result.ok, reason=result.reason,
                 raw_bytes=result.stats.raw_bytes, wire_bytes=result.stats.wire_bytes,
-                checksum_failures=result.stats.checksum_failures, nacks=result.stats.nacks)
+                checksum_failures=result.stats.checksum_failures, rejected=result.stats.rejected,
+                nacks=result.stats.nacks)
         if self.on_result is not None:
             self.on_result(result)
         if self._stream is not None:

@@ -27,8 +27,11 @@ from harness.chaos.drivers import StreamRecord
 from harness.chaos.passes import FaultEvent
 
 
+TRANSFER_ENDS = ("kv_received", "kv_receive_failed")   # the KV receiver's log of every finished transfer
+
+
 def snapshot(cluster: Any) -> dict[str, int]:
-    checked = [e for p in cluster.processes() for e in p.find("chaos_kv_checked")]
+    checked = [e for p in cluster.processes() for name in TRANSFER_ENDS for e in p.find(name)]
     gateway = cluster.gateway
     return {
         "kv_flips": cluster.count("chaos_kv_fault", kind="flip"),
@@ -45,12 +48,12 @@ def kv_fault_audit(cluster: Any) -> dict[str, int]:
     logs each with its transfer id): it failed closed or never finished at the receiver (nothing
     decoded), or it was verified only after its checksums caught at least as many bad chunks as
     were flipped in it. Flips in a header too damaged to name its transfer are dropped by the
-    receiver undecoded (`chaos_kv_undecodable`) and resent; they cover a shortfall. Cumulative
+    receiver undecoded (`kv_undecodable`) and resent; they cover a shortfall. Cumulative
     over the cluster's life."""
     events = [e for p in cluster.processes() for e in p.events]
     flips = Counter(e["transfer_id"] for e in events if e.get("event") == "chaos_kv_fault" and e.get("kind") == "flip")
-    checked = {e["transfer_id"]: e for e in events if e.get("event") == "chaos_kv_checked"}
-    undecodable = sum(1 for e in events if e.get("event") == "chaos_kv_undecodable")
+    checked = {e["transfer_id"]: e for e in events if e.get("event") in TRANSFER_ENDS}
+    undecodable = sum(1 for e in events if e.get("event") == "kv_undecodable")
     failed_closed = verified = shortfall = 0
     for transfer_id, num_flips in flips.items():
         result = checked.get(transfer_id)

@@ -11,12 +11,11 @@ Contract:
 - Prefill delay: while the control file holds `{"prefill_delay_ms": X}` (and, if given,
   `"prefill_delay_node"` names this node), each prefill batch logs `chaos_prefill_started`
   (request ids) and sleeps X ms first, so a kill lands mid-prefill.
-- Receiver side (every node): each finished inbound transfer logs `chaos_kv_checked` (ok,
-  checksum_failures, rejected, reason) and each message too damaged to decode logs
-  `chaos_kv_undecodable`, so the harness can tell, per transfer, whether a flipped chunk could
-  have been decoded (see harness/chaos/checks.kv_fault_audit).
-The hooks wrap the existing seams (`nodes.prefill.FaultInjector`, `ReceiverCore._finish`) and
-change no behaviour when unarmed.
+The receiver side needs no hook: the KV receiver itself logs every finished transfer
+(`kv_received` / `kv_receive_failed`: ok, checksum_failures, rejected, reason) and every message too
+damaged to decode (`kv_undecodable`), which is what harness/chaos/checks.kv_fault_audit reads.
+The hooks wrap the existing seams (`nodes.prefill.FaultInjector`, `PrefillBatcher.next_batch`)
+and change no behaviour when unarmed.
 """
 
 from __future__ import annotations
@@ -84,7 +83,6 @@ class ArmedInjector(FaultInjector):
 
 def install(control_path: str, node_id: str | None = None) -> None:
     import nodes.prefill
-    from bus.kv import recv_core
 
     ArmedInjector.control_path = control_path
     nodes.prefill.FaultInjector = ArmedInjector
@@ -100,24 +98,6 @@ def install(control_path: str, node_id: str | None = None) -> None:
         return batch
 
     nodes.prefill.PrefillBatcher.next_batch = delayed_next_batch
-    finish = recv_core.ReceiverCore._finish
-
-    def logged_finish(self: Any, transfer_id: str, dst: Any, ok: bool, reason: str, stats: Any, *rest: Any) -> None:
-        log.info("chaos_kv_checked", transfer_id=transfer_id, ok=ok, reason=reason,
-                 checksum_failures=stats.checksum_failures, rejected=stats.rejected)
-        finish(self, transfer_id, dst, ok, reason, stats, *rest)
-
-    recv_core.ReceiverCore._finish = logged_finish
-    on_frames = recv_core.ReceiverCore.on_frames
-
-    def logged_on_frames(self: Any, *args: Any) -> Any:
-        before = self.undecodable
-        replies = on_frames(self, *args)
-        if self.undecodable > before:   # a header too damaged to name its transfer: dropped, resent on timeout
-            log.info("chaos_kv_undecodable", count=self.undecodable)
-        return replies
-
-    recv_core.ReceiverCore.on_frames = logged_on_frames
 
 
 def main(argv: list[str]) -> int:

@@ -185,3 +185,23 @@ async def test_senders_dial_the_advertised_endpoint_not_the_bound_one():
         await sender.close()
         await receiver.close()
         proxy.stop()
+
+
+async def test_the_receiver_logs_every_finished_transfer_and_every_undecodable_message(pair):
+    import zmq
+    import zmq.asyncio
+    from structlog.testing import capture_logs
+
+    sender, receiver, endpoint = pair
+    garbage = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+    garbage.connect(endpoint)
+    with capture_logs() as logs:
+        await garbage.send_multipart([b"\x00not a kv header", b"payload"])
+        kv = synthetic_kv(tokens=8)
+        await sender.send(endpoint, "t1", "r1", kv, mode="raw")
+        await receiver.result("t1", timeout=5)
+    garbage.close(linger=0)
+    events = {e["event"]: e for e in logs}
+    assert events["kv_undecodable"]["count"] >= 1
+    done = events["kv_received"]
+    assert (done["transfer_id"], done["ok"], done["rejected"], done["checksum_failures"]) == ("t1", True, 0, 0)

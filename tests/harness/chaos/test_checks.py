@@ -90,13 +90,13 @@ def test_kv_audit_flags_a_verified_transfer_with_fewer_catches_than_flips():
     flip = {"event": "chaos_kv_fault", "kind": "flip"}
     events = [{**flip, "transfer_id": "t1"}, {**flip, "transfer_id": "t1"}, {**flip, "transfer_id": "t2"},
               {**flip, "transfer_id": "t3"},
-              {"event": "chaos_kv_checked", "transfer_id": "t1", "ok": True, "checksum_failures": 2, "rejected": 0},
-              {"event": "chaos_kv_checked", "transfer_id": "t2", "ok": False, "checksum_failures": 0, "rejected": 0},
-              {"event": "chaos_kv_checked", "transfer_id": "t3", "ok": True, "checksum_failures": 0, "rejected": 0}]
+              {"event": "kv_received", "transfer_id": "t1", "ok": True, "checksum_failures": 2, "rejected": 0},
+              {"event": "kv_receive_failed", "transfer_id": "t2", "ok": False, "checksum_failures": 0, "rejected": 0},
+              {"event": "kv_received", "transfer_id": "t3", "ok": True, "checksum_failures": 0, "rejected": 0}]
     audit = kv_fault_audit(FakeCluster(events))
     assert audit == {"transfers_with_flips": 3, "failed_closed": 1, "verified_after_resend": 2,
                      "undecodable_headers": 0, "uncaught_flips": 1}
-    audit = kv_fault_audit(FakeCluster([*events, {"event": "chaos_kv_undecodable"}]))
+    audit = kv_fault_audit(FakeCluster([*events, {"event": "kv_undecodable"}]))
     assert audit["uncaught_flips"] == 0
 
 
