@@ -26,13 +26,16 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import torch
+from typing import TYPE_CHECKING
+
 from safetensors import SafetensorError
-from safetensors.torch import load_file, save_file
 
 from bus.log import get_logger
 from nodes.engines.model_config import SUPPORTED_MODEL_TYPES, LlamaConfig, weight_shapes
 from nodes.engines.tokenizer import Tokenizer, TokenizerLoadError
+
+if TYPE_CHECKING:   # torch is imported where weights are touched: the gateway needs only tokenizers
+    import torch
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 TINY_SPEC = "tiny"
@@ -83,11 +86,17 @@ def packaged_gguf_path() -> Path:
     return path
 
 
-def build_tiny_model(seed: int = 0, *, dtype: torch.dtype = torch.float32, num_layers: int = 2,
+TINY_VOCAB_SIZE = 512
+TINY_MAX_POSITIONS = 2048
+
+
+def build_tiny_model(seed: int = 0, *, dtype: torch.dtype | None = None, num_layers: int = 2,
                      hidden_size: int = 64, num_heads: int = 4, num_kv_heads: int = 2,
-                     intermediate_size: int = 128, vocab_size: int = 512,
-                     max_position_embeddings: int = 2048) -> LoadedModel:
+                     intermediate_size: int = 128, vocab_size: int = TINY_VOCAB_SIZE,
+                     max_position_embeddings: int = TINY_MAX_POSITIONS) -> LoadedModel:
     """Random Llama weights (deterministic per seed) with a small working byte-level tokenizer."""
+    import torch
+
     from nodes.engines import tiny
 
     config = LlamaConfig(
@@ -96,13 +105,17 @@ def build_tiny_model(seed: int = 0, *, dtype: torch.dtype = torch.float32, num_l
         head_dim=hidden_size // num_heads, rms_norm_eps=1e-5, rope_theta=10000.0,
         max_position_embeddings=max_position_embeddings, tie_word_embeddings=True,
         bos_token_id=tiny.BOS_TOKEN_ID, eos_token_ids=(tiny.EOS_TOKEN_ID,))
-    return LoadedModel(name=TINY_SPEC, config=config, weights=tiny.random_llama_weights(config, seed, dtype),
+    return LoadedModel(name=TINY_SPEC, config=config,
+                       weights=tiny.random_llama_weights(config, seed, dtype or torch.float32),
                        tokenizer=tiny.tiny_tokenizer(vocab_size), source="random")
 
 
-def load_model(spec: str = DEFAULT_MODEL, *, dtype: torch.dtype = torch.float32,
+def load_model(spec: str = DEFAULT_MODEL, *, dtype: torch.dtype | None = None,
                model_dir: str | Path | None = None) -> LoadedModel:
     """Load `spec` (see the module docstring); raises ModelLoadError with what to do on failure."""
+    import torch
+
+    dtype = dtype or torch.float32
     if spec == TINY_SPEC:
         return build_tiny_model(dtype=dtype)
     path = Path(spec).expanduser()
@@ -196,6 +209,8 @@ def _convert_once(gguf_path: Path, folder: Path, force: bool) -> Path:
 
 
 def _convert(gguf_path: Path, folder: Path) -> None:
+    import torch
+
     from nodes.engines.gguf_reader import GgufError, read_gguf
 
     started = time.perf_counter()
@@ -220,6 +235,8 @@ def _convert(gguf_path: Path, folder: Path) -> None:
 def save_folder(folder: Path, config: LlamaConfig, weights: dict[str, torch.Tensor],
                 tokenizer: Tokenizer) -> None:
     """Write a Hugging Face Llama folder that transformers and vLLM load as is."""
+    from safetensors.torch import save_file
+
     dtype_name = str(next(iter(weights.values())).dtype).removeprefix("torch.")
     _write_json(folder / "config.json", config.to_hf_dict(dtype_name))
     generation = {"bos_token_id": config.bos_token_id, "eos_token_id": list(config.eos_token_ids),
@@ -275,6 +292,8 @@ def _read_json_file(path: Path, *, required: bool) -> dict[str, Any]:
 
 
 def _folder_weights(folder: Path, config: LlamaConfig, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
     files = sorted(folder.glob("*.safetensors"))
     if not files:
         raise ModelLoadError(f"{folder} has no *.safetensors weights (other weight formats are not supported)")

@@ -9,12 +9,16 @@ the same seed. `build_tiny_model` in `model_loader` puts the two together.
 
 from __future__ import annotations
 
-import torch
+from typing import TYPE_CHECKING
+
 from tokenizers import Tokenizer as BackendTokenizer
 from tokenizers import decoders, models, pre_tokenizers, trainers
 
 from nodes.engines.model_config import LlamaConfig, weight_shapes
 from nodes.engines.tokenizer import Tokenizer
+
+if TYPE_CHECKING:   # imported where weights are drawn: the tokenizer alone needs no torch
+    import torch
 
 SPECIAL_TOKENS = ("<|endoftext|>", "<|im_start|>", "<|im_end|>")
 BOS_TOKEN_ID = 1
@@ -57,6 +61,8 @@ def tiny_tokenizer(vocab_size: int) -> Tokenizer:
 
 
 def random_llama_weights(config: LlamaConfig, seed: int, dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    import torch
+
     generator = torch.Generator().manual_seed(seed)
     weights = {}
     for name, shape in weight_shapes(config).items():

@@ -43,12 +43,14 @@ class ModelInfo:
 
 
 def load_model_info(spec: str, model_dir: str | None = None) -> ModelInfo:
+    """The tokenizer and context length of `spec`, without torch or the weights (a converted
+    folder is read as is; only a first start converts a GGUF, which does need torch)."""
     from nodes.engines import model_loader
     from nodes.engines.tokenizer import Tokenizer
 
     if spec == model_loader.TINY_SPEC:
-        model = model_loader.build_tiny_model()
-        return ModelInfo(model.tokenizer, model.config.max_position_embeddings)
+        from nodes.engines.tiny import tiny_tokenizer
+        return ModelInfo(tiny_tokenizer(model_loader.TINY_VOCAB_SIZE), model_loader.TINY_MAX_POSITIONS)
     folder = model_loader.prepare_model(spec, model_dir=model_dir)
     config = json.loads((folder / "config.json").read_text())
     return ModelInfo(Tokenizer.from_folder(folder), int(config.get("max_position_embeddings", 2048)))
