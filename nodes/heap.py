@@ -4,14 +4,16 @@ glibc keeps what a burst freed (KV of finished requests, batch temporaries, fail
 in its arenas, so a node's resident size stays at its peak and a leak check cannot tell retention
 from a leak. `HeapTrimmer.on_iteration(busy, now)` is called once per node-loop iteration; after
 `idle_after_s` without work, and only if some work ran since the last trim, it calls glibc's
-`malloc_trim(0)` (which also returns free pages inside the arenas). Off the hot path by design: a
-busy node never trims. Elsewhere than glibc it does nothing.
+`malloc_trim(0)` (which also returns free pages inside the arenas) and returns how long that took
+(None when it did not trim). Off the hot path by design: a busy node never trims. Elsewhere than
+glibc it does nothing.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import time
 from collections.abc import Callable
 
 IDLE_AFTER_S = 0.2
@@ -38,13 +40,16 @@ class HeapTrimmer:
         self._worked_since_trim = False
         self.num_trims = 0
 
-    def on_iteration(self, busy: bool, now: float) -> None:
+    def on_iteration(self, busy: bool, now: float) -> float | None:
         if busy:
             self._idle_since, self._worked_since_trim = None, True
-            return
+            return None
         if self._idle_since is None:
             self._idle_since = now
-        if self._worked_since_trim and now - self._idle_since >= self.idle_after_s and self._trim is not None:
-            self._trim()
-            self._worked_since_trim = False
-            self.num_trims += 1
+        if not (self._worked_since_trim and now - self._idle_since >= self.idle_after_s and self._trim is not None):
+            return None
+        started = time.perf_counter()
+        self._trim()
+        self._worked_since_trim = False
+        self.num_trims += 1
+        return time.perf_counter() - started

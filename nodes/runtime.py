@@ -108,7 +108,8 @@ class NodeLoop:
             for work in self.works:
                 busy = work.work(now) or busy
             self._publish_capacity(now)
-            self.heap.on_iteration(busy, now)
+            if (trim_s := self.heap.on_iteration(busy, now)) is not None:
+                self.log.info("heap_trimmed", ms=round(trim_s * 1000, 2))
             self._take_inputs(0.0 if busy else self._idle_timeout(now))
 
     def _idle_timeout(self, now: float) -> float:
