@@ -7,6 +7,11 @@ take and return contiguous bf16 torch tensors of `rows` tokens:
 `qkv(layer, x)` = RMSNorm + fused q/k/v projection, `decode_attention(...)` = RoPE + KV write +
 attention of pure decode steps (after `set_rope(cos, sin)`), `attn_out(layer, attn, residual)` = residual +
 o-projection, `mlp(layer, x)` = x + SwiGLU(RMSNorm(x)), `logits(x)` = final RMSNorm + LM head.
+What `qkv`, `decode_attention` and `logits` return is a buffer reused by the next call of the same
+method with as many rows (a step consumes each before the next layer asks again; copy to keep one);
+`attn_out` and `mlp` add into their residual in place and return it (the residual stream is one
+tensor through all layers). A step of few rows is short (tens of us a layer), so allocating its
+outputs and re-viewing tensors as numpy on every call cost a measurable share of it.
 `LlamaRunner` takes this path for steps of at most `MAX_ROWS` tokens (decode steps), where it runs
 2-3x faster than oneDNN's packed GEMMs; larger steps keep oneDNN's AMX kernels. The weights are a
 second copy beside oneDNN's packed (blocked-layout) ones: 2x the weight memory, 538 MB for SmolLM2.
@@ -55,6 +60,8 @@ class Bf16Gemv:
                 gate=bits(get(f"{p}.mlp.gate_proj.weight")), up=bits(get(f"{p}.mlp.up_proj.weight")),
                 down=bits(get(f"{p}.mlp.down_proj.weight"))))
         self.norm = bits(get("model.norm.weight"))
+        self._buffers: dict[tuple[str, int, int], tuple[torch.Tensor, np.ndarray]] = {}
+        self._views: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
         self.head = bits(get("model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"))
 
     @classmethod
@@ -67,15 +74,29 @@ class Bf16Gemv:
             return None
         return cls(config, get)
 
-    @staticmethod
-    def _new(rows: int, width: int) -> tuple[torch.Tensor, np.ndarray]:
-        out = torch.empty(rows, width, dtype=torch.bfloat16)
-        return out, bits(out)
+    def _out(self, role: str, rows: int, width: int) -> tuple[torch.Tensor, np.ndarray]:
+        key = (role, rows, width)
+        buffer = self._buffers.get(key)
+        if buffer is None:
+            out = torch.empty(rows, width, dtype=torch.bfloat16)
+            buffer = self._buffers[key] = (out, bits(out))
+        return buffer
+
+    def _bits(self, tensor: torch.Tensor) -> np.ndarray:
+        """`bits(tensor)`, remembered for small tensors seen before (the residual, this object's
+        buffers); a remembered view keeps its tensor alive, so a reused address is never stale."""
+        key = (tensor.data_ptr(), tuple(tensor.shape))
+        view = self._views.get(key)
+        if view is None:
+            if len(self._views) > 64:   # a new residual per step: keep the cache small
+                self._views.clear()
+            view = self._views[key] = bits(tensor)
+        return view
 
     def qkv(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         w = self.layers[layer]
-        out, out_bits = self._new(x.shape[0], w.qkv.shape[0])
-        kernels.norm_linear(bits(x), w.input_norm, self.eps, w.qkv, out_bits)
+        out, out_bits = self._out("qkv", x.shape[0], w.qkv.shape[0])
+        kernels.norm_linear(self._bits(x), w.input_norm, self.eps, w.qkv, out_bits)
         return out
 
     def set_rope(self, cos: torch.Tensor, signed_sin: torch.Tensor) -> None:
@@ -86,27 +107,29 @@ class Bf16Gemv:
                          cache: torch.Tensor, num_heads: int) -> torch.Tensor:
         """RoPE, KV write and attention for one decode token per row of `qkv` (see the kernel)."""
         assert cache.is_contiguous(), "the kernel writes KV into the cache in place"
-        out, out_bits = self._new(qkv.shape[0], num_heads * cache.shape[5])
-        kernels.decode_attention(bits(qkv), self.cos, self.sin, positions.numpy(), slots.numpy(), bits(cache),
-                                 layer, num_heads, out_bits)
+        out, out_bits = self._out("attn", qkv.shape[0], num_heads * cache.shape[5])
+        kernels.decode_attention(self._bits(qkv), self.cos, self.sin, positions.numpy(), slots.numpy(),
+                                 bits(cache), layer, num_heads, out_bits)   # not remembered: a view
+        # would keep a released slot cache alive
         return out
 
     def attn_out(self, layer: int, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
+        """residual += o(attn), in place (the kernel reads each residual value before writing it)."""
         w = self.layers[layer]
-        out, out_bits = self._new(residual.shape[0], w.o.shape[0])
-        kernels.linear_add(bits(attn), w.o, bits(residual), out_bits)
-        return out
+        residual_bits = self._bits(residual)
+        kernels.linear_add(self._bits(attn), w.o, residual_bits, residual_bits)
+        return residual
 
     def mlp(self, layer: int, x: torch.Tensor) -> torch.Tensor:
+        """x += SwiGLU(RMSNorm(x)), in place."""
         w = self.layers[layer]
-        x_bits = bits(x)
-        gated, gated_bits = self._new(x.shape[0], w.gate.shape[0])
+        x_bits = self._bits(x)
+        gated, gated_bits = self._out("gated", x.shape[0], w.gate.shape[0])
         kernels.norm_swiglu(x_bits, w.post_norm, self.eps, w.gate, w.up, gated_bits)
-        out, out_bits = self._new(x.shape[0], w.down.shape[0])
-        kernels.linear_add(gated_bits, w.down, x_bits, out_bits)
-        return out
+        kernels.linear_add(gated_bits, w.down, x_bits, x_bits)
+        return x
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        out, out_bits = self._new(x.shape[0], self.head.shape[0])
-        kernels.norm_linear(bits(x), self.norm, self.eps, self.head, out_bits)
+        out, out_bits = self._out("logits", x.shape[0], self.head.shape[0])
+        kernels.norm_linear(self._bits(x), self.norm, self.eps, self.head, out_bits)
         return out

@@ -164,27 +164,44 @@ if AVAILABLE:
                 for d in range(head_dim):
                     cache[layer, slot, 0, g, pos, d] = _bf16_bits(q[num_heads + g, d])
                     cache[layer, slot, 1, g, pos, d] = qkv[m, v_base + g * head_dim + d]
+            # GQA: the query heads sharing a KV head go through its keys and values together, so
+            # each K and V row is read (and widened to float32) once instead of once per head.
             num_keys = pos + 1
-            scores = np.empty(num_keys, np.float32)
-            acc = np.empty(head_dim, np.float32)
-            for h in range(num_heads):
-                g = h // group
-                top = np.float32(-np.inf)
+            scores = np.empty((group, num_keys), np.float32)
+            totals = np.empty(group, np.float32)
+            acc = np.empty((group, head_dim), np.float32)
+            row = np.empty(head_dim, np.float32)
+            for g in range(num_kv_heads):
+                first = g * group
                 for j in range(num_keys):
-                    dot = np.float32(0.0)
                     for d in range(head_dim):
-                        dot += q[h, d] * _to_f32(cache[layer, slot, 0, g, j, d])
-                    scores[j] = dot * scale
-                    top = max(top, scores[j])
-                total = np.float32(0.0)
-                acc[:] = 0.0
+                        row[d] = _to_f32(cache[layer, slot, 0, g, j, d])
+                    for i in range(group):
+                        dot = np.float32(0.0)
+                        for d in range(head_dim):
+                            dot += q[first + i, d] * row[d]
+                        scores[i, j] = dot * scale
+                for i in range(group):
+                    top = np.float32(-np.inf)
+                    for j in range(num_keys):
+                        top = max(top, scores[i, j])
+                    total = np.float32(0.0)
+                    for j in range(num_keys):
+                        weight = np.exp(scores[i, j] - top)
+                        scores[i, j] = weight
+                        total += weight
+                    totals[i] = total
+                acc[:, :] = 0.0
                 for j in range(num_keys):
-                    weight = np.exp(scores[j] - top)
-                    total += weight
                     for d in range(head_dim):
-                        acc[d] += weight * _to_f32(cache[layer, slot, 1, g, j, d])
-                for d in range(head_dim):
-                    out[m, h * head_dim + d] = _bf16_bits(acc[d] / total)
+                        row[d] = _to_f32(cache[layer, slot, 1, g, j, d])
+                    for i in range(group):
+                        weight = scores[i, j]
+                        for d in range(head_dim):
+                            acc[i, d] += weight * row[d]
+                for i in range(group):
+                    for d in range(head_dim):
+                        out[m, (first + i) * head_dim + d] = _bf16_bits(acc[i, d] / totals[i])
 
 
 def warmup() -> None:

@@ -74,6 +74,24 @@ def test_decode_attention_kernel_matches_sdpa_and_writes_the_same_kv(tiny_model,
     assert torch.equal(caches[0][untouched], cache[untouched])   # only each row's own position written
 
 
+def test_consecutive_steps_reuse_buffers_without_corrupting_results(tiny_model):
+    """Reused output buffers and the in-place residual: step after step the results still match
+    the oneDNN path, and what an earlier step returned is not overwritten by a later one."""
+    fast, plain = runners(tiny_model)
+    c = tiny_model.config
+    cache = (torch.randn(c.num_layers, 2, 2, c.num_kv_heads, 40, c.head_dim) * 0.5).to(torch.bfloat16)
+    caches, returned = [cache.clone(), cache.clone()], []
+    for step, positions in enumerate(([9, 20], [10, 21], [11, 22])):
+        fast_logits = fast.forward(decode_batch(caches[0], positions, [0, 1]))
+        plain_logits = plain.forward(decode_batch(caches[1], positions, [0, 1]))
+        assert_bf16_close(fast_logits, plain_logits)
+        returned.append((fast_logits, fast_logits.clone()))
+        one = fast.forward(decode_batch(caches[0].clone(), [5 + step], [0]))   # another row count between
+        assert one.shape == (1, c.vocab_size)
+    assert_bf16_close(caches[0], caches[1])
+    assert all(torch.equal(kept, copy) for kept, copy in returned)
+
+
 def test_without_numba_or_with_a_failing_compiler_the_runner_keeps_onednn(tiny_model, monkeypatch):
     monkeypatch.setattr(bf16_kernels, "AVAILABLE", False)
     assert LlamaRunner(tiny_model.config, tiny_model.weights, dtype=torch.bfloat16).gemv is None
