@@ -144,6 +144,7 @@ class BrokerCore(RouteTable):
                                       len(ready.inflight)))
         self.policy.on_join(new)
         self.send(new, list(_HEARTBEAT), now)   # acknowledges the registration
+        self.release_directs(new, now)
         if self.queue.by_id:
             self.dispatch_queued(now)
 
@@ -208,6 +209,8 @@ class BrokerCore(RouteTable):
             elif probing or node.timers.heartbeat_due(now, config):
                 self.send(node, list(_HEARTBEAT), now)
         self.expire_orphans(now)
+        if self.held_directs:
+            self.expire_directs(now)
         if self.queue.by_id:
             # Capacity also frees without a CAPACITY report (streams end): retry every tick.
             self.dispatch_queued(now)

@@ -9,7 +9,8 @@ After a broker restart, routes are rebuilt from READY.inflight (server side) and
 (client side); a route whose other end does not re-register within `orphan_grace_s` fails with
 ERROR `request_lost` / CANCEL `client_lost`. Replies to a route whose server re-registered first
 are held (at most `MAX_HELD_REPLIES`) and forwarded when its client re-registers, so a stream
-loses nothing in between.
+loses nothing in between. A DIRECT for a node id not registered is held for `orphan_grace_s` too
+(`bus.broker_directs`) and forwarded if that node registers, else answered `unknown_node`.
 A request the policy defers (`bus.routing.Defer`) waits in `queue` (`bus.broker_queue`) with no
 route yet; `dispatch_queued(now)` offers the queues' heads again and `expire_queued(now)` answers
 the requests that waited too long with ERROR `overloaded`. A client's CANCEL or departure just
@@ -22,6 +23,7 @@ from typing import TYPE_CHECKING
 
 from bus import codec
 from bus import constants as c
+from bus.broker_directs import HeldDirects
 from bus.broker_queue import Deferred, DeferredQueue
 from bus.codec import ProtocolError
 from bus.constants import CancelReason, Command, ErrorCode
@@ -58,6 +60,7 @@ class RouteTable:
         self.orphans: dict[bytes, Route] = {}
         self.orphan_grace_s = orphan_grace_s
         self.queue = DeferredQueue()
+        self.held_directs = HeldDirects(orphan_grace_s)
 
     # -- the hot path --------------------------------------------------------------------
 
@@ -139,6 +142,11 @@ class RouteTable:
         peer = _raw(frames[1]).decode(errors="replace")
         target = self.nodes_by_id.get(peer)
         if target is None:
+            # Maybe not back yet (broker restart, a brief link loss): forwarded if it registers
+            # within the grace (bus.broker_directs), answered `unknown_node` otherwise.
+            if self.held_directs.hold(peer, node.identity, [frames[0], node.node_id_frame, *frames[2:]], now):
+                self.metrics["held.direct"] += 1
+                return
             self.metrics["rejected.unknown_node"] += 1
             self.send_error(node.identity, "", ErrorCode.UNKNOWN_NODE, f"no node {peer!r}", peer=peer)
             return
@@ -302,6 +310,18 @@ class RouteTable:
             route.server.timers.last_sent = now
             cancel = Cancel(route.request_id.decode(errors="replace"), CancelReason.CLIENT_LOST)
             self.outbox.append([route.server.identity, *codec.encode(cancel)])
+
+    def release_directs(self, node: Node, now: float) -> None:
+        """DIRECTs held for `node`'s id go to it now that it is registered."""
+        for frames in self.held_directs.release(node.node_id):
+            node.timers.last_sent = now
+            self.outbox.append([node.identity, *frames])
+            self.metrics["routed.direct"] += 1
+
+    def expire_directs(self, now: float) -> None:
+        for sender, peer in self.held_directs.expire(now):
+            self.metrics["rejected.unknown_node"] += 1
+            self.send_error(sender, "", ErrorCode.UNKNOWN_NODE, f"no node {peer!r}", peer=peer)
 
     def expire_orphans(self, now: float) -> None:
         for route in list(self.orphans.values()):

@@ -13,12 +13,13 @@ Contract for the shell (bus.endpoint):
 Liveness (6/PPP, improved): any message from the broker counts as life; HEARTBEAT only after an
 idle interval; broker silent for interval*liveness -> LinkDown, new socket, READY again (with the
 requests in flight), each new attempt after a jittered, doubling, capped back-off.
-Replies survive a broker restart: the replies we sent (PARTIAL, FINAL, ERROR) stay in a short
-`sent_replies` window; at LinkDown those sent from one heartbeat interval before we last heard
+Replies survive a broker restart: the replies we sent (PARTIAL, FINAL, ERROR) and our DIRECTs
+stay in a short `sent_replies` window; at LinkDown those sent from one heartbeat interval before we last heard
 from the broker on are kept, and after the next registration they go out again before the
 backlog (READY.inflight names their requests, so the broker routes them). A broker that died
 with them queued, or a new broker that refused them before we re-registered, loses nothing;
-the client's stream drops the copies it already has (sequence numbers).
+the client's stream drops the copies it already has (sequence numbers); a DIRECT's receiver must
+treat a copy as a no-op (the broker holds a DIRECT for a peer not yet back, bus.broker_directs).
 """
 
 from __future__ import annotations
@@ -74,7 +75,7 @@ class EndpointCore:
         self.streams: dict[str, int] = {}    # request id we sent -> next seq we expect
         self.backlog: deque[list] = deque(maxlen=max_backlog)
         self.sent_replies: deque[tuple[float, str, list]] = deque()   # (sent at, request id, frames)
-        self.replay: list[tuple[str, list]] = []   # replies to send again after re-registering
+        self.replay: list[tuple[str | None, list]] = []   # replies (and DIRECTs: None) to send again
         self.outbox: list[list] = []
         self.events: list[Any] = []
         self.metrics: Counter[str] = Counter()
@@ -91,7 +92,7 @@ class EndpointCore:
         self._send_now(codec.encode(self.ready_message()), now)
 
     def ready_message(self) -> Ready:
-        inflight = dict.fromkeys([*self.serving, *(request_id for request_id, _ in self.replay)])
+        inflight = dict.fromkeys([*self.serving, *(request_id for request_id, _ in self.replay if request_id)])
         return Ready(role=self.role, node_id=self.node_id, capacity=dict(self.capacity),
                      data_endpoint=self.data_endpoint, inflight=tuple(inflight),
                      pending=tuple(self.streams))
@@ -228,7 +229,9 @@ class EndpointCore:
         return True
 
     def direct(self, message: Direct, now: float) -> None:
-        self._send_app(codec.encode(message), now)
+        # Kept in the replay window like a reply: a DIRECT the old broker never forwarded (a
+        # prefill node's kv_ready) goes out again after re-registering; receivers ignore copies.
+        self._send_reply(None, codec.encode(message), now)
 
     def cancel(self, request_id: str, now: float) -> None:
         if self.streams.pop(request_id, None) is not None:
@@ -245,7 +248,7 @@ class EndpointCore:
         self.timers.last_sent = now
         self.outbox.append(frames)
 
-    def _send_reply(self, request_id: str, frames: list, now: float) -> None:
+    def _send_reply(self, request_id: str | None, frames: list, now: float) -> None:
         if self.registered:   # the backlog keeps the rest until it is sent
             window = self.sent_replies
             while window and window[0][0] < now - self.heartbeat.expiry_s - self.heartbeat.interval_s:

@@ -132,6 +132,21 @@ def test_replies_the_old_broker_may_have_lost_go_out_again_after_reregistering(u
     assert up.metrics["replies.replayed"] == 2 and not up.replay and not up.sent_replies
 
 
+def test_a_direct_the_dying_broker_may_have_dropped_is_sent_again(up, clock):
+    """A prefill node's kv_ready sent as the broker died: without it the decode node never starts."""
+    receive(up, Heartbeat(), clock.now)             # last heard from the old broker
+    up.direct(Direct("d2", {"type": "kv_ready"}), clock.now)
+    up.take_outbox()
+    clock.advance(0.1)
+    receive(up, Disconnect(c.DisconnectReason.NOT_REGISTERED), clock.now)   # the new broker
+    assert up.tick(clock.now)
+    up.on_socket_opened(clock.now)
+    (ready,) = decoded(up)
+    assert ready.inflight == ()                     # a DIRECT names no request
+    receive(up, Heartbeat(), clock.now)
+    assert decoded(up) == [Direct("d2", {"type": "kv_ready"})]
+
+
 def test_a_silent_broker_also_gets_the_recent_replies_again(up, clock):
     receive(up, Request("decode", "r1", None, (), "g1"), clock.now)
     up.reply("r1", {"t": 0}, (), False, clock.now)

@@ -1,0 +1,58 @@
+"""DIRECT messages for a node that is not registered (yet), held for a short grace.
+
+Why: after a broker restart, or a node's brief link loss, the sender may re-register and resend a
+DIRECT before its peer is back (a prefill node's `kv_ready` to its decode node: without it the
+decode node never starts the stream). Holding it until the peer registers turns that race into
+a short delay instead of a stalled request.
+
+Contract (plain data, no sockets): `HeldDirects(grace_s, max_held)`;
+`hold(peer, sender_identity, frames, now) -> bool` keeps a copy of the frames to forward (False
+when `max_held` are already held: the caller refuses as it would without holding);
+`release(peer) -> list[frames]` when `peer` registers, in the order they came;
+`expire(now) -> list[(sender_identity, peer)]`: those held past `grace_s`, which the caller answers
+with ERROR `unknown_node` as it did before (the sender learns the peer is gone).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+from dataclasses import dataclass
+
+
+@dataclass(slots=True)
+class _Held:
+    peer: str
+    sender: bytes
+    frames: list
+    until: float
+
+
+class HeldDirects:
+    def __init__(self, grace_s: float, max_held: int = 1024) -> None:
+        self.grace_s = grace_s
+        self.max_held = max_held
+        self._held: deque[_Held] = deque()   # in arrival order, so expiry pops from the left
+
+    def __len__(self) -> int:
+        return len(self._held)
+
+    def hold(self, peer: str, sender: bytes, frames: list, now: float) -> bool:
+        if len(self._held) >= self.max_held:
+            return False
+        self._held.append(_Held(peer, sender, [bytes(f) for f in frames], now + self.grace_s))
+        return True
+
+    def release(self, peer: str) -> list[list]:
+        if not self._held:
+            return []
+        mine = [h.frames for h in self._held if h.peer == peer]
+        if mine:
+            self._held = deque(h for h in self._held if h.peer != peer)
+        return mine
+
+    def expire(self, now: float) -> list[tuple[bytes, str]]:
+        expired = []
+        while self._held and self._held[0].until <= now:
+            held = self._held.popleft()
+            expired.append((held.sender, held.peer))
+        return expired
