@@ -11,12 +11,22 @@ when `max_held` are already held: the caller refuses as it would without holding
 `release(peer) -> list[frames]` when `peer` registers, in the order they came;
 `expire(now) -> list[(sender_identity, peer)]`: those held past `grace_s`, which the caller answers
 with ERROR `unknown_node` as it did before (the sender learns the peer is gone).
+`DirectRoutes` is the DIRECT half of the broker's routing, a base of `bus.broker_routes.RouteTable`
+sharing its tables and output: `on_direct`, `release_directs(node, now)` on a registration,
+`expire_directs(now)` on a tick.
 """
 
 from __future__ import annotations
 
-from collections import deque
+from collections import Counter, deque
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+from bus.constants import Command, ErrorCode
+
+if TYPE_CHECKING:
+    from bus.registry import Node
 
 
 @dataclass(slots=True)
@@ -56,3 +66,43 @@ class HeldDirects:
             held = self._held.popleft()
             expired.append((held.sender, held.peer))
         return expired
+
+
+def _raw(frame) -> bytes:
+    return frame if type(frame) is bytes else bytes(frame)
+
+
+class DirectRoutes:
+    outbox: list[list]
+    metrics: Counter[str]
+    nodes_by_id: dict[str, Node]
+    send_error: Callable[..., None]
+    held_directs: HeldDirects
+
+    def on_direct(self, node: Node, command: Command, frames: list, now: float) -> None:
+        peer = _raw(frames[1]).decode(errors="replace")
+        target = self.nodes_by_id.get(peer)
+        if target is None:
+            # Maybe not back yet (broker restart, a brief link loss): forwarded if it registers
+            # within the grace (bus.broker_directs), answered `unknown_node` otherwise.
+            if self.held_directs.hold(peer, node.identity, [frames[0], node.node_id_frame, *frames[2:]], now):
+                self.metrics["held.direct"] += 1
+                return
+            self.metrics["rejected.unknown_node"] += 1
+            self.send_error(node.identity, "", ErrorCode.UNKNOWN_NODE, f"no node {peer!r}", peer=peer)
+            return
+        target.timers.last_sent = now
+        self.outbox.append([target.identity, frames[0], node.node_id_frame, *frames[2:]])
+        self.metrics["routed.direct"] += 1
+
+    def release_directs(self, node: Node, now: float) -> None:
+        """DIRECTs held for `node`'s id go to it now that it is registered."""
+        for frames in self.held_directs.release(node.node_id):
+            node.timers.last_sent = now
+            self.outbox.append([node.identity, *frames])
+            self.metrics["routed.direct"] += 1
+
+    def expire_directs(self, now: float) -> None:
+        for sender, peer in self.held_directs.expire(now):
+            self.metrics["rejected.unknown_node"] += 1
+            self.send_error(sender, "", ErrorCode.UNKNOWN_NODE, f"no node {peer!r}", peer=peer)

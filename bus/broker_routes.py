@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from bus import codec
 from bus import constants as c
-from bus.broker_directs import HeldDirects
+from bus.broker_directs import DirectRoutes, HeldDirects
 from bus.broker_queue import Deferred, DeferredQueue
 from bus.codec import ProtocolError
 from bus.constants import CancelReason, Command, ErrorCode
@@ -47,7 +47,7 @@ def _raw(frame) -> bytes:
     return frame if type(frame) is bytes else bytes(frame)
 
 
-class RouteTable:
+class RouteTable(DirectRoutes):
     outbox: list[list]
     metrics: Counter[str]
     policy: RoutingPolicy
@@ -137,22 +137,6 @@ class RouteTable:
         route.client.timers.last_sent = now
         self.outbox.append([route.client.identity, *frames])
         self.metrics["routed.reply"] += 1
-
-    def on_direct(self, node: Node, command: Command, frames: list, now: float) -> None:
-        peer = _raw(frames[1]).decode(errors="replace")
-        target = self.nodes_by_id.get(peer)
-        if target is None:
-            # Maybe not back yet (broker restart, a brief link loss): forwarded if it registers
-            # within the grace (bus.broker_directs), answered `unknown_node` otherwise.
-            if self.held_directs.hold(peer, node.identity, [frames[0], node.node_id_frame, *frames[2:]], now):
-                self.metrics["held.direct"] += 1
-                return
-            self.metrics["rejected.unknown_node"] += 1
-            self.send_error(node.identity, "", ErrorCode.UNKNOWN_NODE, f"no node {peer!r}", peer=peer)
-            return
-        target.timers.last_sent = now
-        self.outbox.append([target.identity, frames[0], node.node_id_frame, *frames[2:]])
-        self.metrics["routed.direct"] += 1
 
     def on_cancel(self, node: Node, command: Command, frames: list, now: float) -> None:
         route = self.routes.get(_raw(frames[1]))
@@ -310,18 +294,6 @@ class RouteTable:
             route.server.timers.last_sent = now
             cancel = Cancel(route.request_id.decode(errors="replace"), CancelReason.CLIENT_LOST)
             self.outbox.append([route.server.identity, *codec.encode(cancel)])
-
-    def release_directs(self, node: Node, now: float) -> None:
-        """DIRECTs held for `node`'s id go to it now that it is registered."""
-        for frames in self.held_directs.release(node.node_id):
-            node.timers.last_sent = now
-            self.outbox.append([node.identity, *frames])
-            self.metrics["routed.direct"] += 1
-
-    def expire_directs(self, now: float) -> None:
-        for sender, peer in self.held_directs.expire(now):
-            self.metrics["rejected.unknown_node"] += 1
-            self.send_error(sender, "", ErrorCode.UNKNOWN_NODE, f"no node {peer!r}", peer=peer)
 
     def expire_orphans(self, now: float) -> None:
         for route in list(self.orphans.values()):

@@ -26,7 +26,6 @@ from typing import Any
 from harness.chaos.drivers import StreamRecord
 from harness.chaos.passes import FaultEvent
 
-
 TRANSFER_ENDS = ("kv_received", "kv_receive_failed")   # the KV receiver's log of every finished transfer
 
 
