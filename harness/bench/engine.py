@@ -156,7 +156,9 @@ def hf_decode_seconds(model, batch: int, num_steps: int) -> float:
     times = []
     for step in range(num_steps + 2):
         t0 = time.perf_counter()
-        out = model(input_ids=ids, cache=cache, use_cache=True,
+        # `past_key_values`: an unknown keyword (`cache=`) is swallowed by **kwargs, and the step
+        # then runs without its context (how the runs before 2026-12-01 01:20 UTC measured it).
+        out = model(input_ids=ids, past_key_values=cache, use_cache=True,
                     position_ids=torch.full((batch, 1), CONTEXT + step))
         ids = out.logits[:, -1].argmax(-1, keepdim=True)
         times.append(time.perf_counter() - t0)

@@ -22,3 +22,23 @@ def test_the_summary_shows_chunked_beside_whole(capsys):
                          "decode": {1: decode}})
     out = capsys.readouterr().out
     assert "| 512 | 1000 | 800 | 1.25x | 700 | 1.43x | 2000 | 50% | 900 | 0.90x |" in out
+
+
+def test_the_transformers_decode_baseline_attends_over_its_context():
+    """The baseline must decode against CONTEXT cached tokens, as the engine does."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=40_000, hidden_size=32, intermediate_size=64, num_hidden_layers=2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=1024)
+    model = LlamaForCausalLM(config).eval()
+    seen = []
+    forward = model.forward
+
+    def spy(*args, **kwargs):
+        cache = kwargs.get("past_key_values")
+        seen.append(None if cache is None else cache.get_seq_length())
+        return forward(*args, **kwargs)
+    model.forward = spy
+    bench.hf_decode_seconds(model, batch=2, num_steps=2)
+    assert seen[0] == bench.CONTEXT and seen[-1] == bench.CONTEXT + len(seen) - 1
+    assert all(isinstance(n, int) for n in seen)
