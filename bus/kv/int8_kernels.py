@@ -187,24 +187,28 @@ def encode_bf16_rows(rows: np.ndarray, codes: np.ndarray, params: np.ndarray, wo
     return bool(_encode_bf16(rows, codes, params, *work.args(), work.row, work.row.view(np.uint32)))
 
 
+@_inline
+def _row_params(codes, params, p, t, word, bits):  # pragma: no cover - runs compiled
+    """(lo, step) of row (p, t): its float16 lo and hi from the params' two halves."""
+    row, num_rows = p * codes.shape[1] + t, codes.shape[0] * codes.shape[1]
+    low = _float16_value(params[row], word, bits)
+    return low, (_float16_value(params[num_rows + row], word, bits) - low) / np.float32(255.0)
+
+
 @_njit
 def _decode_f32(codes, params, out, word, bits):  # pragma: no cover - runs compiled
-    num_tokens, num_rows = codes.shape[1], codes.shape[0] * codes.shape[1]
     for p in range(codes.shape[0]):
-        for t in range(num_tokens):
-            low = _float16_value(params[p * num_tokens + t], word, bits)
-            step = (_float16_value(params[num_rows + p * num_tokens + t], word, bits) - low) / np.float32(255.0)
+        for t in range(codes.shape[1]):
+            low, step = _row_params(codes, params, p, t, word, bits)
             for j in range(codes.shape[2]):
                 out[p, t, j] = np.float32(codes[p, t, j]) * step + low
 
 
 @_njit
 def _decode_bf16(codes, params, out, word, bits, row, row_bits):  # pragma: no cover - runs compiled
-    num_tokens, num_rows = codes.shape[1], codes.shape[0] * codes.shape[1]
     for p in range(codes.shape[0]):
-        for t in range(num_tokens):
-            low = _float16_value(params[p * num_tokens + t], word, bits)
-            step = (_float16_value(params[num_rows + p * num_tokens + t], word, bits) - low) / np.float32(255.0)
+        for t in range(codes.shape[1]):
+            low, step = _row_params(codes, params, p, t, word, bits)
             for j in range(codes.shape[2]):
                 row[0, j] = np.float32(codes[p, t, j]) * step + low
             for j in range(codes.shape[2]):   # to bfloat16: round to nearest even (finite values)
