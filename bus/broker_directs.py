@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from bus.codec import raw_bytes
 from bus.constants import Command, ErrorCode
 
 if TYPE_CHECKING:
@@ -68,10 +69,6 @@ class HeldDirects:
         return expired
 
 
-def _raw(frame) -> bytes:
-    return frame if type(frame) is bytes else bytes(frame)
-
-
 class DirectRoutes:
     outbox: list[list]
     metrics: Counter[str]
@@ -80,20 +77,20 @@ class DirectRoutes:
     held_directs: HeldDirects
 
     def on_direct(self, node: Node, command: Command, frames: list, now: float) -> None:
-        peer = _raw(frames[1]).decode(errors="replace")
+        peer = raw_bytes(frames[1]).decode(errors="replace")
+        delivered = [frames[0], node.node_id_frame, *frames[2:]]   # `peer` becomes the sender's id
         target = self.nodes_by_id.get(peer)
-        if target is None:
+        if target is not None:
+            target.timers.last_sent = now
+            self.outbox.append([target.identity, *delivered])
+            self.metrics["routed.direct"] += 1
+        elif self.held_directs.hold(peer, node.identity, delivered, now):
             # Maybe not back yet (broker restart, a brief link loss): forwarded if it registers
-            # within the grace (bus.broker_directs), answered `unknown_node` otherwise.
-            if self.held_directs.hold(peer, node.identity, [frames[0], node.node_id_frame, *frames[2:]], now):
-                self.metrics["held.direct"] += 1
-                return
+            # within the grace, answered `unknown_node` otherwise.
+            self.metrics["held.direct"] += 1
+        else:
             self.metrics["rejected.unknown_node"] += 1
             self.send_error(node.identity, "", ErrorCode.UNKNOWN_NODE, f"no node {peer!r}", peer=peer)
-            return
-        target.timers.last_sent = now
-        self.outbox.append([target.identity, frames[0], node.node_id_frame, *frames[2:]])
-        self.metrics["routed.direct"] += 1
 
     def release_directs(self, node: Node, now: float) -> None:
         """DIRECTs held for `node`'s id go to it now that it is registered."""

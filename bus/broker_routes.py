@@ -25,7 +25,7 @@ from bus import codec
 from bus import constants as c
 from bus.broker_directs import DirectRoutes, HeldDirects
 from bus.broker_queue import Deferred, DeferredQueue
-from bus.codec import ProtocolError
+from bus.codec import ProtocolError, raw_bytes
 from bus.constants import CancelReason, Command, ErrorCode
 from bus.messages import Cancel, Final, Ready
 from bus.registry import Node, Route
@@ -41,10 +41,6 @@ MAX_HELD_REPLIES = 4096   # per route waiting for its client after a broker rest
 
 
 _BROKER_STATS = c.BROKER_STATS_SERVICE.encode()
-
-
-def _raw(frame) -> bytes:
-    return frame if type(frame) is bytes else bytes(frame)
 
 
 class RouteTable(DirectRoutes):
@@ -65,7 +61,7 @@ class RouteTable(DirectRoutes):
     # -- the hot path --------------------------------------------------------------------
 
     def on_request(self, node: Node, command: Command, frames: list, now: float) -> None:
-        request_id = _raw(frames[2])
+        request_id = raw_bytes(frames[2])
         if not 0 < len(request_id) <= c.MAX_ID_BYTES:
             self.metrics["dropped.malformed"] += 1
             self.send_error(node.identity, "", ErrorCode.MALFORMED, "request_id must be 1..128 bytes")
@@ -73,7 +69,7 @@ class RouteTable(DirectRoutes):
         if request_id in self.routes or request_id in self.queue.by_id:
             self._refuse(node, request_id, ErrorCode.DUPLICATE_REQUEST, "request id already in flight")
             return
-        service = _raw(frames[1])
+        service = raw_bytes(frames[1])
         if service == _BROKER_STATS:
             self.metrics["answered.stats"] += 1
             self.send(node, codec.encode(Final(request_id.decode(errors="replace"), 0, self.stats())), now)
@@ -94,7 +90,7 @@ class RouteTable(DirectRoutes):
         candidates = self.by_service.get(service)
         try:
             target = candidates and self.policy.choose(
-                service.decode(errors="replace"), _raw(frames[4]).decode(errors="replace"),
+                service.decode(errors="replace"), raw_bytes(frames[4]).decode(errors="replace"),
                 request_id.decode(errors="replace"), candidates)
         except Refuse as refusal:
             self.metrics[f"rejected.{refusal.code}"] += 1
@@ -122,7 +118,7 @@ class RouteTable(DirectRoutes):
 
     def on_reply(self, node: Node, command: Command, frames: list, now: float) -> None:
         """PARTIAL, FINAL or ERROR from the node serving the request."""
-        route = self.routes.get(_raw(frames[1]))
+        route = self.routes.get(raw_bytes(frames[1]))
         if route is not None and route.server is node and route.client is None and route.request_id in self.orphans:
             self._hold(route, command, frames)
             return
@@ -139,9 +135,9 @@ class RouteTable(DirectRoutes):
         self.metrics["routed.reply"] += 1
 
     def on_cancel(self, node: Node, command: Command, frames: list, now: float) -> None:
-        route = self.routes.get(_raw(frames[1]))
+        route = self.routes.get(raw_bytes(frames[1]))
         if route is None or route.client is not node:
-            queued = self.queue.by_id.get(_raw(frames[1]))
+            queued = self.queue.by_id.get(raw_bytes(frames[1]))
             if queued is not None and queued.client is node:
                 self.queue.remove(queued.request_id)
                 self.metrics["queue.cancelled"] += 1
@@ -158,7 +154,7 @@ class RouteTable(DirectRoutes):
         if len(route.held) >= MAX_HELD_REPLIES:
             self.metrics["dropped.held_overflow"] += 1
             return
-        route.held.append((command, [_raw(f) for f in frames]))   # copies: the frames' buffers are reused
+        route.held.append((command, [raw_bytes(f) for f in frames]))   # copies: the frames' buffers are reused
         self.metrics["held.reply"] += 1
 
     def _release_held(self, route: Route, now: float) -> None:

@@ -65,9 +65,14 @@ def unpack(data: Any) -> Any:
         raise ProtocolError(c.DropReason.MALFORMED, f"body is not msgpack: {exc}") from None
 
 
+def raw_bytes(frame: Any) -> bytes:
+    """A frame's bytes (zmq.Frame, memoryview or bytes), copied only when it is not bytes already."""
+    return frame if type(frame) is bytes else bytes(frame)
+
+
 def parse_header(frame: Any) -> Command:
     """The command byte of a header frame, after checking signature and version."""
-    header = frame if type(frame) is bytes else bytes(frame)
+    header = raw_bytes(frame)
     if len(header) != c.HEADER_SIZE or header[:3] != c.SIGNATURE:
         raise ProtocolError(c.DropReason.MALFORMED, "not a pdbus header")
     if header[3] != c.VERSION:
@@ -87,7 +92,7 @@ def check_frames(command: Command, num_frames: int) -> None:
 
 def text(frame: Any, what: str, *, allow_empty: bool = False) -> str:
     """A short utf-8 routing frame (id, service, key) as str, validated."""
-    raw = frame if type(frame) is bytes else bytes(frame)
+    raw = raw_bytes(frame)
     if len(raw) > c.MAX_ID_BYTES or (not raw and not allow_empty):
         raise ProtocolError(c.DropReason.MALFORMED, f"{what} must be 1..{c.MAX_ID_BYTES} bytes")
     try:
