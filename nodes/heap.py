@@ -7,26 +7,31 @@ from a leak. `HeapTrimmer.on_iteration(busy, now)` is called once per node-loop 
 `malloc_trim(0)` (which also returns free pages inside the arenas) and returns how long that took
 (None when it did not trim). Off the hot path by design: a busy node never trims. Elsewhere than
 glibc it does nothing.
+`freeze_startup_objects()`, called once a process has loaded what it keeps for life (weights,
+tokenizer), moves those objects out of the garbage collector's reach (as vLLM does after loading):
+a gen-2 collection that walked them would hold the GIL the bus heartbeat thread needs.
 """
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import gc
 import time
 from collections.abc import Callable
 
 IDLE_AFTER_S = 0.2
 
 
+def freeze_startup_objects() -> None:
+    gc.collect()
+    gc.freeze()
+
+
 def _glibc_trim() -> Callable[[], None] | None:
-    name = ctypes.util.find_library("c")
     try:
-        libc = ctypes.CDLL(name) if name else None
-        trim = libc.malloc_trim if libc is not None else None
+        trim = ctypes.CDLL(ctypes.util.find_library("c")).malloc_trim
     except (OSError, AttributeError):   # not glibc (musl, macOS): nothing to trim
-        return None
-    if trim is None:
         return None
     trim.argtypes, trim.restype = [ctypes.c_size_t], ctypes.c_int
     return lambda: trim(0)   # ctypes releases the GIL for the call

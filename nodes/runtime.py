@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import gc
 import os
 import signal
 import threading
@@ -35,7 +34,7 @@ import uvloop
 from bus.endpoint import Endpoint
 from bus.log import get_logger
 from bus.messages import Cancel, Direct, Error, Request
-from nodes.heap import HeapTrimmer
+from nodes.heap import HeapTrimmer, freeze_startup_objects
 from nodes.node_settings import NodeSettings
 
 IDLE_POLL_S = 0.1
@@ -196,11 +195,7 @@ def run_node(settings: NodeSettings, make_works: Callable[[LoopThread], list[Wor
             work.publish_capacity = loop.publish_now
     endpoint.core.capacity = loop.current_capacity()   # READY carries it
     log = get_logger("node", node_id=endpoint.node_id, role=settings.role)
-    # The weights and start-up objects live as long as the process: freeze them out of the
-    # collector (as vLLM does after loading), so a gen-2 collection never walks them while holding
-    # the GIL the heartbeat thread needs.
-    gc.collect()
-    gc.freeze()
+    freeze_startup_objects()   # the weights live as long as the process (nodes.heap)
     with endpoint:
         log.info("node_started", data_endpoint=data_endpoint, model=settings.model, curve=bool(settings.security),
                  kv_quant=settings.kv_quant, capacity=endpoint.core.capacity)

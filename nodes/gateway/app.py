@@ -15,7 +15,6 @@ Contract:
 from __future__ import annotations
 
 import asyncio
-import gc
 import socket
 import ssl
 import time
@@ -32,6 +31,7 @@ from nodes.gateway.errors import ApiError, error_body
 from nodes.gateway.metrics import GatewayMetrics
 from nodes.gateway.protect import RateLimiter, check_api_key
 from nodes.gateway.serve import GATEWAY, IDENTITY
+from nodes.heap import freeze_startup_objects
 from nodes.settings import SettingsError
 
 log = get_logger("gateway")
@@ -151,10 +151,7 @@ def run_gateway(config: GatewayConfig, client: Any, model: ModelInfo) -> None:
         stop = asyncio.Event()
         for number in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(number, stop.set)
-        # Start-up objects (the tokenizer above all) live as long as the process: keep gen-2
-        # collections from walking them while they hold the GIL the bus heartbeat thread needs.
-        gc.collect()
-        gc.freeze()
+        freeze_startup_objects()   # the tokenizer lives as long as the process (nodes.heap)
         try:
             await serve(Gateway(config, Backend(client, model, config)), stop)
         finally:
