@@ -74,7 +74,7 @@ class EndpointCore:
         self.serving: dict[str, int] = {}    # request id -> next seq of our reply stream
         self.streams: dict[str, int] = {}    # request id we sent -> next seq we expect
         self.backlog: deque[list] = deque(maxlen=max_backlog)
-        self.sent_replies: deque[tuple[float, str, list]] = deque()   # (sent at, request id, frames)
+        self.sent_replies: deque[tuple[float, str | None, list]] = deque()   # (sent at, request id or None for a DIRECT, frames)
         self.replay: list[tuple[str | None, list]] = []   # replies (and DIRECTs: None) to send again
         self.outbox: list[list] = []
         self.events: list[Any] = []
@@ -215,23 +215,23 @@ class EndpointCore:
             return False
         if final:
             del self.serving[request_id]
-            self._send_reply(request_id, codec.encode(Final(request_id, seq, body, payload)), now)
+            self._send_replayable(request_id, codec.encode(Final(request_id, seq, body, payload)), now)
         else:
             self.serving[request_id] = seq + 1
-            self._send_reply(request_id, codec.encode(Partial(request_id, seq, body, payload)), now)
+            self._send_replayable(request_id, codec.encode(Partial(request_id, seq, body, payload)), now)
         return True
 
     def reply_error(self, request_id: str, code: str, message: str, details: Mapping, now: float) -> bool:
         if self.serving.pop(request_id, None) is None:
             self.metrics["dropped.reply_to_unknown_request"] += 1
             return False
-        self._send_reply(request_id, codec.encode(Error(request_id, code, message, dict(details))), now)
+        self._send_replayable(request_id, codec.encode(Error(request_id, code, message, dict(details))), now)
         return True
 
     def direct(self, message: Direct, now: float) -> None:
         # Kept in the replay window like a reply: a DIRECT the old broker never forwarded (a
         # prefill node's kv_ready) goes out again after re-registering; receivers ignore copies.
-        self._send_reply(None, codec.encode(message), now)
+        self._send_replayable(None, codec.encode(message), now)
 
     def cancel(self, request_id: str, now: float) -> None:
         if self.streams.pop(request_id, None) is not None:
@@ -248,7 +248,8 @@ class EndpointCore:
         self.timers.last_sent = now
         self.outbox.append(frames)
 
-    def _send_reply(self, request_id: str | None, frames: list, now: float) -> None:
+    def _send_replayable(self, request_id: str | None, frames: list, now: float) -> None:
+        """Send (or backlog) a reply or DIRECT, keeping it in the window replayed after a broker loss."""
         if self.registered:   # the backlog keeps the rest until it is sent
             window = self.sent_replies
             while window and window[0][0] < now - self.heartbeat.expiry_s - self.heartbeat.interval_s:
