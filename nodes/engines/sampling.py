@@ -20,9 +20,18 @@ def new_generator(seed: int | None) -> torch.Generator | None:
     return None if seed is None else torch.Generator().manual_seed(seed)
 
 
+def greedy_tokens(logits: torch.Tensor) -> list[int]:
+    """Each row's argmax: the first index of its maximum (a NaN counts as the maximum), as torch's.
+    On the CPU through numpy, whose SIMD argmax ran 9x faster than torch's single-thread one on
+    [32, 49152] float32 logits here (0.2 vs 1.9 ms; 3.7 ms of a batch-32 decode step in a profile)."""
+    if logits.device.type == "cpu" and logits.dtype == torch.float32:
+        return logits.contiguous().numpy().argmax(axis=-1).tolist()
+    return logits.argmax(dim=-1).tolist()
+
+
 def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
            generators: Sequence[torch.Generator | None]) -> list[int]:
-    tokens = logits.argmax(dim=-1).tolist()
+    tokens = greedy_tokens(logits)
     random_rows = [i for i, p in enumerate(params) if not p.is_greedy]
     if random_rows:
         chosen = _sample_random(logits[random_rows].float(), [params[i] for i in random_rows],

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 
 from nodes.engines.base import SamplingParams
-from nodes.engines.sampling import new_generator, sample
+from nodes.engines.sampling import greedy_tokens, new_generator, sample
 
 
 def logits(rows: int = 4, vocab: int = 50, seed: int = 0) -> torch.Tensor:
@@ -53,3 +53,14 @@ def test_mixed_batch_greedy_rows_unaffected():
               SamplingParams(top_p=0.8, seed=2)]
     out = sample(x, params, [None, new_generator(1), None, new_generator(2)])
     assert out[0] == x[0].argmax() and out[2] == x[2].argmax()
+
+
+def test_greedy_tokens_match_torch_argmax_on_ties_nan_and_views():
+    scores = torch.randn(6, 1000, generator=torch.Generator().manual_seed(3))
+    scores[0, [10, 20]] = 50.0                      # a tie: the first index wins, as in torch
+    scores[1, 7] = float("nan")                     # a NaN counts as the maximum, as in torch
+    scores[2] = float("-inf")
+    scores[2, 999] = 0.0
+    for case in (scores, scores[:, ::2], scores.T.contiguous().T, scores.to(torch.bfloat16)):
+        assert greedy_tokens(case) == case.argmax(dim=-1).tolist()
+    assert greedy_tokens(scores)[:3] == [10, 7, 999]
