@@ -4,9 +4,19 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from bus.log import configure_logging, get_logger
 
 EARLY = get_logger("early", node_id="n-1")  # created before configure_logging, as modules do
+
+
+@pytest.fixture(autouse=True)
+def default_configuration_after():
+    """These tests reconfigure the process's logging: later tests (which capture info events)
+    must find the default configuration again."""
+    yield
+    configure_logging()
 
 
 def test_module_level_logger_follows_later_configuration_and_renders_json(capsys):
