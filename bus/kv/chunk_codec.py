@@ -5,6 +5,8 @@ returns the CHUNK header and wire payload frames of chunk `index`, writing into 
 `outs` buffers (the sender keeps them untouched until the chunk is acknowledged).
 `verify_and_decode(chunk, payload, quantizer, dst)` checks the checksum, decompresses and only then
 writes the chunk into `dst`; it raises KVChecksumError / KVFrameError and writes nothing on error.
+It is `decode(chunk, verify(chunk, payload), quantizer, dst)`: a receiver may acknowledge a chunk
+between the two steps.
 The checksum (xxh3_64) covers the wire bytes of the payload frames: every flipped bit is caught,
 even one an lz4 decoder would ignore, and nothing corrupt ever reaches a decompressor.
 """
@@ -95,11 +97,20 @@ class ChunkEncoder:
         return transfer_digest(self.checksums)
 
 
-def verify_and_decode(chunk: Chunk, payload: list[Any], quantizer: Quantizer, dst: Any) -> int:
-    """Verify one received chunk and write it into dst; returns the wire bytes it carried."""
+def verify(chunk: Chunk, payload: list[Any]) -> list[np.ndarray]:
+    """Check one received chunk's checksum and decompress it: its raw payload frames, ready to decode."""
     if payload_checksum(payload) != chunk.checksum:
         raise KVChecksumError(f"chunk {chunk.index} of transfer {chunk.transfer_id}: checksum mismatch")
     raw = [decompress_frame(frame, f.codec, f.shuffle, f.raw_len) for f, frame in zip(chunk.frames, payload, strict=True)]
-    arrays = [np.frombuffer(r, np.uint8) for r in raw]
+    return [np.frombuffer(r, np.uint8) for r in raw]
+
+
+def decode(chunk: Chunk, arrays: list[np.ndarray], quantizer: Quantizer, dst: Any) -> int:
+    """Write a verified chunk into dst; returns the wire bytes it carried."""
     quantizer.decode(arrays, chunk.info, chunk.spec, chunk.mode, chunk.scale_dtype, dst)
     return sum(f.wire_len for f in chunk.frames)
+
+
+def verify_and_decode(chunk: Chunk, payload: list[Any], quantizer: Quantizer, dst: Any) -> int:
+    """Verify one received chunk and write it into dst; returns the wire bytes it carried."""
+    return decode(chunk, verify(chunk, payload), quantizer, dst)

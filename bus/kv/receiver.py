@@ -107,10 +107,12 @@ class KVReceiver:
             if len(frames) < 2:
                 continue
             undecodable = self.core.undecodable
-            replies = self.core.on_frames(frames[0].bytes, frames[1:], loop.time())
+            # ACK a verified chunk before decoding it: the sender's credit comes back a decode sooner.
+            replies = self.core.on_frames(frames[0].bytes, frames[1:], loop.time(), defer_decode=True)
             if self.core.undecodable > undecodable:   # too broken to name its transfer: its timer resends
                 log.warning("kv_undecodable", count=self.core.undecodable)
             await self._dispatch(replies)
+            await self._dispatch(self.core.run_decodes(loop.time()))
 
     async def _tick(self) -> None:
         loop = asyncio.get_running_loop()

@@ -8,6 +8,11 @@ back to `release(...)` and must not be used). Nothing undecodable or unverified 
 into a destination; a result is ok only once every chunk verified, the chunks cover the KV exactly
 once and the whole-transfer digest matches.
 
+`on_frames(..., defer_decode=True)` acknowledges a chunk once it verified (checksum, decompression,
+header) and queues its decode: the shell sends the ACK first, then calls `run_decodes(now)` and
+sends what that returns, so the sender's credit comes back a decode earlier. A transfer completes
+only after every queued decode ran; a decode that fails after its ACK fails the transfer closed.
+
 Rejections: a corrupt chunk (checksum), a malformed or mismatched header, or an overlapping chunk
 is counted and NACKed so the sender resends it; missing chunks are NACKed when END arrives. A chunk
 NACKed more than `max_nacks_per_chunk` times, a transfer older than `transfer_timeout`, a bad
@@ -25,7 +30,7 @@ from typing import Any
 
 import numpy as np
 
-from bus.kv.chunk_codec import transfer_digest, verify_and_decode
+from bus.kv.chunk_codec import decode, transfer_digest, verify
 from bus.kv.errors import KVChecksumError, KVError, KVFrameError
 from bus.kv.frames import Abort, Ack, Chunk, Done, End, Nack, decode_message, encode_message
 from bus.kv.layout import KVInfo
@@ -57,6 +62,7 @@ class _Inbound:
     stats: TransferStats
     nacks: dict[int, int] = field(default_factory=dict)
     end: End | None = None
+    num_queued: int = 0      # verified and acknowledged, decode not yet run
 
 
 class ReceiverCore:
@@ -68,6 +74,7 @@ class ReceiverCore:
         self._transfers: dict[str, _Inbound] = {}
         self._finished: OrderedDict[str, bool] = OrderedDict()
         self._results: deque[TransferResult] = deque()
+        self._decodes: deque[tuple[str, _Inbound, Chunk, list[np.ndarray]]] = deque()
         self.undecodable = 0   # messages too broken to name their transfer (the sender's timer resends)
 
     def pop_results(self) -> list[TransferResult]:
@@ -78,7 +85,27 @@ class ReceiverCore:
     def num_active(self) -> int:
         return len(self._transfers)
 
-    def on_frames(self, peer: bytes, frames: list[Any], now: float) -> list[Reply]:
+    def on_frames(self, peer: bytes, frames: list[Any], now: float, *, defer_decode: bool = False) -> list[Reply]:
+        replies = self._on_frames(peer, frames, now)
+        return replies if defer_decode else replies + self.run_decodes(now)
+
+    def run_decodes(self, now: float) -> list[Reply]:
+        """Decode the verified chunks queued by on_frames; the replies of the transfers that completed."""
+        replies: list[Reply] = []
+        while self._decodes:
+            transfer_id, inbound, chunk, arrays = self._decodes.popleft()
+            if self._transfers.get(transfer_id) is not inbound:   # failed or cancelled meanwhile
+                continue
+            inbound.num_queued -= 1
+            try:
+                inbound.stats.wire_bytes += decode(chunk, arrays, self.quantizer, inbound.dst)
+            except KVError as exc:   # already acknowledged: the sender cannot resend it
+                replies += self._fail(transfer_id, f"chunk {chunk.index} failed to decode: {str(exc)[:160]}", now)
+                continue
+            replies += self._maybe_complete(transfer_id, inbound, now)
+        return replies
+
+    def _on_frames(self, peer: bytes, frames: list[Any], now: float) -> list[Reply]:
         try:
             message, payload = decode_message(frames)
         except KVFrameError:
@@ -110,7 +137,7 @@ class ReceiverCore:
             inbound.stats.rejected += 1
             return self._nack(chunk.transfer_id, inbound, chunk.index, "chunk overlaps another", now)
         try:
-            inbound.stats.wire_bytes += verify_and_decode(chunk, payload, self.quantizer, inbound.dst)
+            arrays = verify(chunk, payload)
         except KVChecksumError:
             inbound.stats.checksum_failures += 1
             return self._nack(chunk.transfer_id, inbound, chunk.index, "checksum mismatch", now)
@@ -120,8 +147,9 @@ class ReceiverCore:
         inbound.received[chunk.index] = True
         inbound.checksums[chunk.index] = chunk.checksum
         inbound.coverage[spec.planes, spec.tokens] = True
-        replies = [(peer, encode_message(Ack(chunk.transfer_id, chunk.index)))]
-        return replies + self._maybe_complete(chunk.transfer_id, inbound, now)
+        inbound.num_queued += 1
+        self._decodes.append((chunk.transfer_id, inbound, chunk, arrays))
+        return [(peer, encode_message(Ack(chunk.transfer_id, chunk.index)))]
 
     def _open(self, peer: bytes, chunk: Chunk, now: float) -> _Inbound | None:
         info = chunk.info
@@ -167,7 +195,7 @@ class ReceiverCore:
         return replies + self._maybe_complete(end.transfer_id, inbound, now)
 
     def _maybe_complete(self, transfer_id: str, inbound: _Inbound, now: float) -> list[Reply]:
-        if inbound.end is None or not inbound.received.all():
+        if inbound.end is None or inbound.num_queued or not inbound.received.all():
             return []
         if not inbound.coverage.all():
             return self._fail(transfer_id, "chunks do not cover the KV", now)
