@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -45,10 +46,12 @@ log = get_logger("kv.sender")
 @dataclass
 class _Connection:
     socket: zmq.asyncio.Socket
+    polled: zmq.Socket          # the same socket, synchronous: replies read between two encodes
     reader: asyncio.Task | None = None
     transfers: dict[str, tuple[SendTransfer, asyncio.Event]] = field(default_factory=dict)
     link: asyncio.Task | None = None                      # shaped links only: the "wire"
-    outbox: asyncio.Queue = field(default_factory=asyncio.Queue)
+    outbox: deque = field(default_factory=deque)          # (release time, frames), in release order
+    queued: asyncio.Event = field(default_factory=asyncio.Event)
 
 
 class KVSender:
@@ -112,31 +115,51 @@ class KVSender:
         if self.faults is not None and (frames := self.faults.apply(frames)) is None:
             return
         if self.shaper is None:
-            # A DEALER with no live pipe (the peer refused our CURVE key, or is gone) blocks a send
-            # for ever: bound it by the transfer's own timeout so the transfer fails closed.
-            try:
-                await asyncio.wait_for(connection.socket.send_multipart(frames, copy=False),
-                                       self.config.transfer_timeout)
-            except TimeoutError:
-                raise KVTransferTimeout("", "the data endpoint accepts nothing (unreachable, or "
-                                            "it refused our key)") from None
-            return
-        # Shaped link: schedule the message on the virtual wire and go on encoding; a separate
-        # task hands it to the socket when its last byte would arrive, so a late timer wake-up
-        # delays one message instead of shifting the whole schedule.
-        nbytes = sum(len(memoryview(f).cast("B")) for f in frames)
-        connection.outbox.put_nowait((self.shaper.release_time(nbytes, loop.time()), frames))
-        if connection.link is None:
-            connection.link = loop.create_task(self._drive_link(connection))
+            try:   # the common case, without a future and a timeout for each chunk
+                connection.polled.send_multipart(frames, flags=zmq.NOBLOCK, copy=False)
+            except zmq.Again:
+                await self._send_waiting(connection, frames)
+        else:
+            # Shaped link: schedule the message on the virtual wire and go on encoding. Whatever
+            # is due goes out now, between two encodes; the link task sends what falls due while
+            # the loop is idle. Release times are absolute, so a late send delays one message
+            # instead of shifting the whole schedule.
+            nbytes = sum(len(memoryview(f).cast("B")) for f in frames)
+            connection.outbox.append((self.shaper.release_time(nbytes, loop.time()), frames))
+            connection.queued.set()
+            if connection.link is None:
+                connection.link = loop.create_task(self._drive_link(connection))
+            self._send_due(connection, loop.time())
+        # Take the ACKs that arrived while this chunk encoded: encoding the next chunk first would
+        # hold them back a whole encode and stall the credit window.
+        self._read_ready(connection, loop.time())
+        await asyncio.sleep(0)
+
+    async def _send_waiting(self, connection: _Connection, frames: list[Any]) -> None:
+        # A DEALER with no live pipe (the peer refused our CURVE key, or is gone) blocks a send
+        # for ever: bound it by the transfer's own timeout so the transfer fails closed.
+        try:
+            await asyncio.wait_for(connection.socket.send_multipart(frames, copy=False), self.config.transfer_timeout)
+        except TimeoutError:
+            raise KVTransferTimeout("", "the data endpoint accepts nothing (unreachable, or "
+                                        "it refused our key)") from None
 
     @staticmethod
-    async def _drive_link(connection: _Connection) -> None:
+    def _send_due(connection: _Connection, now: float) -> None:
+        while connection.outbox and connection.outbox[0][0] <= now:
+            connection.socket.send_multipart(connection.outbox.popleft()[1], copy=False)
+
+    async def _drive_link(self, connection: _Connection) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            release_at, frames = await connection.outbox.get()
-            if release_at > loop.time():
-                await asyncio.sleep(release_at - loop.time())
-            await connection.socket.send_multipart(frames, copy=False)
+            if not connection.outbox:
+                connection.queued.clear()
+                await connection.queued.wait()
+                continue
+            delay = connection.outbox[0][0] - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
+            self._send_due(connection, loop.time())
 
     def _connect(self, endpoint: str) -> _Connection:
         connection = self._connections.get(endpoint)
@@ -147,7 +170,7 @@ class KVSender:
             if self.security is not None:
                 self._secure(socket, address, server_key)
             socket.connect(address)
-            connection = _Connection(socket)
+            connection = _Connection(socket, zmq.Socket.shadow(socket.underlying))
             connection.reader = asyncio.get_running_loop().create_task(self._read(connection))
             self._connections[endpoint] = connection
         return connection
@@ -163,16 +186,29 @@ class KVSender:
     async def _read(self, connection: _Connection) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            frames = await connection.socket.recv_multipart()
+            self._on_reply(connection, await connection.socket.recv_multipart(), loop.time())
+
+    def _read_ready(self, connection: _Connection, now: float) -> None:
+        """Take the replies already here. A send on the socket can consume the edge of its
+        (edge-triggered) descriptor, so the reader task saw ACKs only every few chunks."""
+        while True:
             try:
-                message, _ = decode_message(frames)
-            except KVFrameError:
-                log.warning("kv_bad_reply")
-                continue
-            entry = connection.transfers.get(getattr(message, "transfer_id", ""))
-            if entry is not None:
-                entry[0].on_message(message, loop.time())
-                entry[1].set()
+                frames = connection.polled.recv_multipart(zmq.NOBLOCK)
+            except zmq.Again:
+                return
+            self._on_reply(connection, frames, now)
+
+    @staticmethod
+    def _on_reply(connection: _Connection, frames: list[bytes], now: float) -> None:
+        try:
+            message, _ = decode_message(frames)
+        except KVFrameError:
+            log.warning("kv_bad_reply")
+            return
+        entry = connection.transfers.get(getattr(message, "transfer_id", ""))
+        if entry is not None:
+            entry[0].on_message(message, now)
+            entry[1].set()
 
     async def abort(self, transfer_id: str, reason: str = "cancelled") -> bool:
         """Cancel an in-flight send; its `send` raises KVTransferFailed. False if none was in flight."""

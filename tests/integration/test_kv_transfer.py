@@ -104,6 +104,19 @@ async def test_waiting_for_a_transfer_that_never_comes_times_out(pair):
         await receiver.result("never", timeout=0.2)
 
 
+async def test_a_shaped_link_delivers_everything_in_order_and_never_faster_than_its_rate(pair):
+    sender, receiver, endpoint = pair
+    kv = synthetic_kv(tokens=64)
+    sender.shaper = LinkShaper(4e6)   # 4 MB/s: the chunks queue on the "wire" while encoding goes on
+    started = asyncio.get_running_loop().time()
+    report = await sender.send(endpoint, "t1", "r1", kv, mode="raw")
+    elapsed = asyncio.get_running_loop().time() - started
+    result = await receiver.result("t1", timeout=5)
+    assert report.ok and result.ok and result.kv.tobytes() == kv.tobytes()
+    assert report.stats.resends == 0 and report.stats.num_chunks > 5
+    assert elapsed >= report.stats.wire_bytes / 4e6   # the last byte left when the link allowed
+
+
 async def test_an_abort_mid_flight_frees_the_receiver(pair):
     sender, receiver, endpoint = pair
     sender.shaper = LinkShaper(2e5)   # slow: ~0.25 s
