@@ -56,17 +56,8 @@ if AVAILABLE:
             return builder.bitcast(builder.shl(wide, ir.Constant(ir.IntType(32), 16)), ir.FloatType())
         return types.float32(types.uint16), codegen
 
-    @intrinsic
-    def _f32_bits(typingctx, value):
-        def codegen(context, builder, signature, args):
-            return builder.bitcast(args[0], ir.IntType(32))
-        return types.uint32(types.float32), codegen
-
-    @intrinsic
-    def _bits_f32(typingctx, bits):
-        def codegen(context, builder, signature, args):
-            return builder.bitcast(args[0], ir.FloatType())
-        return types.float32(types.uint32), codegen
+    from bus.numba_bits import bits_f32 as _bits_f32
+    from bus.numba_bits import f32_bits as _f32_bits
 
     @_inline
     def _bf16_bits(value):  # pragma: no cover - runs compiled

@@ -189,12 +189,12 @@ class TorchQuantizer:
 
     def _encode_int8(self, kv: torch.Tensor, info: KVInfo, spec: ChunkSpec, mode: str, rows: torch.Tensor,
                      outs: list[np.ndarray]) -> EncodedPayload:
+        if mode == "int8" and self.fast_int8:
+            return self._encode_int8_fast(kv, info, spec, rows, outs)
         num_params = spec.num_rows * (2 if mode == "int8" else 1)
         code_dtype = torch.uint8 if mode == "int8" else torch.int8
         codes = _tensor(outs[0], rows.numel(), code_dtype).view(rows.shape)
         params = _tensor(outs[1], num_params * 2, torch.float16)
-        if mode == "int8" and self.fast_int8:
-            return self._encode_int8_fast(kv, info, spec, rows, outs)
         if rows.dtype != torch.float32:  # ATen's bf16 row reductions are ~3x slower than fp32 here
             rows = self._float32_scratch(rows)
         # Row reductions run eager: ATen's are ~5x faster than inductor's here.

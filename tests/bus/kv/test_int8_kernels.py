@@ -79,9 +79,7 @@ def test_every_float16_value_survives_the_bit_conversions():
     """Decoding a row whose lo == hi gives 0 * 0 + lo: every finite float16 value, exactly."""
     values = np.arange(2**16, dtype=np.uint32).astype(np.uint16).view(np.float16)
     values = values[np.isfinite(values)]
-    word = np.empty(1, np.float32)
-    bits = word.view(np.uint32)
-    as_bits = np.array([int8_kernels._float16_bits(np.float32(v), word, bits) for v in values], np.uint16)
+    as_bits = np.array([int8_kernels._float16_bits(np.float32(v)) for v in values], np.uint16)
     np.testing.assert_array_equal(as_bits, values.view(np.uint16))
     params = np.concatenate([values.view(np.uint16), values.view(np.uint16)])
     codes = np.zeros((1, len(values), 4), np.uint8)
@@ -126,3 +124,13 @@ def test_decode_into_a_strided_destination_touches_only_its_rows():
     int8_kernels.decode_rows(codes, params, cache[:, 30:70], int8_kernels.Scratch(64))
     np.testing.assert_array_equal(cache[:, 30:70], reference_decode(codes, params))
     assert (cache[:, :30] == -7.0).all() and (cache[:, 70:] == -7.0).all()
+
+
+@pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
+@pytest.mark.parametrize("row", [0, 37, 63])
+def test_non_finite_bf16_rows_are_refused_wherever_they_are(value, row):
+    """The finiteness check is made once per call, over lanes every row adds into."""
+    rows = f32_to_bf16_bits(rows_of_every_magnitude(64, 64) / 1e5)
+    rows[row, 5] = np.array([value], np.float32).view(np.uint32)[0] >> 16   # exact bf16 NaN/inf bits
+    fits, _, _ = fast_encode(rows)
+    assert not fits
