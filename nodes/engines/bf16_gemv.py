@@ -13,7 +13,8 @@ method with as many rows (a step consumes each before the next layer asks again;
 tensor through all layers). A step of few rows is short (tens of us a layer), so allocating its
 outputs and re-viewing tensors as numpy on every call cost a measurable share of it.
 `LlamaRunner` takes this path for steps of at most `MAX_ROWS` tokens (decode steps), where it runs
-2-3x faster than oneDNN's packed GEMMs; larger steps keep oneDNN's AMX kernels. The weights are a
+2-3x faster than oneDNN's packed GEMMs; larger steps keep oneDNN's AMX kernels, except
+`decode_attention`, which serves every pure decode step (nodes/engines/bf16_attention.py). The weights are a
 second copy beside oneDNN's packed (blocked-layout) ones: 2x the weight memory, 538 MB for SmolLM2.
 """
 
@@ -24,6 +25,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from nodes.engines import bf16_attention
 from nodes.engines import bf16_kernels as kernels
 from nodes.engines.model_config import LlamaConfig
 
@@ -70,6 +72,7 @@ class Bf16Gemv:
             return None
         try:
             kernels.warmup()
+            bf16_attention.warmup()
         except Exception:   # a failing compiler leaves the oneDNN path, which serves every step
             return None
         return cls(config, get)
@@ -108,9 +111,10 @@ class Bf16Gemv:
         """RoPE, KV write and attention for one decode token per row of `qkv` (see the kernel)."""
         assert cache.is_contiguous(), "the kernel writes KV into the cache in place"
         out, out_bits = self._out("attn", qkv.shape[0], num_heads * cache.shape[5])
-        kernels.decode_attention(self._bits(qkv), self.cos, self.sin, positions.numpy(), slots.numpy(),
-                                 bits(cache), layer, num_heads, out_bits)   # not remembered: a view
-        # would keep a released slot cache alive
+        qkv_bits = self._bits(qkv) if qkv.shape[0] <= MAX_ROWS else bits(qkv)   # a oneDNN output: new each layer
+        # The cache's view is not remembered: it would keep a released slot cache alive.
+        bf16_attention.decode_attention(qkv_bits, self.cos, self.sin, positions.numpy(), slots.numpy(),
+                                        bits(cache), layer, num_heads, out_bits)
         return out
 
     def attn_out(self, layer: int, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:

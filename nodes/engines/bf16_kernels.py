@@ -7,11 +7,7 @@ Arrays are numpy: bf16 values travel as their uint16 bit patterns (numpy has no 
 - `norm_linear(x, norm_w, eps, w, out)`: RMSNorm(x) @ w.T;
 - `linear_add(x, w, residual, out)`: residual + x @ w.T;
 - `norm_swiglu(x, norm_w, eps, w_gate, w_up, out)`: silu(h @ w_gate.T) * (h @ w_up.T), h = RMSNorm(x).
-- `decode_attention(qkv, cos, sin, positions, slots, cache, layer, num_heads, out)`: one decode
-  token per row: RoPE on its q and k (rotate-half tables, rotate-half's sign in `sin`), its k and v
-  written into `cache` [layers, slots, 2, kv_heads, capacity, head_dim] at its position, and GQA
-  softmax attention over keys 0..position of its slot (SDPA's 110 us a layer at batch 1 and
-  context 512 was more than the layer's matmuls' overhead; no mask, no index_put, no RoPE ops).
+(The decode attention kernel, which shares this module's bf16 helpers, is nodes/engines/bf16_attention.py.)
 `warmup()` compiles them all (seconds on first use; cached on disk after).
 
 Why: at one to a few rows a linear layer is a matrix-vector product bound by reading the weights.
@@ -134,67 +130,6 @@ if AVAILABLE:
                 out[m, o] = _bf16_bits(_dot(xf, m, w_up, o) * gate)
 
 
-    @_njit
-    def decode_attention(qkv, cos, sin, positions, slots, cache, layer, num_heads, out):  # pragma: no cover
-        num_kv_heads, head_dim = cache.shape[3], cache.shape[5]
-        half = head_dim // 2
-        group = num_heads // num_kv_heads
-        scale = np.float32(1.0 / np.sqrt(head_dim))
-        q = np.empty((num_heads + num_kv_heads, head_dim), np.float32)
-        for m in range(qkv.shape[0]):
-            pos, slot = positions[m], slots[m]
-            # RoPE as llama.apply_rope rounds in bf16: round(round(x * cos) + swapped * signed_sin).
-            for h in range(num_heads + num_kv_heads):
-                base = h * head_dim
-                for d in range(head_dim):
-                    swapped = qkv[m, base + (d + half) % head_dim]
-                    rotated = _round(_to_f32(qkv[m, base + d]) * _to_f32(cos[pos, d]))
-                    q[h, d] = _round(rotated + _to_f32(swapped) * _to_f32(sin[pos, d]))
-            v_base = (num_heads + num_kv_heads) * head_dim
-            for g in range(num_kv_heads):
-                for d in range(head_dim):
-                    cache[layer, slot, 0, g, pos, d] = _bf16_bits(q[num_heads + g, d])
-                    cache[layer, slot, 1, g, pos, d] = qkv[m, v_base + g * head_dim + d]
-            # GQA: the query heads sharing a KV head go through its keys and values together, so
-            # each K and V row is read (and widened to float32) once instead of once per head.
-            num_keys = pos + 1
-            scores = np.empty((group, num_keys), np.float32)
-            totals = np.empty(group, np.float32)
-            acc = np.empty((group, head_dim), np.float32)
-            row = np.empty(head_dim, np.float32)
-            for g in range(num_kv_heads):
-                first = g * group
-                for j in range(num_keys):
-                    for d in range(head_dim):
-                        row[d] = _to_f32(cache[layer, slot, 0, g, j, d])
-                    for i in range(group):
-                        dot = np.float32(0.0)
-                        for d in range(head_dim):
-                            dot += q[first + i, d] * row[d]
-                        scores[i, j] = dot * scale
-                for i in range(group):
-                    top = np.float32(-np.inf)
-                    for j in range(num_keys):
-                        top = max(top, scores[i, j])
-                    total = np.float32(0.0)
-                    for j in range(num_keys):
-                        weight = np.exp(scores[i, j] - top)
-                        scores[i, j] = weight
-                        total += weight
-                    totals[i] = total
-                acc[:, :] = 0.0
-                for j in range(num_keys):
-                    for d in range(head_dim):
-                        row[d] = _to_f32(cache[layer, slot, 1, g, j, d])
-                    for i in range(group):
-                        weight = scores[i, j]
-                        for d in range(head_dim):
-                            acc[i, d] += weight * row[d]
-                for i in range(group):
-                    for d in range(head_dim):
-                        out[m, (first + i) * head_dim + d] = _bf16_bits(acc[i, d] / totals[i])
-
-
 def warmup() -> None:
     """Compile (or load from the disk cache) every kernel for the array types the runner passes."""
     x = np.zeros((1, 8), np.uint16)
@@ -204,9 +139,3 @@ def warmup() -> None:
     norm_linear(x, x[0], 1e-5, w, out)
     linear_add(x, w, out, out)
     norm_swiglu(x, x[0], 1e-5, w, w, out)
-    heads, kv_heads, head_dim = 2, 1, 4
-    qkv = np.zeros((1, (heads + 2 * kv_heads) * head_dim), np.uint16)
-    table = np.zeros((4, head_dim), np.uint16)
-    index = np.zeros(1, np.int64)
-    cache = np.zeros((1, 1, 2, kv_heads, 4, head_dim), np.uint16)
-    decode_attention(qkv, table, table, index, index, cache, 0, heads, np.zeros((1, heads * head_dim), np.uint16))

@@ -11,7 +11,8 @@ KV caches laid out [layers, 2 (K, V), kv_heads, capacity, head_dim]:
   full over the `start` tokens already cached), one SDPA call per span;
 - `DecodeGroup`: one new token for each of several decode slots of a `[layers, slots, 2, kv_heads,
   capacity, head_dim]` slot cache, attended in ONE batched SDPA call over the slots with a length
-  mask (no gathering of KV: the slots are views of one tensor).
+  mask (no gathering of KV: the slots are views of one tensor); pure decode steps in bf16 run the
+  fused RoPE + KV write + attention kernel of bf16_attention.py instead.
 Math follows Hugging Face's LlamaForCausalLM (RMSNorm in float32, rotate-half RoPE, SwiGLU).
 """
 
@@ -145,9 +146,9 @@ class LlamaRunner:
                 qkv = gemv.qkv(index, x)
             else:
                 qkv = self._linear(rms_norm(x, layer.input_norm, c.rms_norm_eps), layer.qkv)
-            if gemv is not None and not batch.spans and batch.decode is not None:   # pure decode: one kernel
-                group = batch.decode
-                attn = gemv.decode_attention(index, qkv, group.positions, group.slots, group.cache, c.num_heads)
+            if self.gemv is not None and not batch.spans and batch.decode is not None:   # pure decode: one kernel
+                group = batch.decode   # any batch size: it streams the KV faster than SDPA does
+                attn = self.gemv.decode_attention(index, qkv, group.positions, group.slots, group.cache, c.num_heads)
             else:
                 # q and k rotate together: one set of elementwise ops instead of two.
                 qk = apply_rope(qkv[:, :self.q_size + self.kv_size].view(num_tokens, -1, c.head_dim), cos, sin)

@@ -52,7 +52,7 @@ def decode_batch(cache: torch.Tensor, positions: list[int], slots: list[int]) ->
     rows = torch.arange(len(slots))
     group = DecodeGroup(rows=rows, slots=torch.tensor(slots), positions=torch.tensor(positions), cache=cache,
                         num_slots=num_slots, mask=mask, max_len=max_len, dense=slots == list(range(num_slots)))
-    return ForwardBatch(torch.tensor([7, 11, 13][:len(slots)]), torch.tensor(positions), rows, decode=group)
+    return ForwardBatch(torch.tensor([7, 11, 13, 17, 19, 23][:len(slots)]), torch.tensor(positions), rows, decode=group)
 
 
 @pytest.mark.parametrize("slots", [[0], [0, 1, 2], [2, 0]])
@@ -72,6 +72,25 @@ def test_decode_attention_kernel_matches_sdpa_and_writes_the_same_kv(tiny_model,
     for slot, position in zip(slots, positions, strict=True):
         untouched[:, slot, :, :, position] = False
     assert torch.equal(caches[0][untouched], cache[untouched])   # only each row's own position written
+
+
+def test_decode_steps_above_the_gemv_rows_still_take_the_attention_kernel(tiny_model):
+    """Six rows: oneDNN's GEMMs, the numba attention (not SDPA); same logits and KV as SDPA's path."""
+    fast, plain = runners(tiny_model)
+    c = tiny_model.config
+    slots, positions = [0, 1, 2, 3, 4, 5], [9, 30, 17, 1, 33, 25]
+    assert len(slots) > bf16_gemv.MAX_ROWS
+    cache = (torch.randn(c.num_layers, 6, 2, c.num_kv_heads, 40, c.head_dim) * 0.5).to(torch.bfloat16)
+    caches = [cache.clone(), cache.clone()]
+    calls = []
+    kernel = fast.gemv.decode_attention
+    fast.gemv.decode_attention = lambda *args: calls.append(args[1].shape[0]) or kernel(*args)
+    fast_logits = fast.forward(decode_batch(caches[0], positions, slots))
+    plain_logits = plain.forward(decode_batch(caches[1], positions, slots))
+    assert calls == [6] * c.num_layers
+    assert_bf16_close(fast_logits, plain_logits)
+    assert_bf16_close(caches[0], caches[1])
+    assert torch.equal(fast_logits.argmax(-1), plain_logits.argmax(-1))
 
 
 def test_consecutive_steps_reuse_buffers_without_corrupting_results(tiny_model):

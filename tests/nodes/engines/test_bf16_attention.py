@@ -1,0 +1,57 @@
+"""The numba decode attention kernel against a float64 reference: its exp, its softmax attention for
+GQA groups of 3 (the fast path) and others, contexts shorter and longer than its prefetch distance."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from nodes.engines import bf16_attention, bf16_kernels
+from nodes.engines.bf16_gemv import bits
+
+pytestmark = pytest.mark.skipif(not bf16_kernels.AVAILABLE, reason="numba is not installed")
+
+
+def test_the_vectorised_exp_is_within_a_few_ulp_of_exp():
+    x = np.concatenate([-np.geomspace(1e-7, 87, 20000), [0.0, -0.5, -1.0]]).astype(np.float32)
+    ours = np.array([bf16_attention._exp_nonpositive(np.float32(v)) for v in x], np.float64)
+    exact = np.exp(x.astype(np.float64))
+    assert np.max(np.abs(ours - exact) / exact) < 5e-7
+    assert bf16_attention._exp_nonpositive(np.float32(-200.0)) < 1e-37   # flushed, not garbage
+
+
+def bf16(values: np.ndarray) -> np.ndarray:
+    return bits(torch.from_numpy(values.astype(np.float32)).to(torch.bfloat16))
+
+
+def f32(bits_: np.ndarray) -> np.ndarray:
+    return torch.from_numpy(bits_.view(np.int16)).view(torch.bfloat16).float().numpy().astype(np.float64)
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(9, 3), (8, 2), (4, 4)])
+@pytest.mark.parametrize("positions", [[0], [3, 40], [100, 7, 64]])
+def test_attention_matches_a_float64_reference(num_heads, num_kv_heads, positions):
+    rng = np.random.default_rng(len(positions) + num_heads)
+    head_dim, capacity, rows = 64, 128, len(positions)
+    cache = bf16(rng.normal(size=(2, rows, 2, num_kv_heads, capacity, head_dim)))
+    other_layer = cache[0].copy()
+    qkv = bf16(rng.normal(size=(rows, (num_heads + 2 * num_kv_heads) * head_dim)))
+    cos, sin = bf16(np.ones((capacity, head_dim))), bf16(np.zeros((capacity, head_dim)))   # RoPE = identity
+    out = np.empty((rows, num_heads * head_dim), np.uint16)
+    slots = np.arange(rows, dtype=np.int64)[::-1].copy()
+    bf16_attention.decode_attention(qkv, cos, sin, np.array(positions, np.int64), slots, cache, 1, num_heads, out)
+    group = num_heads // num_kv_heads
+    for m, (pos, slot) in enumerate(zip(positions, slots, strict=True)):
+        q = f32(qkv[m]).reshape(-1, head_dim)
+        for h in range(num_heads):
+            g = h // group
+            keys, values = f32(cache[1, slot, 0, g, :pos + 1]), f32(cache[1, slot, 1, g, :pos + 1])
+            np.testing.assert_array_equal(keys[pos], q[num_heads + g])           # k written at its position
+            np.testing.assert_array_equal(values[pos], q[num_heads + num_kv_heads + g])
+            scores = keys @ q[h] / np.sqrt(head_dim)
+            weights = np.exp(scores - scores.max())
+            expected = weights @ values / weights.sum()
+            actual = f32(out[m, h * head_dim:(h + 1) * head_dim])
+            np.testing.assert_allclose(actual, expected, atol=2e-2 * np.abs(expected).max() + 1e-3)
+    assert np.array_equal(cache[0], other_layer)   # only the given layer is written
