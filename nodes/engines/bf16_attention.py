@@ -35,29 +35,9 @@ PREFETCH_ROWS = 16
 
 if AVAILABLE:
     import numba
-    from llvmlite import ir
-    from numba import types
-    from numba.core import cgutils
-    from numba.extending import intrinsic
 
     from bus.numba_bits import bits_f32
-    from nodes.engines.bf16_kernels import _bf16_bits, _round, _to_f32
-
-    @intrinsic
-    def _prefetch(typingctx, array, i, j):
-        """Ask for the cache line holding array[i, j] (a 2-D array), for reading, into every level."""
-        def codegen(context, builder, signature, args):
-            array_type = signature.args[0]
-            data = context.make_array(array_type)(context, builder, args[0])
-            pointer = cgutils.get_item_pointer(context, builder, array_type, data, [args[1], args[2]],
-                                               wraparound=False, boundscheck=False)
-            byte_pointer = ir.PointerType(ir.IntType(8))
-            function = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
-                ir.VoidType(), [byte_pointer] + [ir.IntType(32)] * 3), "llvm.prefetch.p0")
-            flags = [ir.Constant(ir.IntType(32), v) for v in (0, 3, 1)]   # read, keep, data cache
-            builder.call(function, [builder.bitcast(pointer, byte_pointer), *flags])
-            return context.get_dummy_value()
-        return types.none(array, i, j), codegen
+    from nodes.engines.bf16_kernels import _bf16_bits, _prefetch, _round, _to_f32
 
     @numba.njit(inline="always", fastmath=FASTMATH)
     def _exp_nonpositive(x):  # pragma: no cover - runs compiled
