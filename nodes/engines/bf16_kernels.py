@@ -119,13 +119,38 @@ if AVAILABLE:
         return acc
 
     @_inline
+    def _dots(xf, w, o, sums):  # pragma: no cover - runs compiled
+        """sums[m] = xf[m] . w[o] for the rows of xf: one pass over w[o] whatever the rows (xf of 2-4
+        rows comes zero-padded to 4: four accumulators; each row its own pass re-widened every
+        weight, which made a 4-row step ~1.9x a 1-row one)."""
+        if xf.shape[0] == 4:
+            a0, a1, a2, a3 = np.float32(0.0), np.float32(0.0), np.float32(0.0), np.float32(0.0)
+            for k in range(w.shape[1]):
+                wk = _to_f32(w[o, k])
+                a0 += xf[0, k] * wk
+                a1 += xf[1, k] * wk
+                a2 += xf[2, k] * wk
+                a3 += xf[3, k] * wk
+            sums[0], sums[1], sums[2], sums[3] = a0, a1, a2, a3
+            return
+        for m in range(xf.shape[0]):
+            sums[m] = _dot(xf, m, w, o)
+
+    @_inline
+    def _widened(x):  # pragma: no cover - runs compiled
+        """float32 scratch for x's rows: 2-4 rows padded with zero rows to 4 (see _dots)."""
+        rows = 4 if 1 < x.shape[0] <= 4 else x.shape[0]
+        return np.zeros((rows, x.shape[1]), np.float32)
+
+    @_inline
     def _silu(value):  # pragma: no cover - runs compiled
         return value / (np.float32(1.0) + np.exp(-value))
 
     @_inline
-    def _outputs(xf, w, o, residual, add, out):  # pragma: no cover - runs compiled
-        for m in range(xf.shape[0]):
-            value = _dot(xf, m, w, o)
+    def _outputs(xf, w, o, residual, add, out, sums):  # pragma: no cover - runs compiled
+        _dots(xf, w, o, sums)
+        for m in range(out.shape[0]):
+            value = sums[m]
             out[m, o] = _bf16_bits(value + _to_f32(residual[m, o]) if add else value)
 
     @_inline
@@ -135,46 +160,49 @@ if AVAILABLE:
         microbenchmark, cold weights); the hardware has more requests in flight."""
         n = w.shape[0]
         half = (n + 1) // 2
+        sums = np.empty(xf.shape[0], np.float32)
         for o in range(half):
             second = o + half
             _prefetch_row(w, o)
             if second < n:
                 _prefetch_row(w, second)
-            _outputs(xf, w, o, residual, add, out)
+            _outputs(xf, w, o, residual, add, out, sums)
             if second < n:
-                _outputs(xf, w, second, residual, add, out)
+                _outputs(xf, w, second, residual, add, out, sums)
 
     @_njit
     def linear(x, w, out):  # pragma: no cover - runs compiled
-        xf = np.empty(x.shape, np.float32)
+        xf = _widened(x)
         _load_rows(x, xf)
         _gemv(xf, w, out, False, out)
 
     @_njit
     def norm_linear(x, norm_w, eps, w, out):  # pragma: no cover - runs compiled
-        xf = np.empty(x.shape, np.float32)
+        xf = _widened(x)
         _norm_rows(x, norm_w, eps, xf)
         _gemv(xf, w, out, False, out)
 
     @_njit
     def linear_add(x, w, residual, out):  # pragma: no cover - runs compiled
-        xf = np.empty(x.shape, np.float32)
+        xf = _widened(x)
         _load_rows(x, xf)
         _gemv(xf, w, residual, True, out)
 
     @_inline
-    def _gated(xf, w_gate, w_up, o, out):  # pragma: no cover - runs compiled
-        for m in range(xf.shape[0]):
-            gate = _round(_silu(_dot(xf, m, w_gate, o)))
-            out[m, o] = _bf16_bits(_dot(xf, m, w_up, o) * gate)
+    def _gated(xf, w_gate, w_up, o, out, gates, ups):  # pragma: no cover - runs compiled
+        _dots(xf, w_gate, o, gates)
+        _dots(xf, w_up, o, ups)
+        for m in range(out.shape[0]):
+            out[m, o] = _bf16_bits(ups[m] * _round(_silu(gates[m])))
 
     @_njit
     def norm_swiglu(x, norm_w, eps, w_gate, w_up, out):  # pragma: no cover - runs compiled
         """Four weight streams: both halves of gate and of up, as _gemv reads two."""
-        xf = np.empty(x.shape, np.float32)
+        xf = _widened(x)
         _norm_rows(x, norm_w, eps, xf)
         n = w_gate.shape[0]
         half = (n + 1) // 2
+        gates, ups = np.empty(xf.shape[0], np.float32), np.empty(xf.shape[0], np.float32)
         for o in range(half):
             second = o + half
             _prefetch_row(w_gate, o)
@@ -182,9 +210,9 @@ if AVAILABLE:
             if second < n:
                 _prefetch_row(w_gate, second)
                 _prefetch_row(w_up, second)
-            _gated(xf, w_gate, w_up, o, out)
+            _gated(xf, w_gate, w_up, o, out, gates, ups)
             if second < n:
-                _gated(xf, w_gate, w_up, second, out)
+                _gated(xf, w_gate, w_up, second, out, gates, ups)
 
 
 def warmup() -> None:
