@@ -13,6 +13,8 @@ KV caches laid out [layers, 2 (K, V), kv_heads, capacity, head_dim]:
   capacity, head_dim]` slot cache, attended in ONE batched SDPA call over the slots with a length
   mask (no gathering of KV: the slots are views of one tensor); pure decode steps in bf16 run the
   fused RoPE + KV write + attention kernel of bf16_attention.py instead.
+In bf16 with numba, RMSNorm and (for pure prefill steps) RoPE with the KV writes run on the
+kernels of bf16_prefill.py, bit-identical to the torch ops they replace.
 Math follows Hugging Face's LlamaForCausalLM (RMSNorm in float32, rotate-half RoPE, SwiGLU).
 """
 
@@ -23,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from nodes.engines import bf16_gemv
+from nodes.engines import bf16_gemv, bf16_prefill
 from nodes.engines.model_config import LlamaConfig
 from nodes.engines.rope import rope_tables
 
@@ -93,6 +95,8 @@ class LlamaRunner:
         self.norm = get("model.norm.weight")
         # Decode steps (a few rows) run their linear layers on numba GEMVs, 2-3x faster than oneDNN's.
         self.gemv = bf16_gemv.Bf16Gemv.create(config, get) if self.packed and use_gemv else None
+        # Larger bf16 steps keep oneDNN's GEMMs but run RMSNorm, RoPE and the KV writes on numba.
+        self.fused = self.gemv is not None and _compiles(bf16_prefill.warmup)
         self.max_len = max_len or config.max_position_embeddings
         cos, sin = rope_tables(config, self.max_len)
         half = config.head_dim // 2
@@ -145,10 +149,12 @@ class LlamaRunner:
             if gemv is not None:
                 qkv = gemv.qkv(index, x)
             else:
-                qkv = self._linear(rms_norm(x, layer.input_norm, c.rms_norm_eps), layer.qkv)
+                qkv = self._linear(self._norm(x, index, "input"), layer.qkv)
             if self.gemv is not None and not batch.spans and batch.decode is not None:   # pure decode: one kernel
                 group = batch.decode   # any batch size: it streams the KV faster than SDPA does
                 attn = self.gemv.decode_attention(index, qkv, group.positions, group.slots, group.cache, c.num_heads)
+            elif self.fused and batch.decode is None:   # pure prefill: RoPE and the KV writes in one kernel
+                attn = self._fused_prefill_attention(index, qkv, batch)
             else:
                 # q and k rotate together: one set of elementwise ops instead of two.
                 qk = apply_rope(qkv[:, :self.q_size + self.kv_size].view(num_tokens, -1, c.head_dim), cos, sin)
@@ -159,13 +165,29 @@ class LlamaRunner:
                 x = gemv.mlp(index, gemv.attn_out(index, attn, x))
             else:
                 x = self._add_linear(x, attn, layer.o)
-                x = self._mlp(x, rms_norm(x, layer.post_norm, c.rms_norm_eps), layer)
+                x = self._mlp(x, self._norm(x, index, "post"), layer)
         if not len(batch.sample_rows):
             return torch.empty(0, c.vocab_size)
         if gemv is not None:
             return gemv.logits(x[batch.sample_rows]).float()
         last = rms_norm(x[batch.sample_rows], self.norm, c.rms_norm_eps)
         return self._linear(last, self.lm_head).float()
+
+    def _norm(self, x: torch.Tensor, index: int, which: str) -> torch.Tensor:
+        layer = self.layers[index]
+        if not self.fused:
+            return rms_norm(x, layer.input_norm if which == "input" else layer.post_norm, self.config.rms_norm_eps)
+        weights = self.gemv.layers[index]
+        return bf16_prefill.rms_norm(x, weights.input_norm if which == "input" else weights.post_norm, self.gemv.eps)
+
+    def _fused_prefill_attention(self, layer: int, qkv: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        out = torch.empty(qkv.shape[0], self.q_size, dtype=qkv.dtype, device=qkv.device)
+        for span in batch.spans:
+            rows = slice(span.row, span.row + span.num_tokens)
+            q = bf16_prefill.rope_and_cache(qkv[rows], self.gemv.cos, self.gemv.sin, span.start,
+                                            self.config.num_heads, span.kv[layer])
+            out[rows] = self._span_sdpa(layer, q, span)
+        return out
 
     def _add_linear(self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         """residual + x @ weight.T (one fused oneDNN call with packed weights)."""
@@ -197,10 +219,15 @@ class LlamaRunner:
 
     def _span_attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         span: PrefillSpan) -> torch.Tensor:
+        cache = span.kv[layer]
+        cache[0, :, span.start:span.start + span.num_tokens] = k.transpose(0, 1)
+        cache[1, :, span.start:span.start + span.num_tokens] = v.transpose(0, 1)
+        return self._span_sdpa(layer, q.transpose(0, 1), span)
+
+    def _span_sdpa(self, layer: int, q: torch.Tensor, span: PrefillSpan) -> torch.Tensor:
+        """A span's queries q [heads, tokens, head_dim] over its cache, its own k and v already written."""
         start, end = span.start, span.start + span.num_tokens
         cache = span.kv[layer]
-        cache[0, :, start:end] = k.transpose(0, 1)
-        cache[1, :, start:end] = v.transpose(0, 1)
         mask = None
         if start and span.num_tokens > 1:
             # Query i (absolute position start + i) sees keys 0..start + i.
@@ -208,7 +235,7 @@ class LlamaRunner:
             mask = keys[None, :] <= (start + torch.arange(span.num_tokens, device=q.device))[:, None]
         # 4-D inputs: with 3-D ones CPU SDPA falls back to the unfused math kernel (6x slower).
         attn = F.scaled_dot_product_attention(
-            q.transpose(0, 1)[None], cache[None, 0, :, :end], cache[None, 1, :, :end], attn_mask=mask,
+            q[None], cache[None, 0, :, :end], cache[None, 1, :, :end], attn_mask=mask,
             is_causal=(start == 0 and span.num_tokens > 1), enable_gqa=True)[0]
         return attn.transpose(0, 1).reshape(span.num_tokens, self.q_size)
 
@@ -236,6 +263,15 @@ class LlamaRunner:
         if not group.dense:
             attn = attn[group.slots]
         return attn.reshape(-1, self.q_size)
+
+
+def _compiles(warmup) -> bool:
+    """Whether a kernel module compiled here (a failing compiler leaves the torch ops, which serve all)."""
+    try:
+        warmup()
+    except Exception:
+        return False
+    return True
 
 
 def can_pack_weights(dtype: torch.dtype, device: torch.device) -> bool:

@@ -1,0 +1,65 @@
+"""The bf16 prefill kernels (nodes/engines/bf16_prefill.py) against the torch ops they replace:
+RMSNorm and RoPE bit for bit, the KV they write, and the runner's prefill through them."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from nodes.engines import bf16_kernels, bf16_prefill
+from nodes.engines.bf16_gemv import bits
+from nodes.engines.llama import ForwardBatch, LlamaRunner, PrefillSpan, apply_rope, rms_norm
+
+pytestmark = pytest.mark.skipif(not bf16_kernels.AVAILABLE, reason="numba is not installed")
+
+
+def test_rms_norm_is_bit_identical_to_the_torch_branch():
+    g = torch.Generator().manual_seed(0)
+    x = (torch.randn(300, 576, generator=g) * 3).to(torch.bfloat16)
+    weight = torch.randn(576, generator=g).to(torch.bfloat16)
+    assert torch.equal(bf16_prefill.rms_norm(x, bits(weight), 1e-5), rms_norm(x, weight, 1e-5))
+
+
+@pytest.mark.parametrize("start", [0, 7])
+def test_rope_and_cache_match_apply_rope_and_the_cache_copies(start):
+    g = torch.Generator().manual_seed(start)
+    heads, kv_heads, head_dim, tokens = 9, 3, 64, 33
+    qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=g).to(torch.bfloat16)
+    cos = torch.randn(64, head_dim, generator=g).to(torch.bfloat16)
+    sin = torch.randn(64, head_dim, generator=g).to(torch.bfloat16)
+    cache = torch.randn(4, 2, kv_heads, 64, head_dim, generator=g).to(torch.bfloat16)
+    before = cache.clone()
+    q = bf16_prefill.rope_and_cache(qkv, bits(cos), bits(sin), start, heads, cache[2])
+    positions = torch.arange(start, start + tokens)
+    qk = apply_rope(qkv[:, :(heads + kv_heads) * head_dim].view(tokens, -1, head_dim),
+                    cos[positions][:, None, :], sin[positions][:, None, :])
+    assert q.is_contiguous() and torch.equal(q, qk[:, :heads].transpose(0, 1))
+    span = slice(start, start + tokens)
+    assert torch.equal(cache[2, 0, :, span], qk[:, heads:].transpose(0, 1))
+    v = qkv[:, (heads + kv_heads) * head_dim:].view(tokens, kv_heads, head_dim)
+    assert torch.equal(cache[2, 1, :, span], v.transpose(0, 1))
+    untouched = torch.ones_like(cache, dtype=torch.bool)
+    untouched[2, :, :, span] = False
+    assert torch.equal(cache[untouched], before[untouched])   # other layers and positions kept
+
+
+def test_a_chunked_prefill_through_the_kernels_matches_the_torch_ops(tiny_model):
+    """Two spans of a prompt (the second attends over the first's cached KV) give the same logits
+    and KV through the kernels as through the torch ops."""
+    fused = LlamaRunner(tiny_model.config, tiny_model.weights, dtype=torch.bfloat16, max_len=128)
+    plain = LlamaRunner(tiny_model.config, tiny_model.weights, dtype=torch.bfloat16, max_len=128)
+    plain.fused = False
+    assert fused.fused
+    results = []
+    for runner in (fused, plain):
+        kv = runner.new_kv(64)
+        logits = []
+        for start, count in ((0, 20), (20, 13)):
+            ids = torch.arange(5 + start, 5 + start + count)
+            batch = ForwardBatch(ids, torch.arange(start, start + count), torch.tensor([count - 1]),
+                                 spans=[PrefillSpan(0, count, start, kv)])
+            logits.append(runner.forward(batch))
+        results.append((torch.cat(logits), kv[:, :, :, :33]))
+    (fused_logits, fused_kv), (plain_logits, plain_kv) = results
+    assert torch.equal(fused_kv, plain_kv)
+    assert torch.equal(fused_logits, plain_logits)
