@@ -181,12 +181,17 @@ class LlamaRunner:
         return bf16_prefill.rms_norm(x, weights.input_norm if which == "input" else weights.post_norm, self.gemv.eps)
 
     def _fused_prefill_attention(self, layer: int, qkv: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        out = torch.empty(qkv.shape[0], self.q_size, dtype=qkv.dtype, device=qkv.device)
+        outputs = []
         for span in batch.spans:
             rows = slice(span.row, span.row + span.num_tokens)
             q = bf16_prefill.rope_and_cache(qkv[rows], self.gemv.cos, self.gemv.sin, span.start,
                                             self.config.num_heads, span.kv[layer])
-            out[rows] = self._span_sdpa(layer, q, span)
+            outputs.append(self._span_sdpa(layer, q, span))
+        if len(outputs) == 1 and outputs[0].shape[0] == qkv.shape[0]:
+            return outputs[0]   # one prompt fills the step: no copy into a batch-wide buffer
+        out = torch.empty(qkv.shape[0], self.q_size, dtype=qkv.dtype, device=qkv.device)
+        for span, attn in zip(batch.spans, outputs, strict=True):
+            out[span.row:span.row + span.num_tokens] = attn
         return out
 
     def _add_linear(self, residual: torch.Tensor, x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
