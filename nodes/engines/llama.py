@@ -168,8 +168,9 @@ class LlamaRunner:
                 x = self._mlp(x, self._norm(x, index, "post"), layer)
         if not len(batch.sample_rows):
             return torch.empty(0, c.vocab_size)
-        if gemv is not None:
-            return gemv.logits(x[batch.sample_rows]).float()
+        if self.gemv is not None and len(batch.sample_rows) <= bf16_gemv.MAX_ROWS:
+            # A prompt's last token(s) too: the GEMV streams the 56 MB LM head faster than oneDNN at M=1.
+            return self.gemv.logits(x[batch.sample_rows]).float()
         last = rms_norm(x[batch.sample_rows], self.norm, c.rms_norm_eps)
         return self._linear(last, self.lm_head).float()
 
