@@ -37,7 +37,7 @@ if AVAILABLE:
     import numba
 
     from bus.numba_bits import bits_f32
-    from nodes.engines.bf16_kernels import _bf16_bits, _prefetch, _round, _to_f32
+    from nodes.engines.bf16_kernels import _bf16_bits, _prefetch_ahead, _rope_pair, _round, _to_f32
 
     @numba.njit(inline="always", fastmath=FASTMATH)
     def _exp_nonpositive(x):  # pragma: no cover - runs compiled
@@ -56,11 +56,9 @@ if AVAILABLE:
         num_kv_heads, head_dim = cache.shape[3], cache.shape[5]
         half = head_dim // 2
         for h in range(num_heads + num_kv_heads):
-            base = h * head_dim
             for d in range(half):
-                a, b = _to_f32(qkv[m, base + d]), _to_f32(qkv[m, base + d + half])
-                q[h, d] = _round(_round(a * _to_f32(cos[pos, d])) + b * _to_f32(sin[pos, d]))
-                q[h, d + half] = _round(_round(b * _to_f32(cos[pos, d + half])) + a * _to_f32(sin[pos, d + half]))
+                low, high = _rope_pair(qkv, m, h * head_dim, d, half, cos, sin, pos)
+                q[h, d], q[h, d + half] = _round(low), _round(high)
         v_base = (num_heads + num_kv_heads) * head_dim
         for g in range(num_kv_heads):
             for d in range(head_dim):
@@ -68,18 +66,12 @@ if AVAILABLE:
                 cache[layer, slot, 1, g, pos, d] = qkv[m, v_base + g * head_dim + d]
 
     @numba.njit(inline="always", fastmath=FASTMATH)
-    def _prefetch_row(rows, j, num_rows):  # pragma: no cover - runs compiled
-        if j + PREFETCH_ROWS < num_rows:
-            for c in range(0, rows.shape[1], 32):   # a cache line holds 32 bf16 values
-                _prefetch(rows, j + PREFETCH_ROWS, c)
-
-    @numba.njit(inline="always", fastmath=FASTMATH)
     def _scores(q, first, group, keys, num_keys, scale, scores, row):  # pragma: no cover - runs compiled
         """scores[i, j] = q[first + i] . keys[j] * scale; three heads a KV head (SmolLM2, and many
         GQA models) take one pass over each key with three accumulators."""
         head_dim = keys.shape[1]
         for j in range(num_keys):
-            _prefetch_row(keys, j, num_keys)
+            _prefetch_ahead(keys, j, PREFETCH_ROWS)
             if group == 3:
                 d0, d1, d2 = np.float32(0.0), np.float32(0.0), np.float32(0.0)
                 for d in range(head_dim):
@@ -117,7 +109,7 @@ if AVAILABLE:
         head_dim = values.shape[1]
         acc[:, :] = 0.0
         for j in range(num_keys):
-            _prefetch_row(values, j, num_keys)
+            _prefetch_ahead(values, j, PREFETCH_ROWS)
             if group == 3:
                 w0, w1, w2 = scores[0, j], scores[1, j], scores[2, j]
                 for d in range(head_dim):

@@ -7,6 +7,9 @@ take and return contiguous bf16 torch tensors of `rows` tokens:
 `qkv(layer, x)` = RMSNorm + fused q/k/v projection, `decode_attention(...)` = RoPE + KV write +
 attention of pure decode steps (after `set_rope(cos, sin)`), `attn_out(layer, attn, residual)` = residual +
 o-projection, `mlp(layer, x)` = x + SwiGLU(RMSNorm(x)), `logits(x)` = final RMSNorm + LM head.
+For steps of any size (bf16_prefill.py): `rms_norm(layer, x, post)` = a layer's input (or post-
+attention) RMSNorm as a new tensor, and `rope_and_cache(qkv, start, num_heads, cache)` = RoPE on a
+prefill span's q and k, its k and v written into its layer's cache, q returned [heads, rows, dim].
 What `qkv`, `decode_attention` and `logits` return is a buffer reused by the next call of the same
 method with as many rows (a step consumes each before the next layer asks again; copy to keep one);
 `attn_out` and `mlp` add into their residual in place and return it (the residual stream is one
@@ -25,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from nodes.engines import bf16_attention
+from nodes.engines import bf16_attention, bf16_prefill
 from nodes.engines import bf16_kernels as kernels
 from nodes.engines.model_config import LlamaConfig
 
@@ -73,6 +76,7 @@ class Bf16Gemv:
         try:
             kernels.warmup()
             bf16_attention.warmup()
+            bf16_prefill.warmup()
         except Exception:   # a failing compiler leaves the oneDNN path, which serves every step
             return None
         return cls(config, get)
@@ -116,6 +120,19 @@ class Bf16Gemv:
         bf16_attention.decode_attention(qkv_bits, self.cos, self.sin, positions.numpy(), slots.numpy(),
                                         bits(cache), layer, num_heads, out_bits)
         return out
+
+    def rms_norm(self, layer: int, x: torch.Tensor, post: bool = False) -> torch.Tensor:
+        w = self.layers[layer]
+        out = torch.empty_like(x)
+        bf16_prefill.rms_norm(bits(x), w.post_norm if post else w.input_norm, self.eps, bits(out))
+        return out
+
+    def rope_and_cache(self, qkv: torch.Tensor, start: int, num_heads: int, cache: torch.Tensor) -> torch.Tensor:
+        """`cache` is one layer of a sequence's cache [2, kv_heads, capacity, head_dim], written in place."""
+        q = torch.empty(num_heads, qkv.shape[0], cache.shape[-1], dtype=qkv.dtype)
+        cache_bits = cache.view(torch.int16).numpy().view(np.uint16)
+        bf16_prefill.rope_and_cache(bits(qkv), self.cos, self.sin, start, num_heads, bits(q), cache_bits)
+        return q
 
     def attn_out(self, layer: int, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual += o(attn), in place (the kernel reads each residual value before writing it)."""

@@ -37,7 +37,9 @@ except ImportError:  # the oneDNN path serves every step without it
 
 AVAILABLE = numba is not None
 FASTMATH = {"reassoc", "contract"}   # vectorised float32 reductions, FMA; no unsafe NaN/inf folding
-PREFETCH_ROWS = 2   # weight rows requested ahead of the one a GEMV reads (2.3 KB at SmolLM2's width)
+# Weight rows a GEMV requests ahead of the one it reads (2.3 KB at SmolLM2's width): with the
+# hardware prefetcher alone, cold weights streamed well below the read bandwidth.
+PREFETCH_ROWS = 2
 
 
 def _njit(function):
@@ -94,25 +96,36 @@ if AVAILABLE:
                 xf[m, k] = _to_f32(x[m, k])
 
     @_inline
+    def _norm_scale(x, m, eps):  # pragma: no cover - runs compiled
+        """llama.rms_norm's bf16 branch for row m: float32 statistics, the scale rounded to bf16."""
+        squares = np.float32(0.0)
+        for k in range(x.shape[1]):
+            v = _to_f32(x[m, k])
+            squares += v * v
+        return _round(np.float32(1.0) / np.sqrt(squares / np.float32(x.shape[1]) + np.float32(eps)))
+
+    @_inline
     def _norm_rows(x, norm_w, eps, xf):  # pragma: no cover - runs compiled
-        """llama.rms_norm's bf16 branch: float32 statistics, bf16 scale, rounded twice."""
-        size = x.shape[1]
+        """RMSNorm of x's rows into float32 xf, rounded twice (after the scale, after the weight)."""
         for m in range(x.shape[0]):
-            squares = np.float32(0.0)
-            for k in range(size):
-                v = _to_f32(x[m, k])
-                squares += v * v
-            scale = _round(np.float32(1.0) / np.sqrt(squares / np.float32(size) + np.float32(eps)))
-            for k in range(size):
+            scale = _norm_scale(x, m, eps)
+            for k in range(x.shape[1]):
                 xf[m, k] = _round(_round(_to_f32(x[m, k]) * scale) * _to_f32(norm_w[k]))
 
     @_inline
-    def _prefetch_row(w, o):  # pragma: no cover - runs compiled
-        """Request weight row o + PREFETCH_ROWS: the hardware prefetcher alone streamed the weights
-        at 8.7 GB/s, 10.0-10.6 with this (1536 x 576 matrices, cold, ad-hoc microbenchmark)."""
-        if o + PREFETCH_ROWS < w.shape[0]:
-            for c in range(0, w.shape[1], 32):   # a cache line holds 32 bf16 values
-                _prefetch(w, o + PREFETCH_ROWS, c)
+    def _rope_pair(qkv, m, base, d, half, cos, sin, pos):  # pragma: no cover - runs compiled
+        """Values d and d + half of the head at qkv[m, base:] after RoPE, with x * cos rounded as
+        llama.apply_rope rounds it (rotate-half tables, its sign in sin); the caller rounds the sums."""
+        a, b = _to_f32(qkv[m, base + d]), _to_f32(qkv[m, base + d + half])
+        return (_round(a * _to_f32(cos[pos, d])) + b * _to_f32(sin[pos, d]),
+                _round(b * _to_f32(cos[pos, d + half])) + a * _to_f32(sin[pos, d + half]))
+
+    @_inline
+    def _prefetch_ahead(rows, j, ahead):  # pragma: no cover - runs compiled
+        """Request row j + ahead of a 2-D array, if it has one."""
+        if j + ahead < rows.shape[0]:
+            for c in range(0, rows.shape[1], 32):   # a cache line holds 32 bf16 values
+                _prefetch(rows, j + ahead, c)
 
     @_inline
     def _dot(xf, m, w, o):  # pragma: no cover - runs compiled
@@ -166,9 +179,9 @@ if AVAILABLE:
         sums = np.empty(xf.shape[0], np.float32)
         for o in range(half):
             second = o + half
-            _prefetch_row(w, o)
+            _prefetch_ahead(w, o, PREFETCH_ROWS)
             if second < n:
-                _prefetch_row(w, second)
+                _prefetch_ahead(w, second, PREFETCH_ROWS)
             _outputs(xf, w, o, residual, add, out, sums)
             if second < n:
                 _outputs(xf, w, second, residual, add, out, sums)
@@ -208,11 +221,11 @@ if AVAILABLE:
         gates, ups = np.empty(xf.shape[0], np.float32), np.empty(xf.shape[0], np.float32)
         for o in range(half):
             second = o + half
-            _prefetch_row(w_gate, o)
-            _prefetch_row(w_up, o)
+            _prefetch_ahead(w_gate, o, PREFETCH_ROWS)
+            _prefetch_ahead(w_up, o, PREFETCH_ROWS)
             if second < n:
-                _prefetch_row(w_gate, second)
-                _prefetch_row(w_up, second)
+                _prefetch_ahead(w_gate, second, PREFETCH_ROWS)
+                _prefetch_ahead(w_up, second, PREFETCH_ROWS)
             _gated(xf, w_gate, w_up, o, out, gates, ups)
             if second < n:
                 _gated(xf, w_gate, w_up, second, out, gates, ups)

@@ -14,7 +14,7 @@ KV caches laid out [layers, 2 (K, V), kv_heads, capacity, head_dim]:
   mask (no gathering of KV: the slots are views of one tensor); pure decode steps in bf16 run the
   fused RoPE + KV write + attention kernel of bf16_attention.py instead.
 In bf16 with numba, RMSNorm and (for pure prefill steps) RoPE with the KV writes run on the
-kernels of bf16_prefill.py, bit-identical to the torch ops they replace.
+kernels of bf16_prefill.py (through Bf16Gemv), bit-identical to the torch ops they replace.
 Math follows Hugging Face's LlamaForCausalLM (RMSNorm in float32, rotate-half RoPE, SwiGLU).
 """
 
@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from nodes.engines import bf16_gemv, bf16_prefill
+from nodes.engines import bf16_gemv
 from nodes.engines.model_config import LlamaConfig
 from nodes.engines.rope import rope_tables
 
@@ -96,7 +96,7 @@ class LlamaRunner:
         # Decode steps (a few rows) run their linear layers on numba GEMVs, 2-3x faster than oneDNN's.
         self.gemv = bf16_gemv.Bf16Gemv.create(config, get) if self.packed and use_gemv else None
         # Larger bf16 steps keep oneDNN's GEMMs but run RMSNorm, RoPE and the KV writes on numba.
-        self.fused = self.gemv is not None and _compiles(bf16_prefill.warmup)
+        self.fused = self.gemv is not None
         self.max_len = max_len or config.max_position_embeddings
         cos, sin = rope_tables(config, self.max_len)
         half = config.head_dim // 2
@@ -146,10 +146,7 @@ class LlamaRunner:
         num_tokens = x.shape[0]
         gemv = self.gemv if num_tokens <= bf16_gemv.MAX_ROWS else None
         for index, layer in enumerate(self.layers):
-            if gemv is not None:
-                qkv = gemv.qkv(index, x)
-            else:
-                qkv = self._linear(self._norm(x, index, "input"), layer.qkv)
+            qkv = gemv.qkv(index, x) if gemv is not None else self._linear(self._norm(x, index), layer.qkv)
             if self.gemv is not None and not batch.spans and batch.decode is not None:   # pure decode: one kernel
                 group = batch.decode   # any batch size: it streams the KV faster than SDPA does
                 attn = self.gemv.decode_attention(index, qkv, group.positions, group.slots, group.cache, c.num_heads)
@@ -165,7 +162,7 @@ class LlamaRunner:
                 x = gemv.mlp(index, gemv.attn_out(index, attn, x))
             else:
                 x = self._add_linear(x, attn, layer.o)
-                x = self._mlp(x, self._norm(x, index, "post"), layer)
+                x = self._mlp(x, self._norm(x, index, post=True), layer)
         if not len(batch.sample_rows):
             return torch.empty(0, c.vocab_size)
         if self.gemv is not None and len(batch.sample_rows) <= bf16_gemv.MAX_ROWS:
@@ -174,19 +171,17 @@ class LlamaRunner:
         last = rms_norm(x[batch.sample_rows], self.norm, c.rms_norm_eps)
         return self._linear(last, self.lm_head).float()
 
-    def _norm(self, x: torch.Tensor, index: int, which: str) -> torch.Tensor:
+    def _norm(self, x: torch.Tensor, index: int, post: bool = False) -> torch.Tensor:
+        if self.fused:
+            return self.gemv.rms_norm(index, x, post)
         layer = self.layers[index]
-        if not self.fused:
-            return rms_norm(x, layer.input_norm if which == "input" else layer.post_norm, self.config.rms_norm_eps)
-        weights = self.gemv.layers[index]
-        return bf16_prefill.rms_norm(x, weights.input_norm if which == "input" else weights.post_norm, self.gemv.eps)
+        return rms_norm(x, layer.post_norm if post else layer.input_norm, self.config.rms_norm_eps)
 
     def _fused_prefill_attention(self, layer: int, qkv: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         outputs = []
         for span in batch.spans:
             rows = slice(span.row, span.row + span.num_tokens)
-            q = bf16_prefill.rope_and_cache(qkv[rows], self.gemv.cos, self.gemv.sin, span.start,
-                                            self.config.num_heads, span.kv[layer])
+            q = self.gemv.rope_and_cache(qkv[rows], span.start, self.config.num_heads, span.kv[layer])
             outputs.append(self._span_sdpa(layer, q, span))
         if len(outputs) == 1 and outputs[0].shape[0] == qkv.shape[0]:
             return outputs[0]   # one prompt fills the step: no copy into a batch-wide buffer
@@ -269,15 +264,6 @@ class LlamaRunner:
         if not group.dense:
             attn = attn[group.slots]
         return attn.reshape(-1, self.q_size)
-
-
-def _compiles(warmup) -> bool:
-    """Whether a kernel module compiled here (a failing compiler leaves the torch ops, which serve all)."""
-    try:
-        warmup()
-    except Exception:
-        return False
-    return True
 
 
 def can_pack_weights(dtype: torch.dtype, device: torch.device) -> bool:

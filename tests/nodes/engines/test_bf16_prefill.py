@@ -17,7 +17,9 @@ def test_rms_norm_is_bit_identical_to_the_torch_branch():
     g = torch.Generator().manual_seed(0)
     x = (torch.randn(300, 576, generator=g) * 3).to(torch.bfloat16)
     weight = torch.randn(576, generator=g).to(torch.bfloat16)
-    assert torch.equal(bf16_prefill.rms_norm(x, bits(weight), 1e-5), rms_norm(x, weight, 1e-5))
+    out = torch.empty_like(x)
+    bf16_prefill.rms_norm(bits(x), bits(weight), 1e-5, bits(out))
+    assert torch.equal(out, rms_norm(x, weight, 1e-5))
 
 
 @pytest.mark.parametrize("start", [0, 7])
@@ -29,11 +31,12 @@ def test_rope_and_cache_match_apply_rope_and_the_cache_copies(start):
     sin = torch.randn(64, head_dim, generator=g).to(torch.bfloat16)
     cache = torch.randn(4, 2, kv_heads, 64, head_dim, generator=g).to(torch.bfloat16)
     before = cache.clone()
-    q = bf16_prefill.rope_and_cache(qkv, bits(cos), bits(sin), start, heads, cache[2])
+    q = torch.empty(heads, tokens, head_dim, dtype=torch.bfloat16)
+    bf16_prefill.rope_and_cache(bits(qkv), bits(cos), bits(sin), start, heads, bits(q), bits(cache[2]))
     positions = torch.arange(start, start + tokens)
     qk = apply_rope(qkv[:, :(heads + kv_heads) * head_dim].view(tokens, -1, head_dim),
                     cos[positions][:, None, :], sin[positions][:, None, :])
-    assert q.is_contiguous() and torch.equal(q, qk[:, :heads].transpose(0, 1))
+    assert torch.equal(q, qk[:, :heads].transpose(0, 1))
     span = slice(start, start + tokens)
     assert torch.equal(cache[2, 0, :, span], qk[:, heads:].transpose(0, 1))
     v = qkv[:, (heads + kv_heads) * head_dim:].view(tokens, kv_heads, head_dim)
@@ -61,5 +64,9 @@ def test_a_chunked_prefill_through_the_kernels_matches_the_torch_ops(tiny_model)
             logits.append(runner.forward(batch))
         results.append((torch.cat(logits), kv[:, :, :, :33]))
     (fused_logits, fused_kv), (plain_logits, plain_kv) = results
+    c = tiny_model.config
+    qkv = torch.zeros(5, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim, dtype=torch.bfloat16)
+    q = fused.gemv.rope_and_cache(qkv, 0, c.num_heads, fused.new_kv(8)[0])
+    assert q.shape == (c.num_heads, 5, c.head_dim) and q.is_contiguous()   # SDPA's layout
     assert torch.equal(fused_kv, plain_kv)
     assert torch.equal(fused_logits, plain_logits)
