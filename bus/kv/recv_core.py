@@ -74,7 +74,7 @@ class ReceiverCore:
         self._transfers: dict[str, _Inbound] = {}
         self._finished: OrderedDict[str, bool] = OrderedDict()
         self._results: deque[TransferResult] = deque()
-        self._decodes: deque[tuple[str, _Inbound, Chunk, list[np.ndarray]]] = deque()
+        self._decodes: deque[tuple[_Inbound, Chunk, list[np.ndarray]]] = deque()   # verified, ACKed
         self.undecodable = 0   # messages too broken to name their transfer (the sender's timer resends)
 
     def pop_results(self) -> list[TransferResult]:
@@ -93,7 +93,8 @@ class ReceiverCore:
         """Decode the verified chunks queued by on_frames; the replies of the transfers that completed."""
         replies: list[Reply] = []
         while self._decodes:
-            transfer_id, inbound, chunk, arrays = self._decodes.popleft()
+            inbound, chunk, arrays = self._decodes.popleft()
+            transfer_id = chunk.transfer_id
             if self._transfers.get(transfer_id) is not inbound:   # failed or cancelled meanwhile
                 continue
             inbound.num_queued -= 1
@@ -148,7 +149,7 @@ class ReceiverCore:
         inbound.checksums[chunk.index] = chunk.checksum
         inbound.coverage[spec.planes, spec.tokens] = True
         inbound.num_queued += 1
-        self._decodes.append((chunk.transfer_id, inbound, chunk, arrays))
+        self._decodes.append((inbound, chunk, arrays))
         return [(peer, encode_message(Ack(chunk.transfer_id, chunk.index)))]
 
     def _open(self, peer: bytes, chunk: Chunk, now: float) -> _Inbound | None:
