@@ -11,12 +11,19 @@ LlamaRunner runs every pure bf16 decode step's attention on it, at any batch siz
 
 Why a kernel: the query heads sharing a KV head go through its keys and values together, so each K
 and V row is read from memory (and widened to float32) once per step instead of once per head, and
-nothing is gathered, masked or padded. At batch 32 and context 512 a step reads 377 MB of KV, and
-SDPA over the slot cache ran at about half the single-core read bandwidth; this kernel, with the
-K/V rows it will read next requested ahead (`PREFETCH_ROWS`), took 44 ms a step there against
-SDPA's 55 (ad-hoc microbenchmark; `make bench-engine` measures the steps). The softmax uses its own
-exp (`_exp_nonpositive`): numba's np.exp is a scalar libm call per score (3.8 ns here); this one is
-plain float arithmetic that LLVM vectorises (0.34 ns), within 3e-7 relative of exp in float64.
+nothing is gathered, masked or padded. At batch 32 and context 512 a step reads 377 MB of KV, so
+the kernel is bound by memory; two choices keep it near the single-core read bandwidth:
+- for SmolLM2's shape (groups of 3 heads of 64) it runs 16 keys at a time on hand-built vector
+  code (`bf16_blocks`), half the instructions of numba's key-by-key loops;
+- it interleaves two (row, KV head) units: unit u's keys are scored while unit u - 1's values are
+  weighted, so the K and V streams run side by side. One core read this cache at 12.6 GB/s one
+  stream at a time and 17.4 GB/s two at a time (ad-hoc timing); the kernel went from 47 to 33 ms
+  for the 30 layers of a batch-32 step, 1.1 to 0.55 ms at batch 1. (Software prefetching on top
+  of this, at 2-8 KB ahead, made it slower.)
+The softmax uses its own exp (`_exp_nonpositive`): numba's np.exp is a scalar libm call per score
+(3.8 ns here); this one is plain float arithmetic that LLVM vectorises (0.34 ns), within 3e-7
+relative of exp in float64. The maximum comes from the block kernel's lanes (numba's scalar max
+loop cost more than the exp), and the output is scaled by 1/sum once instead of every weight.
 """
 
 from __future__ import annotations
@@ -28,16 +35,21 @@ from nodes.engines.bf16_kernels import AVAILABLE
 # Scores are finite (no mask, no padding), so the NaN/inf assumptions are safe and let the max and
 # sum reductions vectorise.
 FASTMATH = {"reassoc", "contract", "nnan", "ninf", "nsz", "arcp"}
-# Rows of K (and of V) requested this far ahead of the one being read: at batch 32 the step streams
-# 377 MB of KV, and the hardware prefetcher alone left the kernel waiting on memory for half its
-# time (44 vs 69 ms a step at batch 32 in an ad-hoc microbenchmark; 55 ms for SDPA there).
-PREFETCH_ROWS = 16
+# The GQA shape the 16-key block kernels are built for (SmolLM2: 9 heads over 3 KV heads of 64);
+# other shapes take the one-key-at-a-time loops.
+BLOCK_GROUP, BLOCK_HEAD_DIM = 3, 64
+LOWEST = np.float32(-3.0e38)   # a finite "minus infinity": the kernel is compiled assuming no inf
 
 if AVAILABLE:
     import numba
 
     from bus.numba_bits import bits_f32
-    from nodes.engines.bf16_kernels import _bf16_bits, _prefetch_ahead, _rope_pair, _round, _to_f32
+    from nodes.engines import bf16_blocks
+    from nodes.engines.bf16_kernels import _bf16_bits, _rope_pair, _round, _to_f32
+
+    _qk_block = bf16_blocks.make_qk_block(BLOCK_GROUP, BLOCK_HEAD_DIM)
+    _pv_block = bf16_blocks.make_pv_block(BLOCK_GROUP, BLOCK_HEAD_DIM)
+    BLOCK = bf16_blocks.BLOCK
 
     @numba.njit(inline="always", fastmath=FASTMATH)
     def _exp_nonpositive(x):  # pragma: no cover - runs compiled
@@ -66,88 +78,87 @@ if AVAILABLE:
                 cache[layer, slot, 1, g, pos, d] = qkv[m, v_base + g * head_dim + d]
 
     @numba.njit(inline="always", fastmath=FASTMATH)
-    def _scores(q, first, group, keys, num_keys, scale, scores, row):  # pragma: no cover - runs compiled
-        """scores[i, j] = q[first + i] . keys[j] * scale; three heads a KV head (SmolLM2, and many
-        GQA models) take one pass over each key with three accumulators."""
+    def _scores(q, first, group, keys, start, num_keys, scale, scores):  # pragma: no cover - runs compiled
+        """scores[i, j] = q[first + i] . keys[j] * scale for keys start..num_keys - 1, one at a time
+        (the block kernel's remainder, and every key of shapes it is not built for)."""
         head_dim = keys.shape[1]
-        for j in range(num_keys):
-            _prefetch_ahead(keys, j, PREFETCH_ROWS)
-            if group == 3:
-                d0, d1, d2 = np.float32(0.0), np.float32(0.0), np.float32(0.0)
-                for d in range(head_dim):
-                    k = _to_f32(keys[j, d])
-                    d0 += q[first, d] * k
-                    d1 += q[first + 1, d] * k
-                    d2 += q[first + 2, d] * k
-                scores[0, j], scores[1, j], scores[2, j] = d0 * scale, d1 * scale, d2 * scale
-                continue
-            for d in range(head_dim):
-                row[d] = _to_f32(keys[j, d])
+        for j in range(start, num_keys):
             for i in range(group):
                 dot = np.float32(0.0)
                 for d in range(head_dim):
-                    dot += q[first + i, d] * row[d]
+                    dot += q[first + i, d] * _to_f32(keys[j, d])
                 scores[i, j] = dot * scale
 
     @numba.njit(inline="always", fastmath=FASTMATH)
-    def _softmax(scores, group, num_keys):  # pragma: no cover - runs compiled
+    def _softmax(scores, tops, group, block_end, num_keys, inverse):  # pragma: no cover - runs compiled
+        """scores[i, :num_keys] -> exp(score - max), inverse[i] = 1 / their sum. The maximum of keys
+        below block_end is already in tops[i] (the block kernel's lanes); numba's own max loop does
+        not vectorise (0.9 ns a score, more than the exp)."""
         for i in range(group):
-            top = scores[i, 0]
-            for j in range(num_keys):
+            top = tops[i, 0]
+            for lane in range(tops.shape[1]):
+                top = max(top, tops[i, lane])
+            for j in range(block_end, num_keys):
                 top = max(top, scores[i, j])
             total = np.float32(0.0)
             for j in range(num_keys):
                 weight = _exp_nonpositive(scores[i, j] - top)
                 scores[i, j] = weight
                 total += weight
-            inverse = np.float32(1.0) / total
-            for j in range(num_keys):
-                scores[i, j] *= inverse
+            inverse[i] = np.float32(1.0) / total
 
     @numba.njit(inline="always", fastmath=FASTMATH)
-    def _weighted_values(scores, group, values, num_keys, acc, row):  # pragma: no cover - runs compiled
+    def _weighted_values(weights, group, values, start, num_keys, acc):  # pragma: no cover - runs compiled
+        """acc[i] += weights[i, j] * values[j] for j in start..num_keys - 1, one value row at a time."""
         head_dim = values.shape[1]
-        acc[:, :] = 0.0
-        for j in range(num_keys):
-            _prefetch_ahead(values, j, PREFETCH_ROWS)
-            if group == 3:
-                w0, w1, w2 = scores[0, j], scores[1, j], scores[2, j]
-                for d in range(head_dim):
-                    v = _to_f32(values[j, d])
-                    acc[0, d] += w0 * v
-                    acc[1, d] += w1 * v
-                    acc[2, d] += w2 * v
-                continue
-            for d in range(head_dim):
-                row[d] = _to_f32(values[j, d])
+        for j in range(start, num_keys):
             for i in range(group):
-                weight = scores[i, j]
+                weight = weights[i, j]
                 for d in range(head_dim):
-                    acc[i, d] += weight * row[d]
+                    acc[i, d] += weight * _to_f32(values[j, d])
 
     @numba.njit(cache=True, boundscheck=False, nogil=True, fastmath=FASTMATH)
     def decode_attention(qkv, cos, sin, positions, slots, cache, layer, num_heads, out):  # pragma: no cover
-        num_kv_heads, head_dim = cache.shape[3], cache.shape[5]
+        rows, num_kv_heads, head_dim = qkv.shape[0], cache.shape[3], cache.shape[5]
         group = num_heads // num_kv_heads
+        blocks = group == BLOCK_GROUP and head_dim == BLOCK_HEAD_DIM
         scale = np.float32(1.0 / np.sqrt(head_dim))
         max_keys = 1
-        for m in range(positions.shape[0]):
+        for m in range(rows):
             max_keys = max(max_keys, positions[m] + 1)
-        q = np.empty((num_heads + num_kv_heads, head_dim), np.float32)
-        scores = np.empty((group, max_keys), np.float32)
+        q = np.empty((rows, num_heads + num_kv_heads, head_dim), np.float32)
+        for m in range(rows):
+            _rope_and_write(qkv, m, cos, sin, positions[m], slots[m], cache, layer, num_heads, q[m])
+        # Two of each: unit u's scores are computed while unit u - 1's values are weighted.
+        scores = np.empty((2, group, max_keys), np.float32)
+        tops = np.empty((2, group, bf16_blocks.LANES), np.float32)
+        inverse = np.empty((2, group), np.float32)
         acc = np.empty((group, head_dim), np.float32)
-        row = np.empty(head_dim, np.float32)
-        for m in range(qkv.shape[0]):
-            pos, slot = positions[m], slots[m]
-            _rope_and_write(qkv, m, cos, sin, pos, slot, cache, layer, num_heads, q)
-            for g in range(num_kv_heads):
-                first = g * group
-                _scores(q, first, group, cache[layer, slot, 0, g], pos + 1, scale, scores, row)
-                _softmax(scores, group, pos + 1)
-                _weighted_values(scores, group, cache[layer, slot, 1, g], pos + 1, acc, row)
+        units = rows * num_kv_heads   # unit u: row u // num_kv_heads, KV head u % num_kv_heads
+        for u in range(units + 1):
+            now, before = u % 2, (u + 1) % 2
+            m, g = min(u, units - 1) // num_kv_heads, min(u, units - 1) % num_kv_heads
+            pm, pg = max(u - 1, 0) // num_kv_heads, max(u - 1, 0) % num_kv_heads
+            keys, values = cache[layer, slots[m], 0, g], cache[layer, slots[pm], 1, pg]
+            num_keys = positions[m] + 1 if u < units else 0
+            num_values = positions[pm] + 1 if u > 0 else 0
+            key_blocks = num_keys // BLOCK if blocks else 0
+            value_blocks = num_values // BLOCK if blocks else 0
+            tops[now] = LOWEST
+            acc[:, :] = 0.0
+            for b in range(max(key_blocks, value_blocks)):   # the K and V streams side by side
+                if b < key_blocks:
+                    _qk_block(q[m], g * group, keys, b * BLOCK, scale, scores[now], tops[now])
+                if b < value_blocks:
+                    _pv_block(scores[before], values, b * BLOCK, acc)
+            if u > 0:
+                _weighted_values(scores[before], group, values, value_blocks * BLOCK, num_values, acc)
                 for i in range(group):
                     for d in range(head_dim):
-                        out[m, (first + i) * head_dim + d] = _bf16_bits(acc[i, d])
+                        out[pm, (pg * group + i) * head_dim + d] = _bf16_bits(acc[i, d] * inverse[before, i])
+            if u < units:
+                _scores(q[m], g * group, group, keys, key_blocks * BLOCK, num_keys, scale, scores[now])
+                _softmax(scores[now], tops[now], group, key_blocks * BLOCK, num_keys, inverse[now])
 
 
 def warmup() -> None:

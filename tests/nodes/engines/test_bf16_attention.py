@@ -1,5 +1,6 @@
 """The numba decode attention kernel against a float64 reference: its exp, its softmax attention for
-GQA groups of 3 (the fast path) and others, contexts shorter and longer than its prefetch distance."""
+GQA groups of 3 of 64 (the 16-key block path) and other shapes (key by key), contexts below, at and
+across multiples of 16 keys, several rows (units interleaved) in any slot order."""
 
 from __future__ import annotations
 
@@ -30,7 +31,7 @@ def f32(bits_: np.ndarray) -> np.ndarray:
 
 
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(9, 3), (8, 2), (4, 4)])
-@pytest.mark.parametrize("positions", [[0], [3, 40], [100, 7, 64]])
+@pytest.mark.parametrize("positions", [[0], [3, 40], [100, 7, 64], [15, 16, 31, 47]])
 def test_attention_matches_a_float64_reference(num_heads, num_kv_heads, positions):
     rng = np.random.default_rng(len(positions) + num_heads)
     head_dim, capacity, rows = 64, 128, len(positions)

@@ -1,0 +1,67 @@
+"""The 16-key block kernels against numpy: scores and their lane maxima, weighted value sums, for
+several group sizes and head widths, at a block that does not start at key 0."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from nodes.engines import bf16_kernels
+
+pytestmark = pytest.mark.skipif(not bf16_kernels.AVAILABLE, reason="numba is not installed")
+
+if bf16_kernels.AVAILABLE:
+    import numba
+
+    from nodes.engines import bf16_blocks
+
+
+def bf16_bits(values: np.ndarray) -> np.ndarray:
+    return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def widened(bits_: np.ndarray) -> np.ndarray:
+    return (bits_.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+def compiled(group: int, head_dim: int):
+    qk, pv = bf16_blocks.make_qk_block(group, head_dim), bf16_blocks.make_pv_block(group, head_dim)
+
+    @numba.njit
+    def scores_of(q, first, keys, j0, scale, scores, tops):
+        qk(q, first, keys, j0, scale, scores, tops)
+
+    @numba.njit
+    def weigh(weights, values, j0, acc):
+        pv(weights, values, j0, acc)
+
+    return scores_of, weigh
+
+
+@pytest.mark.parametrize(("group", "head_dim"), [(3, 64), (1, 16), (4, 128)])
+def test_a_block_scores_16_keys_for_every_head_and_keeps_their_lane_maxima(group, head_dim):
+    rng = np.random.default_rng(group)
+    scores_of, _ = compiled(group, head_dim)
+    q = rng.normal(size=(group + 2, head_dim)).astype(np.float32)
+    keys = bf16_bits(rng.normal(size=(40, head_dim)))
+    scores = np.zeros((group, 40), np.float32)
+    tops = np.full((group, 16), 5.0, np.float32)
+    tops[:, ::2] = -1e30
+    scores_of(q, 1, keys, 16, np.float32(0.125), scores, tops)
+    expected = q[1:1 + group].astype(np.float64) @ widened(keys[16:32]).T * 0.125
+    np.testing.assert_allclose(scores[:, 16:32], expected, rtol=1e-5, atol=1e-5)
+    assert not scores[:, :16].any() and not scores[:, 32:].any()   # only its own 16 keys
+    np.testing.assert_allclose(tops[:, ::2], expected[:, ::2], rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(tops[:, 1::2], np.maximum(5.0, scores[:, 17:32:2]))
+
+
+@pytest.mark.parametrize(("group", "head_dim"), [(3, 64), (2, 32)])
+def test_a_block_adds_16_weighted_value_rows_to_the_accumulators(group, head_dim):
+    rng = np.random.default_rng(head_dim)
+    _, weigh = compiled(group, head_dim)
+    weights = rng.random(size=(group, 48)).astype(np.float32)
+    values = bf16_bits(rng.normal(size=(48, head_dim)))
+    acc = rng.normal(size=(group, head_dim)).astype(np.float32)
+    expected = acc.astype(np.float64) + weights[:, 32:48].astype(np.float64) @ widened(values[32:48])
+    weigh(weights, values, 32, acc)
+    np.testing.assert_allclose(acc, expected, rtol=1e-5, atol=1e-5)
