@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from nodes.engines import bf16_attention, bf16_prefill
+from nodes.engines import bf16_attention, bf16_prefill, hugepages
 from nodes.engines import bf16_kernels as kernels
 from nodes.engines.model_config import LlamaConfig
 
@@ -54,20 +54,28 @@ class _Layer:
 class Bf16Gemv:
     def __init__(self, config: LlamaConfig, get) -> None:
         self.eps = float(config.rms_norm_eps)
-        self.layers = []
+        matrices = {}
         for i in range(config.num_layers):
             p = f"model.layers.{i}"
-            self.layers.append(_Layer(
-                input_norm=bits(get(f"{p}.input_layernorm.weight")),
-                qkv=bits(torch.cat([get(f"{p}.self_attn.{x}_proj.weight") for x in "qkv"])),
-                o=bits(get(f"{p}.self_attn.o_proj.weight")),
-                post_norm=bits(get(f"{p}.post_attention_layernorm.weight")),
-                gate=bits(get(f"{p}.mlp.gate_proj.weight")), up=bits(get(f"{p}.mlp.up_proj.weight")),
-                down=bits(get(f"{p}.mlp.down_proj.weight"))))
+            matrices[i, "qkv"] = torch.cat([get(f"{p}.self_attn.{x}_proj.weight") for x in "qkv"])
+            for name, key in (("o", "self_attn.o_proj"), ("gate", "mlp.gate_proj"), ("up", "mlp.up_proj"),
+                              ("down", "mlp.down_proj")):
+                matrices[i, name] = get(f"{p}.{key}.weight")
+        matrices["head"] = get("model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight")
+        # One allocation on huge pages for every matrix a decode step streams (fewer TLB misses).
+        arena = hugepages.Arena(hugepages.Arena.size_for([m.shape for m in matrices.values()], torch.bfloat16),
+                                torch.bfloat16)
+        weights = {key: bits(arena.copy(m)) for key, m in matrices.items()}
+        self.layers = [_Layer(
+            input_norm=bits(get(f"model.layers.{i}.input_layernorm.weight")),
+            qkv=weights[i, "qkv"], o=weights[i, "o"],
+            post_norm=bits(get(f"model.layers.{i}.post_attention_layernorm.weight")),
+            gate=weights[i, "gate"], up=weights[i, "up"], down=weights[i, "down"])
+            for i in range(config.num_layers)]
         self.norm = bits(get("model.norm.weight"))
+        self.head = weights["head"]
         self._buffers: dict[tuple[str, int, int], tuple[torch.Tensor, np.ndarray]] = {}
         self._views: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
-        self.head = bits(get("model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight"))
 
     @classmethod
     def create(cls, config: LlamaConfig, get) -> Bf16Gemv | None:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from nodes.engines import hugepages
 from nodes.engines.model_config import LlamaConfig
 
 SLOT_GROWTH = 8          # grow by this many slots: few reallocations, little padding
@@ -59,8 +60,11 @@ class SlotCache:
             return
         c = self._config
         # Zeros, not empty: masked-out keys still enter the softmax @ V product, and 0 * NaN = NaN.
-        grown = torch.zeros(c.num_layers, slots, 2, c.num_kv_heads, capacity, c.head_dim,
-                            dtype=self._dtype, device=self._device)
+        shape = (c.num_layers, slots, 2, c.num_kv_heads, capacity, c.head_dim)
+        if self._device.type == "cpu":   # huge pages: the decode attention streams it faster
+            grown = hugepages.empty(shape, self._dtype).zero_()
+        else:
+            grown = torch.zeros(shape, dtype=self._dtype, device=self._device)
         if self.tensor is not None:
             grown[:, :self.num_slots, :, :, :self.capacity] = self.tensor
         self.tensor = grown

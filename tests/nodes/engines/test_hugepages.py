@@ -1,0 +1,56 @@
+"""Huge-page-backed CPU tensors: the advice is taken where the kernel offers THP, an arena's views
+hold their values at 64-byte boundaries, and a full arena says so."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from nodes.engines import hugepages
+
+THP = Path("/sys/kernel/mm/transparent_hugepage/enabled")
+
+
+def thp_mode() -> str | None:
+    match = re.search(r"\[(\w+)\]", THP.read_text()) if THP.exists() else None
+    return match.group(1) if match else None
+
+
+def huge_kib_under(tensor: torch.Tensor) -> int:
+    """AnonHugePages of the mapping holding the tensor's middle byte (the advice splits the mapping
+    at page boundaries, so its first bytes may lie in a mapping of their own)."""
+    address = tensor.data_ptr() + tensor.numel() * tensor.element_size() // 2
+    for block in re.split(r"\n(?=[0-9a-f]+-[0-9a-f]+ )", Path("/proc/self/smaps").read_text()):
+        low, high = (int(x, 16) for x in block.split()[0].split("-"))
+        if low <= address < high:
+            return int(re.search(r"AnonHugePages:\s+(\d+)", block).group(1))
+    return 0
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux") or thp_mode() not in ("madvise", "always"),
+                    reason="no transparent huge pages to ask for")
+def test_a_large_tensor_faults_in_on_huge_pages():
+    tensor = hugepages.empty((64 << 20,), torch.uint8)   # 64 MiB
+    tensor.zero_()
+    assert huge_kib_under(tensor) >= 2048
+
+
+def test_small_tensors_are_not_advised_and_never_fail():
+    assert hugepages.advise(torch.empty(1024)) is False
+    assert hugepages.empty((3, 5), torch.bfloat16).shape == (3, 5)
+
+
+def test_an_arena_copies_tensors_at_64_byte_boundaries_until_it_is_full():
+    shapes = [(3, 7), (5,), (2, 2, 2)]
+    arena = hugepages.Arena(hugepages.Arena.size_for(shapes, torch.bfloat16), torch.bfloat16)
+    sources = [torch.randn(shape).to(torch.bfloat16) for shape in shapes]
+    copies = [arena.copy(source) for source in sources]
+    for source, copy in zip(sources, copies, strict=True):
+        assert torch.equal(source, copy) and copy.is_contiguous()
+        assert copy.data_ptr() % 64 == 0
+    with pytest.raises(ValueError, match="arena is full"):
+        arena.copy(torch.zeros(100, dtype=torch.bfloat16))
