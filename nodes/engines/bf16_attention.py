@@ -20,7 +20,7 @@ the kernel is bound by memory; two choices keep it near the single-core read ban
   stream at a time and 17.4 GB/s two at a time (ad-hoc timing); the kernel went from 47 to 33 ms
   for the 30 layers of a batch-32 step, 1.1 to 0.55 ms at batch 1. (Software prefetching on top
   of this, at 2-8 KB ahead, made it slower.)
-The softmax uses its own exp (`_exp_nonpositive`): numba's np.exp is a scalar libm call per score
+The softmax uses bf16_kernels' exp (`_exp_nonpositive`): numba's np.exp is a scalar libm call per score
 (3.8 ns here); this one is plain float arithmetic that LLVM vectorises (0.34 ns), within 3e-7
 relative of exp in float64. The maximum comes from the block kernel's lanes (numba's scalar max
 loop cost more than the exp), and the output is scaled by 1/sum once instead of every weight.
@@ -43,25 +43,12 @@ LOWEST = np.float32(-3.0e38)   # a finite "minus infinity": the kernel is compil
 if AVAILABLE:
     import numba
 
-    from bus.numba_bits import bits_f32
     from nodes.engines import bf16_blocks
-    from nodes.engines.bf16_kernels import _bf16_bits, _rope_pair, _round, _to_f32
+    from nodes.engines.bf16_kernels import _bf16_bits, _exp_nonpositive, _rope_pair, _round, _to_f32
 
     _qk_block = bf16_blocks.make_qk_block(BLOCK_GROUP, BLOCK_HEAD_DIM)
     _pv_block = bf16_blocks.make_pv_block(BLOCK_GROUP, BLOCK_HEAD_DIM)
     BLOCK = bf16_blocks.BLOCK
-
-    @numba.njit(inline="always", fastmath=FASTMATH)
-    def _exp_nonpositive(x):  # pragma: no cover - runs compiled
-        """exp(x) for x <= 0: 2**n * p(r), x = n ln2 + r (Cody-Waite), p a degree-7 Taylor series."""
-        x = x if x > np.float32(-87.0) else np.float32(-87.0)   # below: 0 to float32's precision
-        n = np.float32(np.floor(x * np.float32(1.4426950408889634) + np.float32(0.5)))
-        r = x - n * np.float32(0.693145751953125)
-        r = r - n * np.float32(1.428606765330187e-06)
-        p = np.float32(1.0 / 720.0)
-        for c in (1.0 / 120.0, 1.0 / 24.0, 1.0 / 6.0, 0.5, 1.0, 1.0):
-            p = p * r + np.float32(c)
-        return p * bits_f32(np.uint32(np.int32(n) + np.int32(127)) << np.uint32(23))
 
     @numba.njit(inline="always", fastmath=FASTMATH)
     def _rope_and_write(qkv, m, cos, sin, pos, slot, cache, layer, num_heads, q):  # pragma: no cover

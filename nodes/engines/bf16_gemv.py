@@ -1,9 +1,11 @@
-"""The bf16 decode path's linear layers on the numba GEMV kernels (`bf16_kernels`), on torch tensors.
+"""The bf16 decode path's linear layers, on AMX tiles (`amx_linear`) or numba GEMVs (`bf16_kernels`).
 
 Contract: `Bf16Gemv.create(config, get)` returns None where the kernels cannot run (no numba, or
 they fail to compile), else an object holding each layer's weights as bf16 bit patterns (numpy
-uint16 views of plain [out, in] tensors; `get(name)` gives a weight in bf16 on the CPU). Its methods
-take and return contiguous bf16 torch tensors of `rows` tokens:
+uint16 views; `get(name)` gives a weight in bf16 on the CPU): packed into AMX tiles where the CPU
+has AMX, the kernel grants it and the AMX kernels compile (`amx`), plain [out, in] rows otherwise.
+Its methods take and return contiguous bf16 torch tensors of `rows` tokens, at most `max_rows`
+(32 on AMX, `MAX_ROWS` on the GEMVs):
 `qkv(layer, x)` = RMSNorm + fused q/k/v projection, `decode_attention(...)` = RoPE + KV write +
 attention of pure decode steps (after `set_rope(cos, sin)`), `attn_out(layer, attn, residual)` = residual +
 o-projection, `mlp(layer, x)` = x + SwiGLU(RMSNorm(x)), `logits(x)` = final RMSNorm + LM head.
@@ -15,10 +17,12 @@ method with as many rows (a step consumes each before the next layer asks again;
 `attn_out` and `mlp` add into their residual in place and return it (the residual stream is one
 tensor through all layers). A step of few rows is short (tens of us a layer), so allocating its
 outputs and re-viewing tensors as numpy on every call cost a measurable share of it.
-`LlamaRunner` takes this path for steps of at most `MAX_ROWS` tokens (decode steps), where it runs
-2-3x faster than oneDNN's packed GEMMs; larger steps keep oneDNN's AMX kernels, except
-`decode_attention`, which serves every pure decode step (nodes/engines/bf16_attention.py). The weights are a
-second copy beside oneDNN's packed (blocked-layout) ones: 2x the weight memory, 538 MB for SmolLM2.
+`LlamaRunner` takes this path for steps of at most `max_rows` tokens (decode steps), where it runs
+faster than oneDNN's packed GEMMs (2-3x at 1-4 rows; at 8 and 32 rows AMX steps took 39 and 72 ms
+against 52 and 88 with oneDNN, ad-hoc timing); larger steps keep oneDNN's kernels, except
+`decode_attention`, which serves every pure decode step (nodes/engines/bf16_attention.py). The
+weights are a second copy beside oneDNN's packed (blocked-layout) ones, on huge pages: 2x the
+weight memory, 538 MB for SmolLM2.
 """
 
 from __future__ import annotations
@@ -28,11 +32,11 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from nodes.engines import bf16_attention, bf16_prefill, hugepages
+from nodes.engines import amx_linear, amx_tiles, bf16_attention, bf16_prefill, hugepages
 from nodes.engines import bf16_kernels as kernels
 from nodes.engines.model_config import LlamaConfig
 
-MAX_ROWS = 4   # above this oneDNN's AMX GEMMs win (harness.bench.engine, decode at batch 8)
+MAX_ROWS = 4   # GEMVs: above this oneDNN's AMX GEMMs win (harness.bench.engine, decode at batch 8)
 
 
 def bits(tensor: torch.Tensor) -> np.ndarray:
@@ -52,7 +56,7 @@ class _Layer:
 
 
 class Bf16Gemv:
-    def __init__(self, config: LlamaConfig, get) -> None:
+    def __init__(self, config: LlamaConfig, get, use_amx: bool = False) -> None:
         self.eps = float(config.rms_norm_eps)
         matrices = {}
         for i in range(config.num_layers):
@@ -62,10 +66,13 @@ class Bf16Gemv:
                               ("down", "mlp.down_proj")):
                 matrices[i, name] = get(f"{p}.{key}.weight")
         matrices["head"] = get("model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight")
+        self.amx = use_amx and all(amx_tiles.can_pack(tuple(m.shape)) for m in matrices.values())
+        self.max_rows = amx_tiles.MAX_ROWS if self.amx else MAX_ROWS
+        self.widths = {key: m.shape[0] for key, m in matrices.items()}
         # One allocation on huge pages for every matrix a decode step streams (fewer TLB misses).
-        arena = hugepages.Arena(hugepages.Arena.size_for([m.shape for m in matrices.values()], torch.bfloat16),
-                                torch.bfloat16)
-        weights = {key: bits(arena.copy(m)) for key, m in matrices.items()}
+        arena = hugepages.Arena(hugepages.Arena.size_for([m.shape for m in matrices.values()], torch.int16),
+                                torch.int16)
+        weights = {key: arena.copy(self._layout(bits(m))).numpy().view(np.uint16) for key, m in matrices.items()}
         self.layers = [_Layer(
             input_norm=bits(get(f"model.layers.{i}.input_layernorm.weight")),
             qkv=weights[i, "qkv"], o=weights[i, "o"],
@@ -75,6 +82,7 @@ class Bf16Gemv:
         self.norm = bits(get("model.norm.weight"))
         self.head = weights["head"]
         self._buffers: dict[tuple[str, int, int], tuple[torch.Tensor, np.ndarray]] = {}
+        self._scratch: dict[tuple[str, int, int], np.ndarray] = {}
         self._views: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
 
     @classmethod
@@ -87,7 +95,11 @@ class Bf16Gemv:
             bf16_prefill.warmup()
         except Exception:   # a failing compiler leaves the oneDNN path, which serves every step
             return None
-        return cls(config, get)
+        return cls(config, get, use_amx=_amx_compiles())
+
+    def _layout(self, matrix: np.ndarray) -> torch.Tensor:
+        """A matrix as this object stores it: AMX tiles, or plain rows for the GEMVs (int16 bits)."""
+        return torch.from_numpy((amx_tiles.pack(matrix) if self.amx else matrix).view(np.int16))
 
     def _out(self, role: str, rows: int, width: int) -> tuple[torch.Tensor, np.ndarray]:
         key = (role, rows, width)
@@ -96,6 +108,28 @@ class Bf16Gemv:
             out = torch.empty(rows, width, dtype=torch.bfloat16)
             buffer = self._buffers[key] = (out, bits(out))
         return buffer
+
+    def _pad(self, role: str, rows: int, width: int, dtype=np.float32) -> np.ndarray:
+        """AMX scratch: [16 or 32 rows, width], kept per role and size."""
+        padded = -(-rows // amx_tiles.TILE_ROWS) * amx_tiles.TILE_ROWS
+        key = (role, padded, width)
+        if key not in self._scratch:
+            self._scratch[key] = np.zeros((padded, width), dtype)
+        return self._scratch[key]
+
+    def _norm_linear(self, x: np.ndarray, norm_w: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
+        if self.amx:
+            amx_linear.norm_linear(x, norm_w, self.eps, w, self._pad("x", len(x), x.shape[1], np.uint16),
+                                   self._pad("acc", len(x), out.shape[1]), out)
+        else:
+            kernels.norm_linear(x, norm_w, self.eps, w, out)
+
+    def _linear_add(self, x: np.ndarray, w: np.ndarray, residual: np.ndarray) -> None:
+        if self.amx:
+            amx_linear.linear_add(x, w, residual, self._pad("x", len(x), x.shape[1], np.uint16),
+                                  self._pad("acc", len(x), residual.shape[1]), residual)
+        else:
+            kernels.linear_add(x, w, residual, residual)
 
     def _bits(self, tensor: torch.Tensor) -> np.ndarray:
         """`bits(tensor)`, remembered for small tensors seen before (the residual, this object's
@@ -110,8 +144,8 @@ class Bf16Gemv:
 
     def qkv(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         w = self.layers[layer]
-        out, out_bits = self._out("qkv", x.shape[0], w.qkv.shape[0])
-        kernels.norm_linear(self._bits(x), w.input_norm, self.eps, w.qkv, out_bits)
+        out, out_bits = self._out("qkv", x.shape[0], self.widths[layer, "qkv"])
+        self._norm_linear(self._bits(x), w.input_norm, w.qkv, out_bits)
         return out
 
     def set_rope(self, cos: torch.Tensor, signed_sin: torch.Tensor) -> None:
@@ -123,7 +157,7 @@ class Bf16Gemv:
         """RoPE, KV write and attention for one decode token per row of `qkv` (see the kernel)."""
         assert cache.is_contiguous(), "the kernel writes KV into the cache in place"
         out, out_bits = self._out("attn", qkv.shape[0], num_heads * cache.shape[5])
-        qkv_bits = self._bits(qkv) if qkv.shape[0] <= MAX_ROWS else bits(qkv)   # a oneDNN output: new each layer
+        qkv_bits = self._bits(qkv) if qkv.shape[0] <= self.max_rows else bits(qkv)   # a oneDNN output: new each layer
         # The cache's view is not remembered: it would keep a released slot cache alive.
         bf16_attention.decode_attention(qkv_bits, self.cos, self.sin, positions.numpy(), slots.numpy(),
                                         bits(cache), layer, num_heads, out_bits)
@@ -145,20 +179,36 @@ class Bf16Gemv:
     def attn_out(self, layer: int, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual += o(attn), in place (the kernel reads each residual value before writing it)."""
         w = self.layers[layer]
-        residual_bits = self._bits(residual)
-        kernels.linear_add(self._bits(attn), w.o, residual_bits, residual_bits)
+        self._linear_add(self._bits(attn), w.o, self._bits(residual))
         return residual
 
     def mlp(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         """x += SwiGLU(RMSNorm(x)), in place."""
         w = self.layers[layer]
         x_bits = self._bits(x)
-        gated, gated_bits = self._out("gated", x.shape[0], w.gate.shape[0])
-        kernels.norm_swiglu(x_bits, w.post_norm, self.eps, w.gate, w.up, gated_bits)
-        kernels.linear_add(gated_bits, w.down, x_bits, x_bits)
+        gated, gated_bits = self._out("gated", x.shape[0], self.widths[layer, "gate"])
+        if self.amx:
+            rows = x.shape[0]
+            amx_linear.norm_swiglu(x_bits, w.post_norm, self.eps, w.gate, w.up,
+                                   self._pad("x", rows, x.shape[1], np.uint16), self._pad("acc", rows, gated.shape[1]),
+                                   self._pad("acc_up", rows, gated.shape[1]), gated_bits)
+        else:
+            kernels.norm_swiglu(x_bits, w.post_norm, self.eps, w.gate, w.up, gated_bits)
+        self._linear_add(gated_bits, w.down, x_bits)
         return x
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        out, out_bits = self._out("logits", x.shape[0], self.head.shape[0])
-        kernels.norm_linear(self._bits(x), self.norm, self.eps, self.head, out_bits)
+        out, out_bits = self._out("logits", x.shape[0], self.widths["head"])
+        self._norm_linear(self._bits(x), self.norm, self.head, out_bits)
         return out
+
+
+def _amx_compiles() -> bool:
+    """AMX kernels where the CPU and kernel allow them and they compile; the GEMVs otherwise."""
+    if not amx_tiles.AVAILABLE:
+        return False
+    try:
+        amx_linear.warmup()
+    except Exception:
+        return False
+    return True

@@ -144,7 +144,7 @@ class LlamaRunner:
         cos = self.cos[batch.positions][:, None, :]
         sin = self.sin[batch.positions][:, None, :]
         num_tokens = x.shape[0]
-        gemv = self.gemv if num_tokens <= bf16_gemv.MAX_ROWS else None
+        gemv = self.gemv if self.gemv is not None and num_tokens <= self.gemv.max_rows else None
         for index, layer in enumerate(self.layers):
             qkv = gemv.qkv(index, x) if gemv is not None else self._linear(self._norm(x, index), layer.qkv)
             if self.gemv is not None and not batch.spans and batch.decode is not None:   # pure decode: one kernel
@@ -165,7 +165,7 @@ class LlamaRunner:
                 x = self._mlp(x, self._norm(x, index, post=True), layer)
         if not len(batch.sample_rows):
             return torch.empty(0, c.vocab_size)
-        if self.gemv is not None and len(batch.sample_rows) <= bf16_gemv.MAX_ROWS:
+        if self.gemv is not None and len(batch.sample_rows) <= self.gemv.max_rows:
             # A prompt's last token(s) too: the GEMV streams the 56 MB LM head faster than oneDNN at M=1.
             return self.gemv.logits(x[batch.sample_rows]).float()
         last = rms_norm(x[batch.sample_rows], self.norm, c.rms_norm_eps)

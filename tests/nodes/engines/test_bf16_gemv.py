@@ -1,22 +1,35 @@
-"""The bf16 decode path on numba kernels (nodes/engines/bf16_gemv.py, bf16_kernels.py) against the
-torch/oneDNN path it replaces for steps of few rows: same results up to float32 summation order
-(then bf16 rounding), the KV it writes, and the fallback when numba cannot run."""
+"""The bf16 decode path on numba kernels (nodes/engines/bf16_gemv.py, with its matrices on AMX tiles
+(amx_linear.py) or on the GEMVs (bf16_kernels.py)) against the torch/oneDNN path it replaces for
+steps of few rows: same results up to float32 summation order (then bf16 rounding), the KV it
+writes, and the fallbacks when AMX or numba cannot run."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from nodes.engines import bf16_gemv, bf16_kernels
+from nodes.engines import amx_linear, amx_tiles, bf16_gemv, bf16_kernels
 from nodes.engines.llama import DecodeGroup, ForwardBatch, LlamaRunner, PrefillSpan
 
 pytestmark = pytest.mark.skipif(not bf16_kernels.AVAILABLE, reason="numba is not installed")
 
 
-def runners(model) -> tuple[LlamaRunner, LlamaRunner]:
+@pytest.fixture(params=["amx", "gemv"])
+def backend(request, monkeypatch) -> str:
+    """Each test runs with the matrices on AMX tiles (where this CPU has them) and on the GEMVs."""
+    if request.param == "amx" and not amx_tiles.AVAILABLE:
+        pytest.skip("no AMX on this CPU")
+    if request.param == "gemv":
+        monkeypatch.setattr(bf16_gemv, "_amx_compiles", lambda: False)
+    return request.param
+
+
+def runners(model, backend: str) -> tuple[LlamaRunner, LlamaRunner]:
     fast = LlamaRunner(model.config, model.weights, dtype=torch.bfloat16, max_len=256)
     plain = LlamaRunner(model.config, model.weights, dtype=torch.bfloat16, max_len=256, use_gemv=False)
     assert fast.gemv is not None and plain.gemv is None
+    assert fast.gemv.amx == (backend == "amx")
+    assert fast.gemv.max_rows == (amx_tiles.MAX_ROWS if backend == "amx" else bf16_gemv.MAX_ROWS)
     return fast, plain
 
 
@@ -26,13 +39,14 @@ def assert_bf16_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
     torch.testing.assert_close(actual.float(), expected.float(), atol=0.04 * scale, rtol=0.0)
 
 
-@pytest.mark.parametrize("num_tokens", [1, 3, bf16_gemv.MAX_ROWS])
-def test_small_prefill_through_the_gemv_kernels_matches_onednn(tiny_model, num_tokens):
-    fast, plain = runners(tiny_model)
+@pytest.mark.parametrize("num_tokens", [1, 3, bf16_gemv.MAX_ROWS, 17, amx_tiles.MAX_ROWS, amx_tiles.MAX_ROWS + 1])
+def test_small_prefill_through_the_kernels_matches_onednn(tiny_model, backend, num_tokens):
+    """Up to max_rows tokens on the kernels (one or two AMX row tiles, padded), above on oneDNN."""
+    fast, plain = runners(tiny_model, backend)
     ids = torch.arange(5, 5 + num_tokens)
     results = []
     for runner in (fast, plain):
-        kv = runner.new_kv(16)
+        kv = runner.new_kv(40)
         batch = ForwardBatch(ids, torch.arange(num_tokens), torch.arange(num_tokens),
                              spans=[PrefillSpan(0, num_tokens, 0, kv)])
         results.append((runner.forward(batch), kv[:, :, :, :num_tokens]))
@@ -56,10 +70,10 @@ def decode_batch(cache: torch.Tensor, positions: list[int], slots: list[int]) ->
 
 
 @pytest.mark.parametrize("slots", [[0], [0, 1, 2], [2, 0]])
-def test_decode_attention_kernel_matches_sdpa_and_writes_the_same_kv(tiny_model, slots):
+def test_decode_attention_kernel_matches_sdpa_and_writes_the_same_kv(tiny_model, backend, slots):
     """Slots of different lengths (no mask in the kernel: each row reads its own keys 0..position),
     and a non-dense step where slot 1 idles."""
-    fast, plain = runners(tiny_model)
+    fast, plain = runners(tiny_model, backend)
     c = tiny_model.config
     positions = [9, 30, 17][:len(slots)]
     cache = (torch.randn(c.num_layers, 3, 2, c.num_kv_heads, 40, c.head_dim) * 0.5).to(torch.bfloat16)
@@ -74,9 +88,10 @@ def test_decode_attention_kernel_matches_sdpa_and_writes_the_same_kv(tiny_model,
     assert torch.equal(caches[0][untouched], cache[untouched])   # only each row's own position written
 
 
-def test_decode_steps_above_the_gemv_rows_still_take_the_attention_kernel(tiny_model):
-    """Six rows: oneDNN's GEMMs, the numba attention (not SDPA); same logits and KV as SDPA's path."""
-    fast, plain = runners(tiny_model)
+def test_decode_steps_above_the_gemv_rows_still_take_the_attention_kernel(tiny_model, backend):
+    """Six rows: AMX tiles or oneDNN's GEMMs, the numba attention (not SDPA); same logits and KV as
+    SDPA's path."""
+    fast, plain = runners(tiny_model, backend)
     c = tiny_model.config
     slots, positions = [0, 1, 2, 3, 4, 5], [9, 30, 17, 1, 33, 25]
     assert len(slots) > bf16_gemv.MAX_ROWS
@@ -93,10 +108,10 @@ def test_decode_steps_above_the_gemv_rows_still_take_the_attention_kernel(tiny_m
     assert torch.equal(fast_logits.argmax(-1), plain_logits.argmax(-1))
 
 
-def test_consecutive_steps_reuse_buffers_without_corrupting_results(tiny_model):
+def test_consecutive_steps_reuse_buffers_without_corrupting_results(tiny_model, backend):
     """Reused output buffers and the in-place residual: step after step the results still match
     the oneDNN path, and what an earlier step returned is not overwritten by a later one."""
-    fast, plain = runners(tiny_model)
+    fast, plain = runners(tiny_model, backend)
     c = tiny_model.config
     cache = (torch.randn(c.num_layers, 2, 2, c.num_kv_heads, 40, c.head_dim) * 0.5).to(torch.bfloat16)
     caches, returned = [cache.clone(), cache.clone()], []
@@ -125,6 +140,15 @@ def test_without_numba_or_with_a_failing_compiler_the_runner_keeps_onednn(tiny_m
     logits = runner.forward(ForwardBatch(torch.tensor([5]), torch.tensor([0]), torch.tensor([0]),
                                          spans=[PrefillSpan(0, 1, 0, kv)]))
     assert logits.shape == (1, tiny_model.config.vocab_size)
+
+
+@pytest.mark.skipif(not amx_tiles.AVAILABLE, reason="no AMX on this CPU")
+def test_when_the_amx_kernels_fail_to_compile_the_gemvs_serve(tiny_model, monkeypatch):
+    def broken() -> None:
+        raise RuntimeError("LLVM cannot select tdpbf16ps")
+    monkeypatch.setattr(amx_linear, "warmup", broken)
+    runner = LlamaRunner(tiny_model.config, tiny_model.weights, dtype=torch.bfloat16, max_len=64)
+    assert runner.gemv is not None and not runner.gemv.amx and runner.gemv.max_rows == bf16_gemv.MAX_ROWS
 
 
 def test_float32_never_takes_the_bf16_kernels(tiny_model):

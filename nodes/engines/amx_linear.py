@@ -1,0 +1,89 @@
+"""bf16 linear layers of decode steps on AMX tiles: the norm before and the epilogue after
+`amx_tiles.matmul`, with the roundings of the GEMV kernels (bf16_kernels) and of oneDNN's path.
+
+Contract (only where `amx_tiles.AVAILABLE`; bf16 values as uint16 bit patterns; x has 1-32 rows;
+`x_pad` is uint16 scratch [16 or 32, K] with at least x's rows, `acc` float32 [x_pad rows, N];
+weights are `amx_tiles.pack`ed):
+- `norm_linear(x, norm_w, eps, w, x_pad, acc, out)`: out = RMSNorm(x) @ w.T;
+- `linear_add(x, w, residual, x_pad, acc, out)`: out = residual + x @ w.T (out may be residual);
+- `norm_swiglu(x, norm_w, eps, w_gate, w_up, x_pad, acc, acc_up, out)`:
+  out = silu(h @ w_gate.T) * (h @ w_up.T), h = RMSNorm(x).
+Roundings: the norm as bf16_kernels' (bf16 after the scale and after the weight), one rounding of
+each product's float32 sum (after the residual add, if any), silu rounded before the gating
+product. silu uses the vectorised exp (within 5e-7 of libm's), where the GEMVs call libm per value:
+at 32 rows a step takes 1.5 M of them.
+`warmup()` compiles them.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nodes.engines import amx_tiles
+
+if amx_tiles.AVAILABLE:
+    import numba
+
+    from nodes.engines.bf16_kernels import (
+        FASTMATH,
+        _bf16_bits,
+        _inline,
+        _norm_scale,
+        _round,
+        _silu_vectorised,
+        _to_f32,
+    )
+
+    matmul = amx_tiles.matmul
+
+    def _njit_numpy_errors(function):
+        """_njit with numpy's error model: a float division in a loop gets no zero-divisor check
+        (numba's default raises ZeroDivisionError, and that branch kept the silu epilogue scalar:
+        250 vs 41 us for 32 x 1536 values)."""
+        return numba.njit(cache=True, boundscheck=False, nogil=True, fastmath=FASTMATH, error_model="numpy")(function)
+
+    @_inline
+    def _normed_into(x, norm_w, eps, x_pad):  # pragma: no cover - runs compiled
+        for m in range(x.shape[0]):
+            scale = _norm_scale(x, m, eps)
+            for k in range(x.shape[1]):
+                x_pad[m, k] = _bf16_bits(_round(_round(_to_f32(x[m, k]) * scale) * _to_f32(norm_w[k])))
+
+    @_njit_numpy_errors
+    def norm_linear(x, norm_w, eps, w, x_pad, acc, out):  # pragma: no cover - runs compiled
+        _normed_into(x, norm_w, eps, x_pad)
+        matmul(x_pad, w, acc)
+        for m in range(x.shape[0]):
+            for n in range(out.shape[1]):
+                out[m, n] = _bf16_bits(acc[m, n])
+
+    @_njit_numpy_errors
+    def linear_add(x, w, residual, x_pad, acc, out):  # pragma: no cover - runs compiled
+        x_pad[:x.shape[0]] = x
+        matmul(x_pad, w, acc)
+        for m in range(x.shape[0]):
+            for n in range(out.shape[1]):
+                out[m, n] = _bf16_bits(acc[m, n] + _to_f32(residual[m, n]))
+
+    @_njit_numpy_errors
+    def norm_swiglu(x, norm_w, eps, w_gate, w_up, x_pad, acc, acc_up, out):  # pragma: no cover - runs compiled
+        _normed_into(x, norm_w, eps, x_pad)
+        matmul(x_pad, w_gate, acc)
+        matmul(x_pad, w_up, acc_up)
+        for m in range(x.shape[0]):
+            for n in range(out.shape[1]):
+                out[m, n] = _bf16_bits(acc_up[m, n] * _round(_silu_vectorised(acc[m, n])))
+
+
+def warmup() -> None:
+    """Compile (or load from the disk cache) the three kernels for the array types Bf16Gemv passes."""
+    amx_tiles.warmup()
+    k, n = amx_tiles.TILE_K, 2 * amx_tiles.TILE_ROWS
+    x = np.zeros((1, k), np.uint16)
+    w = amx_tiles.pack(np.zeros((n, k), np.uint16))
+    x_pad = np.zeros((amx_tiles.TILE_ROWS, k), np.uint16)
+    acc = np.zeros((amx_tiles.TILE_ROWS, n), np.float32)
+    out = np.zeros((1, n), np.uint16)
+    norm_linear(x, x[0], 1e-5, w, x_pad, acc, out)
+    linear_add(x, w, out, x_pad, acc, out)
+    norm_swiglu(x, x[0], 1e-5, w, w, x_pad, acc, acc.copy(), out)
