@@ -1,7 +1,8 @@
 """The real model for the KV benchmarks and real-KV tests: SmolLM2-135M through transformers.
 
 Contract: `load_model()` returns `(model, tokenizer)` in fp32 eval mode, loading the packaged GGUF
-once and caching a Hugging Face copy under `.models/kv-bench-smollm2/` (git-ignored) so later loads
+once and caching a Hugging Face copy under the model directory (`$PDBUS_MODEL_DIR` or `.models/`,
+git-ignored; `kv-bench-smollm2/`) so later loads
 take a second or two instead of ~15 s. `prompt_kv(model, ids)` runs the prompt and returns its KV
 cache in the engine's layout, layers x {K,V} x kv_heads x tokens x head_dim, as a numpy array.
 `held_out_text()` is the committed public-domain text the quality benchmark scores on.
@@ -15,9 +16,9 @@ from pathlib import Path
 
 import numpy as np
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
+from nodes.engines.model_loader import default_model_dir
+
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
-CACHE_DIR = REPO_ROOT / ".models" / "kv-bench-smollm2"
 DATA_DIR = Path(__file__).resolve().parent / "data"
 
 
@@ -34,7 +35,8 @@ def load_model():
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    if not (CACHE_DIR / "config.json").exists():
+    cache_dir = default_model_dir() / "kv-bench-smollm2"
+    if not (cache_dir / "config.json").exists():
         folder = gguf_folder()
         gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=GGUF_NAME, dtype=torch.float32)
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=GGUF_NAME)
@@ -43,11 +45,11 @@ def load_model():
         del config.quantization_config
         model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
         model.load_state_dict(gguf_model.state_dict())
-        CACHE_DIR.mkdir(parents=True, exist_ok=True)
-        model.save_pretrained(CACHE_DIR)
-        tokenizer.save_pretrained(CACHE_DIR)
-    model = AutoModelForCausalLM.from_pretrained(CACHE_DIR, dtype=torch.float32).eval()
-    tokenizer = AutoTokenizer.from_pretrained(CACHE_DIR)
+        cache_dir.mkdir(parents=True, exist_ok=True)
+        model.save_pretrained(cache_dir)
+        tokenizer.save_pretrained(cache_dir)
+    model = AutoModelForCausalLM.from_pretrained(cache_dir, dtype=torch.float32).eval()
+    tokenizer = AutoTokenizer.from_pretrained(cache_dir)
     return model, tokenizer
 
 
@@ -66,7 +68,7 @@ def prompt_kv(model, ids) -> np.ndarray:
 
     with torch.inference_mode():
         out = model(torch.tensor([ids]), use_cache=True)
-    return cache_to_array(out.cache)
+    return cache_to_array(out.past_key_values)
 
 
 def held_out_text() -> str:
@@ -74,8 +76,8 @@ def held_out_text() -> str:
 
 
 def real_kv_fp32(num_tokens: int = 1024) -> np.ndarray:
-    """Real KV of the first `num_tokens` tokens of the held-out text, cached in .models/ as .npy."""
-    path = REPO_ROOT / ".models" / f"kv-bench-kv-{num_tokens}.npy"
+    """Real KV of the first `num_tokens` tokens of the held-out text, cached in the model directory."""
+    path = default_model_dir() / f"kv-bench-kv-{num_tokens}.npy"
     if path.exists():
         return np.load(path)
     import torch

@@ -61,11 +61,11 @@ def continuations(model, kvs: list[np.ndarray], last_token: int, targets: list[i
     batch, past = len(kvs), kvs[0].shape[3]
     inputs = torch.tensor([[last_token, *targets[:-1]]] * batch)
     positions = torch.arange(past, past + inputs.shape[1])[None].expand(batch, -1)
-    logits = model(inputs, cache=make_cache(kvs), position_ids=positions, use_cache=True).logits
+    logits = model(inputs, past_key_values=make_cache(kvs), position_ids=positions, use_cache=True).logits
     cache, tokens, generated = make_cache(kvs), torch.full((batch, 1), last_token), []
     for step in range(greedy_tokens):
-        out = model(tokens, cache=cache, position_ids=torch.full((batch, 1), past + step), use_cache=True)
-        cache, tokens = out.cache, out.logits[:, -1].argmax(-1, keepdim=True)
+        out = model(tokens, past_key_values=cache, position_ids=torch.full((batch, 1), past + step), use_cache=True)
+        cache, tokens = out.past_key_values, out.logits[:, -1].argmax(-1, keepdim=True)
         generated.append(tokens[:, 0])
     greedy = torch.stack(generated, dim=1).tolist() if generated else [[] for _ in kvs]
     logp = torch.log_softmax(logits.float(), dim=-1)
