@@ -22,7 +22,8 @@ the kernel is bound by memory; two choices keep it near the single-core read ban
   of this, at 2-8 KB ahead, made it slower.)
 The softmax uses bf16_kernels' exp (`_exp_nonpositive`): numba's np.exp is a scalar libm call per score
 (3.8 ns here); this one is plain float arithmetic that LLVM vectorises (0.34 ns), within 3e-7
-relative of exp in float64. The maximum comes from the block kernel's lanes (numba's scalar max
+relative of exp in float64. numba's disk cache keys on this file only: after editing bf16_blocks.py or
+bf16_kernels.py, touch this file (or clear __pycache__). The maximum comes from the block kernel's lanes (numba's scalar max
 loop cost more than the exp), and the output is scaled by 1/sum once instead of every weight.
 """
 

@@ -30,37 +30,13 @@ BLOCK = 16    # keys a call handles: one reduced vector of scores
 if AVAILABLE:
     from llvmlite import ir
     from numba import types
-    from numba.core import cgutils
     from numba.extending import intrinsic
 
-    _F32 = ir.FloatType()
-    _I32 = ir.IntType(32)
-    _I64 = ir.IntType(64)
-    _VF = ir.VectorType(_F32, LANES)
-    _VI16 = ir.VectorType(ir.IntType(16), LANES)
-    _VI32 = ir.VectorType(_I32, LANES)
-
-    def _item(context, builder, array_type, array, indices):
-        """Pointer to array[indices] (numba array value, intp index values)."""
-        data = context.make_array(array_type)(context, builder, array)
-        return cgutils.get_item_pointer(context, builder, array_type, data, indices,
-                                        wraparound=False, boundscheck=False)
-
-    def _at(builder, pointer, offset, vector_type):
-        """`pointer + offset` elements, as a pointer to a vector (unaligned loads and stores)."""
-        element = builder.gep(pointer, [ir.Constant(_I64, offset)], inbounds=True)
-        return builder.bitcast(element, ir.PointerType(vector_type))
-
-    def _load_bf16(builder, pointer, offset):
-        """16 bf16 values from pointer + offset, widened to float32 (their bits are its upper half)."""
-        raw = builder.load(_at(builder, pointer, offset, _VI16), align=2)
-        wide = builder.shl(builder.zext(raw, _VI32), ir.Constant(_VI32, [16] * LANES))
-        return builder.bitcast(wide, _VF)
+    from bus.numba_vectors import I64, VF, VI32, at, index, item, load_bf16, splat
+    from bus.numba_vectors import call as _call_intrinsic
 
     def _call(builder, name, *args):
-        function = cgutils.get_or_insert_function(
-            builder.module, ir.FunctionType(_VF, [arg.type for arg in args]), name)
-        return builder.call(function, list(args))
+        return _call_intrinsic(builder, name, VF, *args)
 
     def _dot_partial(builder, query, key):
         """A key's dot product with a query head (float32 vectors), as 16 lane sums."""
@@ -69,21 +45,14 @@ if AVAILABLE:
             partial = _call(builder, "llvm.fma.v16f32", query[c], key[c], partial)
         return partial
 
-    def _splat(builder, scalar):
-        vector = builder.insert_element(ir.Constant(_VF, ir.Undefined), scalar, ir.Constant(_I32, 0))
-        return builder.shuffle_vector(vector, ir.Constant(_VF, ir.Undefined), ir.Constant(_VI32, [0] * LANES))
-
     def _combine(builder, left, right, level):
         """Two vectors of 2**(level-1) keys' partial sums each (LANES >> (level-1) lanes a key, in
         key order) -> one of 2**level keys, LANES >> level lanes a key: pairwise lane sums."""
         size = LANES >> level
         starts = range(0, 2 * LANES, 2 * size)
-        low = ir.Constant(_VI32, [s + i for s in starts for i in range(size)])
-        high = ir.Constant(_VI32, [s + size + i for s in starts for i in range(size)])
+        low = ir.Constant(VI32, [s + i for s in starts for i in range(size)])
+        high = ir.Constant(VI32, [s + size + i for s in starts for i in range(size)])
         return builder.fadd(builder.shuffle_vector(left, right, low), builder.shuffle_vector(left, right, high))
-
-    def _index(context, value):
-        return context.get_constant(types.intp, value)
 
     def make_qk_block(group: int, head_dim: int):
         chunks = head_dim // LANES
@@ -93,15 +62,15 @@ if AVAILABLE:
             def codegen(context, builder, signature, args):
                 q_type, _, keys_type, _, _, scores_type, tops_type = signature.args
                 q_array, first_index, keys_array, j0_index, scale_value, scores_array, tops_array = args
-                zero = _index(context, 0)
+                zero = index(context, 0)
                 queries = []
                 for i in range(group):
-                    row = _item(context, builder, q_type, q_array, [builder.add(first_index, _index(context, i)), zero])
-                    queries.append([builder.load(_at(builder, row, c * LANES, _VF), align=4) for c in range(chunks)])
-                key_row = _item(context, builder, keys_type, keys_array, [j0_index, zero])
+                    row = item(context, builder, q_type, q_array, [builder.add(first_index, index(context, i)), zero])
+                    queries.append([builder.load(at(builder, row, c * LANES, VF), align=4) for c in range(chunks)])
+                key_row = item(context, builder, keys_type, keys_array, [j0_index, zero])
                 stacks = [[] for _ in range(group)]   # per head: (level, vector), a binary counter of keys
                 for j in range(BLOCK):
-                    key = [_load_bf16(builder, key_row, j * head_dim + c * LANES) for c in range(chunks)]
+                    key = [load_bf16(builder, key_row, j * head_dim + c * LANES) for c in range(chunks)]
                     for i in range(group):
                         partial = _dot_partial(builder, queries[i], key)
                         level, stack = 0, stacks[i]
@@ -109,13 +78,13 @@ if AVAILABLE:
                             level += 1
                             partial = _combine(builder, stack.pop()[1], partial, level)
                         stack.append((level, partial))
-                scale_vector = _splat(builder, scale_value)
+                scale_vector = splat(builder, scale_value)
                 for i in range(group):
                     (_, sums), = stacks[i]
                     scaled = builder.fmul(sums, scale_vector)
-                    out = _item(context, builder, scores_type, scores_array, [_index(context, i), j0_index])
-                    builder.store(scaled, _at(builder, out, 0, _VF), align=4)
-                    top = _at(builder, _item(context, builder, tops_type, tops_array, [_index(context, i), zero]), 0, _VF)
+                    out = item(context, builder, scores_type, scores_array, [index(context, i), j0_index])
+                    builder.store(scaled, at(builder, out, 0, VF), align=4)
+                    top = at(builder, item(context, builder, tops_type, tops_array, [index(context, i), zero]), 0, VF)
                     builder.store(_call(builder, "llvm.maxnum.v16f32", builder.load(top, align=4), scaled), top, align=4)
                 return context.get_dummy_value()
             return types.none(q, first, keys, j0, scale, scores, tops), codegen
@@ -129,23 +98,23 @@ if AVAILABLE:
             def codegen(context, builder, signature, args):
                 weights_type, values_type, _, acc_type = signature.args
                 weights_array, values_array, j0_index, acc_array = args
-                zero = _index(context, 0)
-                acc_rows = [_item(context, builder, acc_type, acc_array, [_index(context, i), zero]) for i in range(group)]
-                sums = [[builder.load(_at(builder, acc_rows[i], c * LANES, _VF), align=4) for c in range(chunks)]
+                zero = index(context, 0)
+                acc_rows = [item(context, builder, acc_type, acc_array, [index(context, i), zero]) for i in range(group)]
+                sums = [[builder.load(at(builder, acc_rows[i], c * LANES, VF), align=4) for c in range(chunks)]
                         for i in range(group)]
-                weight_rows = [_item(context, builder, weights_type, weights_array, [_index(context, i), j0_index])
+                weight_rows = [item(context, builder, weights_type, weights_array, [index(context, i), j0_index])
                                for i in range(group)]
-                value_row = _item(context, builder, values_type, values_array, [j0_index, zero])
+                value_row = item(context, builder, values_type, values_array, [j0_index, zero])
                 for j in range(BLOCK):
-                    value = [_load_bf16(builder, value_row, j * head_dim + c * LANES) for c in range(chunks)]
+                    value = [load_bf16(builder, value_row, j * head_dim + c * LANES) for c in range(chunks)]
                     for i in range(group):
-                        weight = builder.load(builder.gep(weight_rows[i], [ir.Constant(_I64, j)], inbounds=True), align=4)
-                        weight = _splat(builder, weight)
+                        weight = builder.load(builder.gep(weight_rows[i], [ir.Constant(I64, j)], inbounds=True), align=4)
+                        weight = splat(builder, weight)
                         for c in range(chunks):
                             sums[i][c] = _call(builder, "llvm.fma.v16f32", weight, value[c], sums[i][c])
                 for i in range(group):
                     for c in range(chunks):
-                        builder.store(sums[i][c], _at(builder, acc_rows[i], c * LANES, _VF), align=4)
+                        builder.store(sums[i][c], at(builder, acc_rows[i], c * LANES, VF), align=4)
                 return context.get_dummy_value()
             return types.none(weights, values, j0, acc), codegen
         return pv_block

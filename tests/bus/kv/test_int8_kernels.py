@@ -54,8 +54,9 @@ def test_float32_encode_is_bit_identical_to_numpy(head_dim):
     np.testing.assert_array_equal(params, reference_params)
 
 
-def test_bf16_encode_is_bit_identical_to_numpy():
-    rows = f32_to_bf16_bits(rows_of_every_magnitude(2000, 64, seed=1)[:, :])
+@pytest.mark.parametrize("head_dim", [64, 128, 80])
+def test_bf16_encode_is_bit_identical_to_numpy(head_dim):
+    rows = f32_to_bf16_bits(rows_of_every_magnitude(2000, head_dim, seed=1)[:, :])
     rows = rows[np.abs(bf16_bits_to_f32(rows)).max(axis=1) < 6.4e4]
     rows = rows[: len(rows) // 2 * 2]
     fits, codes, params = fast_encode(rows)
@@ -66,7 +67,7 @@ def test_bf16_encode_is_bit_identical_to_numpy():
 
 
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf, 7e4, -65520.0])
-@pytest.mark.parametrize("head_dim", [64, 80])
+@pytest.mark.parametrize("head_dim", [64, 128, 80])
 def test_rows_the_kernel_cannot_encode_are_refused(value, head_dim):
     """Non-finite values and ranges beyond float16 go to the numpy path (error or float32 params)."""
     rows = rows_of_every_magnitude(64, head_dim) / 1e5
@@ -102,12 +103,13 @@ def reference_decode(codes: np.ndarray, params: np.ndarray) -> np.ndarray:
     return codes * step + lo.astype(np.float32).reshape(codes.shape[:2] + (1,))
 
 
-def test_decode_into_float32_and_bfloat16_is_bit_identical_to_numpy():
-    rows = rows_of_every_magnitude(4000, 64, seed=2)
+@pytest.mark.parametrize("head_dim", [64, 128, 80])
+def test_decode_into_float32_and_bfloat16_is_bit_identical_to_numpy(head_dim):
+    rows = rows_of_every_magnitude(4000, head_dim, seed=2)
     rows = rows[np.abs(rows).max(axis=1) < 6.4e4][:3000]
     codes, params = encoded_chunk(rows, tokens=100)
     expected = reference_decode(codes, params)
-    work = int8_kernels.Scratch(64)
+    work = int8_kernels.Scratch(head_dim)
     out = np.empty(codes.shape, np.float32)
     int8_kernels.decode_rows(codes, params, out, work)
     np.testing.assert_array_equal(out.view(np.uint32), expected.view(np.uint32))

@@ -1,0 +1,61 @@
+"""LLVM vector building blocks for numba intrinsics: pointers into arrays, vector loads and stores,
+bf16 widening, splats and intrinsic calls, shared by hand-vectorised kernels in bus and nodes.
+
+Contract: where `AVAILABLE` (numba and llvmlite importable), these functions emit IR inside an
+intrinsic's codegen: `item(context, builder, array_type, array, indices)` is a pointer to one
+element, `at(builder, pointer, offset, vector_type)` a pointer `offset` elements further cast to a
+vector pointer (loads and stores through it are unaligned), `load_bf16(builder, pointer, offset)`
+16 bf16 values (uint16 bits) widened to float32, `splat(builder, scalar)` a scalar in all 16
+lanes, `call(builder, name, return_type, *args)` a call of an LLVM intrinsic by name. Only
+numba-compiled code runs what they emit.
+"""
+
+from __future__ import annotations
+
+try:
+    from llvmlite import ir
+    from numba import types
+    from numba.core import cgutils
+except ImportError:  # every caller has a path without numba
+    ir = None
+
+AVAILABLE = ir is not None
+LANES = 16   # float32 lanes of one AVX-512 vector
+
+if AVAILABLE:
+    F32 = ir.FloatType()
+    I32 = ir.IntType(32)
+    I64 = ir.IntType(64)
+    VF = ir.VectorType(F32, LANES)
+    VI16 = ir.VectorType(ir.IntType(16), LANES)
+    VI32 = ir.VectorType(I32, LANES)
+
+    def item(context, builder, array_type, array, indices):
+        """Pointer to array[indices] (numba array value, intp index values; no bounds check)."""
+        data = context.make_array(array_type)(context, builder, array)
+        return cgutils.get_item_pointer(context, builder, array_type, data, indices,
+                                        wraparound=False, boundscheck=False)
+
+    def index(context, value: int):
+        return context.get_constant(types.intp, value)
+
+    def at(builder, pointer, offset, vector_type):
+        """`pointer + offset` elements, as a pointer to a vector."""
+        element = builder.gep(pointer, [ir.Constant(I64, offset)], inbounds=True)
+        return builder.bitcast(element, ir.PointerType(vector_type))
+
+    def load_bf16(builder, pointer, offset):
+        """16 bf16 values from pointer + offset, widened to float32 (their bits are its upper half)."""
+        raw = builder.load(at(builder, pointer, offset, VI16), align=2)
+        wide = builder.shl(builder.zext(raw, VI32), ir.Constant(VI32, [16] * LANES))
+        return builder.bitcast(wide, VF)
+
+    def splat(builder, scalar):
+        vector = builder.insert_element(ir.Constant(ir.VectorType(scalar.type, LANES), ir.Undefined), scalar,
+                                        ir.Constant(I32, 0))
+        return builder.shuffle_vector(vector, ir.Constant(vector.type, ir.Undefined), ir.Constant(VI32, [0] * LANES))
+
+    def call(builder, name, return_type, *args):
+        function = cgutils.get_or_insert_function(
+            builder.module, ir.FunctionType(return_type, [arg.type for arg in args]), name)
+        return builder.call(function, list(args))
