@@ -60,7 +60,6 @@ if AVAILABLE:
         return types.float32(types.uint16), codegen
 
     from bus.numba_bits import bits_f32 as _bits_f32
-    from bus.numba_bits import f32_bits as _f32_bits
 
     @intrinsic
     def _prefetch(typingctx, array, i, j):
@@ -78,16 +77,8 @@ if AVAILABLE:
             return context.get_dummy_value()
         return types.none(array, i, j), codegen
 
-    @_inline
-    def _bf16_bits(value):  # pragma: no cover - runs compiled
-        """float32 -> bf16 bits, rounded to nearest even (as torch's conversion; no NaN inputs here)."""
-        b = _f32_bits(value)
-        return np.uint16((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
-
-    @_inline
-    def _round(value):  # pragma: no cover - runs compiled
-        """float32 rounded to the nearest bf16 value, kept as float32."""
-        return _bits_f32(np.uint32(_bf16_bits(value)) << np.uint32(16))
+    from bus.numba_bits import bf16_bits as _bf16_bits  # float32 -> bf16 bits, nearest even
+    from bus.numba_bits import bf16_round as _round  # float32 -> nearest bf16 value, as float32
 
     @_inline
     def _load_rows(x, xf):  # pragma: no cover - runs compiled
