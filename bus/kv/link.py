@@ -2,36 +2,17 @@
 
 Contract: `LinkShaper(bytes_per_s).release_time(nbytes, now)` reserves the link for `nbytes` and
 returns when the last byte would arrive at the far end; the sender's link task hands the message to
-the socket then (`await sleep_precisely(delay)`), while encoding continues. It stands in for a
-network between machines on loopback: messages queue behind each other exactly as on a link of
-that speed.
+the socket then, while encoding continues. It stands in for a network between machines on
+loopback: messages queue behind each other exactly as on a link of that speed.
 
-Why `sleep_precisely`: asyncio's timers have millisecond resolution (epoll_wait's timeout; libuv's
-timers under uvloop): a 0.67 ms wait took 1.1-1.2 ms on the default loop, and any wait under
-0.5 ms took either 0 or 1.1 ms. On a 10 Gbit/s link a 0.83 MB int8 chunk is 0.67 ms of wire, so
-the link ran well below its rate for small messages and its figures favoured big ones.
+The link task waits on the event loop's timer, which has millisecond resolution (a 0.67 ms wait,
+one int8 chunk of 10 Gbit/s wire, takes about 1.1 ms); release times are absolute, so a late send
+delays one message, not the ones after it. A variant that slept the last part of each wait in an
+executor thread was measured side by side in bench-kv and was not faster (its wake-ups compete for
+the GIL and the two cores), so it was not kept.
 """
 
 from __future__ import annotations
-
-import asyncio
-import time
-
-# Waits longer than this sleep on the loop's own timer first, then precisely for the rest.
-COARSE_MARGIN_S = 0.002
-
-
-async def sleep_precisely(delay: float) -> None:
-    """asyncio.sleep to within ~0.1 ms: the last part of the wait is a time.sleep in the loop's
-    default executor thread, whose completion wakes the loop at once."""
-    if delay <= 0:
-        return
-    deadline = time.perf_counter() + delay
-    if delay > 2 * COARSE_MARGIN_S:
-        await asyncio.sleep(delay - COARSE_MARGIN_S)
-    remaining = deadline - time.perf_counter()
-    if remaining > 0:
-        await asyncio.get_running_loop().run_in_executor(None, time.sleep, remaining)
 
 
 class LinkShaper:

@@ -33,7 +33,7 @@ from bus.kv.errors import KVFrameError, KVTransferFailed, KVTransferTimeout
 from bus.kv.faults import FaultInjector
 from bus.kv.frames import decode_message
 from bus.kv.layout import DEFAULT_CHUNK_BYTES
-from bus.kv.link import LinkShaper, gbit, sleep_precisely
+from bus.kv.link import LinkShaper, gbit
 from bus.kv.quant import NumpyQuantizer, Quantizer
 from bus.kv.send_core import BufferPool, SendConfig, SendState, SendTransfer
 from bus.kv.stats import TransferReport
@@ -156,7 +156,9 @@ class KVSender:
                 connection.queued.clear()
                 await connection.queued.wait()
                 continue
-            await sleep_precisely(connection.outbox[0][0] - loop.time())
+            delay = connection.outbox[0][0] - loop.time()
+            if delay > 0:
+                await asyncio.sleep(delay)
             self._send_due(connection, loop.time())
             self._read_ready(connection, loop.time())   # a send can hide the ACKs' edge from the reader
 

@@ -52,31 +52,3 @@ def test_the_link_queues_messages_at_its_rate():
     with pytest.raises(ValueError):
         LinkShaper(0)
 
-
-@pytest.mark.parametrize("use_uvloop", [False, True])
-def test_the_link_waits_sub_millisecond_delays_where_asyncio_timers_round_them_up(use_uvloop):
-    """asyncio.sleep(0.0003) takes ~1.1 ms (millisecond timers): the shaped link must not."""
-    import asyncio
-    import statistics
-    import time
-
-    import uvloop
-
-    from bus.kv.link import sleep_precisely
-
-    async def waits(delay: float) -> list[float]:
-        spans = []
-        for _ in range(15):
-            started = time.perf_counter()
-            await sleep_precisely(delay)
-            spans.append(time.perf_counter() - started)
-        return spans
-
-    async def main() -> None:
-        for delay in (0.0003, 0.0007, 0.005):
-            spans = await waits(delay)
-            assert min(spans) >= delay                              # never early
-            assert statistics.median(spans) < delay + 0.0007        # and not a timer tick late
-        await sleep_precisely(-1.0)                                 # past due: no wait
-
-    (uvloop.run if use_uvloop else asyncio.run)(main())
