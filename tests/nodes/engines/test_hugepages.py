@@ -20,23 +20,27 @@ def thp_mode() -> str | None:
     return match.group(1) if match else None
 
 
-def huge_kib_under(tensor: torch.Tensor) -> int:
-    """AnonHugePages of the mapping holding the tensor's middle byte (the advice splits the mapping
-    at page boundaries, so its first bytes may lie in a mapping of their own)."""
+def mapping_of(tensor: torch.Tensor) -> str:
+    """The /proc/self/smaps block of the mapping holding the tensor's middle byte (the advice splits
+    the mapping at page boundaries, so its first bytes may lie in a mapping of their own)."""
     address = tensor.data_ptr() + tensor.numel() * tensor.element_size() // 2
     for block in re.split(r"\n(?=[0-9a-f]+-[0-9a-f]+ )", Path("/proc/self/smaps").read_text()):
         low, high = (int(x, 16) for x in block.split()[0].split("-"))
         if low <= address < high:
-            return int(re.search(r"AnonHugePages:\s+(\d+)", block).group(1))
-    return 0
+            return block
+    return ""
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux") or thp_mode() not in ("madvise", "always"),
                     reason="no transparent huge pages to ask for")
-def test_a_large_tensor_faults_in_on_huge_pages():
+def test_a_large_tensor_is_advised_onto_huge_pages():
+    """The advice is in force on its mapping (VmFlags "hg"); whether the kernel then finds free huge
+    pages depends on the machine's memory, so only the flag is asserted."""
     tensor = hugepages.empty((64 << 20,), torch.uint8)   # 64 MiB
     tensor.zero_()
-    assert huge_kib_under(tensor) >= 2048
+    flags = re.search(r"VmFlags:(.*)", mapping_of(tensor)).group(1).split()
+    assert "hg" in flags
+    assert "hg" not in re.search(r"VmFlags:(.*)", mapping_of(torch.zeros(64 << 20, dtype=torch.uint8))).group(1).split()
 
 
 def test_small_tensors_are_not_advised_and_never_fail():
