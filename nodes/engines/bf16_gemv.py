@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from nodes.engines import amx_attention, amx_linear, amx_tiles, bf16_attention, bf16_prefill, hugepages
+from nodes.engines import amx_linear, amx_tiles, bf16_attention, bf16_prefill, hugepages
 from nodes.engines import bf16_kernels as kernels
 from nodes.engines.model_config import LlamaConfig
 
@@ -67,8 +67,6 @@ class Bf16Gemv:
                 matrices[i, name] = get(f"{p}.{key}.weight")
         matrices["head"] = get("model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight")
         self.amx = use_amx and all(amx_tiles.can_pack(tuple(m.shape)) for m in matrices.values())
-        # Prefill attention on AMX tiles too, for head_dim 64 (SDPA otherwise).
-        self.attends = self.amx and amx_attention.can_attend(config.num_heads, config.num_kv_heads, config.head_dim)
         self.max_rows = amx_tiles.MAX_ROWS if self.amx else MAX_ROWS
         self.widths = {key: m.shape[0] for key, m in matrices.items()}
         # One allocation on huge pages for every matrix a decode step streams (fewer TLB misses).
@@ -178,15 +176,6 @@ class Bf16Gemv:
         bf16_prefill.rope_and_cache(bits(qkv), self.cos, self.sin, start, num_heads, bits(q), cache_bits)
         return q
 
-    def prefill_attention(self, q: torch.Tensor, cache: torch.Tensor, start: int) -> torch.Tensor:
-        """A prefill span's causal attention (`attends` must hold): q [heads, rows, head_dim] as
-        `rope_and_cache` returns it, `cache` its layer's [2, kv_heads, capacity, head_dim] with the
-        span's keys and values written; returns [rows, heads * head_dim]."""
-        out = torch.empty(q.shape[1], q.shape[0] * q.shape[2], dtype=q.dtype)
-        cache_bits = cache.view(torch.int16).numpy().view(np.uint16)
-        amx_attention.prefill_attention(bits(q), cache_bits[0], cache_bits[1], start, bits(out))
-        return out
-
     def attn_out(self, layer: int, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual += o(attn), in place (the kernel reads each residual value before writing it)."""
         w = self.layers[layer]
@@ -220,7 +209,6 @@ def _amx_compiles() -> bool:
         return False
     try:
         amx_linear.warmup()
-        amx_attention.warmup()
     except Exception:
         return False
     return True
