@@ -29,6 +29,7 @@ if amx_tiles.AVAILABLE:
         _bf16_bits,
         _inline,
         _norm_scale,
+        _normed,
         _round,
         _silu_vectorised,
         _to_f32,
@@ -47,7 +48,7 @@ if amx_tiles.AVAILABLE:
         for m in range(x.shape[0]):
             scale = _norm_scale(x, m, eps)
             for k in range(x.shape[1]):
-                x_pad[m, k] = _bf16_bits(_round(_round(_to_f32(x[m, k]) * scale) * _to_f32(norm_w[k])))
+                x_pad[m, k] = _bf16_bits(_normed(x, m, k, norm_w, scale))
 
     @_njit_numpy_errors
     def norm_linear(x, norm_w, eps, w, x_pad, acc, out):  # pragma: no cover - runs compiled

@@ -96,12 +96,18 @@ if AVAILABLE:
         return _round(np.float32(1.0) / np.sqrt(squares / np.float32(x.shape[1]) + np.float32(eps)))
 
     @_inline
+    def _normed(x, m, k, norm_w, scale):  # pragma: no cover - runs compiled
+        """x[m, k] after RMSNorm (scale from _norm_scale), rounded twice as llama.rms_norm's bf16
+        branch rounds it: after the scale, after the weight. Every bf16 norm kernel uses this."""
+        return _round(_round(_to_f32(x[m, k]) * scale) * _to_f32(norm_w[k]))
+
+    @_inline
     def _norm_rows(x, norm_w, eps, xf):  # pragma: no cover - runs compiled
-        """RMSNorm of x's rows into float32 xf, rounded twice (after the scale, after the weight)."""
+        """RMSNorm of x's rows into float32 xf."""
         for m in range(x.shape[0]):
             scale = _norm_scale(x, m, eps)
             for k in range(x.shape[1]):
-                xf[m, k] = _round(_round(_to_f32(x[m, k]) * scale) * _to_f32(norm_w[k]))
+                xf[m, k] = _normed(x, m, k, norm_w, scale)
 
     @_inline
     def _rope_pair(qkv, m, base, d, half, cos, sin, pos):  # pragma: no cover - runs compiled

@@ -25,14 +25,14 @@ import numpy as np
 from nodes.engines.bf16_kernels import AVAILABLE
 
 if AVAILABLE:
-    from nodes.engines.bf16_kernels import _bf16_bits, _njit, _norm_scale, _rope_pair, _round, _to_f32
+    from nodes.engines.bf16_kernels import _bf16_bits, _njit, _norm_scale, _normed, _rope_pair
 
     @_njit
     def rms_norm(x, norm_w, eps, out):  # pragma: no cover - runs compiled
         for m in range(x.shape[0]):
             scale = _norm_scale(x, m, eps)
             for k in range(x.shape[1]):
-                out[m, k] = _bf16_bits(_round(_to_f32(x[m, k]) * scale) * _to_f32(norm_w[k]))
+                out[m, k] = _bf16_bits(_normed(x, m, k, norm_w, scale))
 
     @_njit
     def rope_and_cache(qkv, cos, sin, start, num_heads, q_out, cache):  # pragma: no cover - runs compiled
