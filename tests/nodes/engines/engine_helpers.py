@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from nodes.engines.base import DecodeRequest, EngineConfig, SamplingParams, TokenEvent
@@ -52,3 +53,13 @@ def reference_greedy(runner: LlamaRunner, prompt, num_tokens: int) -> tuple[list
         steps.append(logits)
         tokens.append(int(logits.argmax()))
     return tokens[len(prompt):], steps
+
+
+def bf16_bits(values: np.ndarray) -> np.ndarray:
+    """float values -> bf16 bit patterns (uint16), truncated (kernels read bits, not roundings)."""
+    return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
+
+
+def widened(bits_: np.ndarray) -> np.ndarray:
+    """bf16 bit patterns -> their exact values, float64."""
+    return (bits_.astype(np.uint32) << 16).view(np.float32).astype(np.float64)

@@ -6,16 +6,10 @@ import numpy as np
 import pytest
 
 from nodes.engines import amx_tiles
+from tests.nodes.engines.engine_helpers import bf16_bits, widened
 
 needs_amx = pytest.mark.skipif(not amx_tiles.AVAILABLE, reason="no AMX on this CPU (or numba missing)")
 
-
-def bf16_bits(values: np.ndarray) -> np.ndarray:
-    return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
-
-
-def widened(bits_: np.ndarray) -> np.ndarray:
-    return (bits_.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
 
 
 def test_packing_puts_k_pairs_of_16_outputs_in_each_tile_row():

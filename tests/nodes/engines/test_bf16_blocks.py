@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from nodes.engines import bf16_kernels
+from tests.nodes.engines.engine_helpers import bf16_bits, widened
 
 pytestmark = pytest.mark.skipif(not bf16_kernels.AVAILABLE, reason="numba is not installed")
 
@@ -15,13 +16,6 @@ if bf16_kernels.AVAILABLE:
 
     from nodes.engines import bf16_blocks
 
-
-def bf16_bits(values: np.ndarray) -> np.ndarray:
-    return (values.astype(np.float32).view(np.uint32) >> 16).astype(np.uint16)
-
-
-def widened(bits_: np.ndarray) -> np.ndarray:
-    return (bits_.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
 
 
 def compiled(group: int, head_dim: int):
