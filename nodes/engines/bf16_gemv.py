@@ -68,10 +68,8 @@ class Bf16Gemv:
         matrices["head"] = get("model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight")
         self.amx = use_amx and all(amx_tiles.can_pack(tuple(m.shape)) for m in matrices.values())
         self.max_rows = amx_tiles.MAX_ROWS if self.amx else MAX_ROWS
-        self.widths = {key: m.shape[0] for key, m in matrices.items()}
         # One allocation on huge pages for every matrix a decode step streams (fewer TLB misses).
-        arena = hugepages.Arena(hugepages.Arena.size_for([m.shape for m in matrices.values()], torch.int16),
-                                torch.int16)
+        arena = hugepages.Arena([m.shape for m in matrices.values()], torch.int16)
         weights = {key: arena.copy(self._layout(bits(m))).numpy().view(np.uint16) for key, m in matrices.items()}
         self.layers = [_Layer(
             input_norm=bits(get(f"model.layers.{i}.input_layernorm.weight")),
@@ -100,6 +98,10 @@ class Bf16Gemv:
     def _layout(self, matrix: np.ndarray) -> torch.Tensor:
         """A matrix as this object stores it: AMX tiles, or plain rows for the GEMVs (int16 bits)."""
         return torch.from_numpy((amx_tiles.pack(matrix) if self.amx else matrix).view(np.int16))
+
+    def _width(self, w: np.ndarray) -> int:
+        """Outputs of a stored matrix: its rows, or 16 a row of tiles."""
+        return w.shape[0] * amx_tiles.TILE_ROWS if self.amx else w.shape[0]
 
     def _out(self, role: str, rows: int, width: int) -> tuple[torch.Tensor, np.ndarray]:
         key = (role, rows, width)
@@ -144,7 +146,7 @@ class Bf16Gemv:
 
     def qkv(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         w = self.layers[layer]
-        out, out_bits = self._out("qkv", x.shape[0], self.widths[layer, "qkv"])
+        out, out_bits = self._out("qkv", x.shape[0], self._width(w.qkv))
         self._norm_linear(self._bits(x), w.input_norm, w.qkv, out_bits)
         return out
 
@@ -186,7 +188,7 @@ class Bf16Gemv:
         """x += SwiGLU(RMSNorm(x)), in place."""
         w = self.layers[layer]
         x_bits = self._bits(x)
-        gated, gated_bits = self._out("gated", x.shape[0], self.widths[layer, "gate"])
+        gated, gated_bits = self._out("gated", x.shape[0], self._width(w.gate))
         if self.amx:
             rows = x.shape[0]
             amx_linear.norm_swiglu(x_bits, w.post_norm, self.eps, w.gate, w.up,
@@ -198,7 +200,7 @@ class Bf16Gemv:
         return x
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        out, out_bits = self._out("logits", x.shape[0], self.widths["head"])
+        out, out_bits = self._out("logits", x.shape[0], self._width(self.head))
         self._norm_linear(self._bits(x), self.norm, self.head, out_bits)
         return out
 

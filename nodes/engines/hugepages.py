@@ -3,7 +3,7 @@
 Contract: `empty(shape, dtype)` is `torch.empty` on the CPU, except that on Linux an allocation of
 at least `MIN_BYTES` is advised MADV_HUGEPAGE before anything touches it, so its pages fault in as
 2 MiB pages when the system's THP mode is `madvise` (the default on many distributions, and on
-these machines) or `always`. `Arena(num_elements, dtype)` hands out consecutive views of one such
+these machines) or `always`. `Arena(shapes, dtype)` hands out consecutive views of one such
 allocation, for tensors each too small to fill a huge page. Nothing here fails: where the advice
 is not available or refused, the memory is ordinary pages.
 
@@ -58,20 +58,19 @@ def empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:
 
 
 class Arena:
-    """Consecutive tensors carved out of one advised allocation (each starts 64-byte aligned)."""
+    """Room for tensors of the given shapes, carved in order out of one advised allocation (each
+    starts 64-byte aligned)."""
 
     _ALIGN = 64
 
-    def __init__(self, num_elements: int, dtype: torch.dtype) -> None:
+    def __init__(self, shapes: list[tuple[int, ...]], dtype: torch.dtype) -> None:
         self._step = max(1, self._ALIGN // torch.empty(0, dtype=dtype).element_size())
+        num_elements = sum(self._padded(math.prod(shape)) for shape in shapes)
         self._buffer = empty((num_elements + self._step,), dtype)
         self._offset = (-(self._buffer.data_ptr() // self._buffer.element_size())) % self._step
 
-    @staticmethod
-    def size_for(shapes: list[tuple[int, ...]], dtype: torch.dtype) -> int:
-        """Elements an arena needs for tensors of these shapes (alignment padding included)."""
-        step = max(1, Arena._ALIGN // torch.empty(0, dtype=dtype).element_size())
-        return sum(-(-math.prod(shape) // step) * step for shape in shapes)
+    def _padded(self, num_elements: int) -> int:
+        return -(-num_elements // self._step) * self._step
 
     def copy(self, tensor: torch.Tensor) -> torch.Tensor:
         """A copy of `tensor` in the arena (same shape and values, contiguous)."""
@@ -80,5 +79,5 @@ class Arena:
             raise ValueError(f"the arena is full: {n} more elements do not fit")
         view = self._buffer[self._offset:self._offset + n].view(tensor.shape)
         view.copy_(tensor)
-        self._offset += -(-n // self._step) * self._step
+        self._offset += self._padded(n)
         return view

@@ -50,7 +50,7 @@ def test_small_tensors_are_not_advised_and_never_fail():
 
 def test_an_arena_copies_tensors_at_64_byte_boundaries_until_it_is_full():
     shapes = [(3, 7), (5,), (2, 2, 2)]
-    arena = hugepages.Arena(hugepages.Arena.size_for(shapes, torch.bfloat16), torch.bfloat16)
+    arena = hugepages.Arena(shapes, torch.bfloat16)
     sources = [torch.randn(shape).to(torch.bfloat16) for shape in shapes]
     copies = [arena.copy(source) for source in sources]
     for source, copy in zip(sources, copies, strict=True):
