@@ -166,17 +166,24 @@ def _float16_value(h):  # pragma: no cover - runs compiled
 
 
 @_inline
-def _params(low, high, codes, out_row, params):  # pragma: no cover - runs compiled
-    """Row params from its range: float16 lo/hi (rounded outward) into params; (ok, lo, 1/step),
-    ok False when the range does not fit float16."""
+def _rounded_range(low, high):  # pragma: no cover - runs compiled
+    """A row's float16 lo/hi (its range rounded outward), whether they fit float16, and 1/step."""
     lo_r = _to_float16(low - (abs(low) * OUTWARD + F16_TINY))
     hi_r = _to_float16(high + (abs(high) * OUTWARD + F16_TINY))
-    if not (abs(lo_r) <= F16_MAX and abs(hi_r) <= F16_MAX):
-        return False, lo_r, lo_r
+    fits = (abs(lo_r) <= F16_MAX) & (abs(hi_r) <= F16_MAX)
+    step = (hi_r - lo_r) / np.float32(255.0)
+    return lo_r, hi_r, fits, (np.float32(1.0) / step if step > 0 else np.float32(0.0))
+
+
+@_inline
+def _params(low, high, codes, out_row, params):  # pragma: no cover - runs compiled
+    """Row params from its range into params; (ok, lo, 1/step), ok False when it does not fit float16."""
+    lo_r, hi_r, fits, inverse = _rounded_range(low, high)
+    if not fits:
+        return False, lo_r, inverse
     params[out_row] = _float16_bits(lo_r)
     params[codes.shape[0] + out_row] = _float16_bits(hi_r)
-    step = (hi_r - lo_r) / np.float32(255.0)
-    return True, lo_r, (np.float32(1.0) / step if step > 0 else np.float32(0.0))
+    return True, lo_r, inverse
 
 
 @_inline
@@ -220,13 +227,8 @@ def _encode_rows_vectors(src, codes, params, ck, block):  # pragma: no cover - r
             lows[i], highs[i] = _range_vectors(src, r0 + i, ck)
         fits = 0
         for i in range(count):
-            low, high = lows[i], highs[i]
-            lo_r = _to_float16(low - (abs(low) * OUTWARD + F16_TINY))
-            hi_r = _to_float16(high + (abs(high) * OUTWARD + F16_TINY))
-            fits += (abs(lo_r) <= F16_MAX) & (abs(hi_r) <= F16_MAX)
-            starts[i], highs[i] = lo_r, hi_r
-            step = (hi_r - lo_r) / np.float32(255.0)
-            inverses[i] = np.float32(1.0) / step if step > 0 else np.float32(0.0)
+            starts[i], highs[i], row_fits, inverses[i] = _rounded_range(lows[i], highs[i])
+            fits += row_fits
         if fits != count:
             return False
         for i in range(count):
