@@ -46,6 +46,13 @@ def _njit(function):
     return numba.njit(cache=True, boundscheck=False, nogil=True, fastmath=FASTMATH)(function)
 
 
+def _njit_numpy_errors(function):
+    """_njit with numpy's error model: a float division in a loop gets no zero-divisor check
+    (numba's default raises ZeroDivisionError, and that branch kept the AMX silu epilogue scalar:
+    250 vs 41 us for 32 x 1536 values)."""
+    return numba.njit(cache=True, boundscheck=False, nogil=True, fastmath=FASTMATH, error_model="numpy")(function)
+
+
 def _inline(function):
     return numba.njit(inline="always", boundscheck=False, fastmath=FASTMATH)(function)
 
