@@ -8,6 +8,9 @@ for). Only then may `matmul` run. bf16 values are uint16 bit patterns.
   reads its second operand in). `can_pack(shape)` says whether a shape fits.
 - `matmul(x, tiles, out)`: out = x @ w.T in float32 for x [rows, K] with rows 16 or 32 (pad with
   anything: each output row depends on its own row only), out [rows, N].
+- For other tile kernels: `tile_load(t)`, `tile_store(t)` (intrinsics `op(array, i, j, stride_bytes)`
+  at array[i, j]), `tile_zero(t)`, `tile_dot(acc, a, b)` (tdpbf16ps), `configure(CONFIG)` (every
+  tile 16 rows of 64 bytes) and `release()`.
 
 Why: decode steps of 5-32 tokens are bound by reading the weights once (256 MiB for SmolLM2), and
 oneDNN's AMX GEMMs read them at 7.6-9 GB/s on these layer shapes (plus ~25 us a call). This loop
@@ -50,6 +53,19 @@ def _request_tile_state() -> bool:
 
 
 AVAILABLE = _NUMBA and _cpu_has_amx() and _request_tile_state()
+
+
+ALIGNMENT = 4096    # tile rows are 64-byte lines; numpy aligns its buffers only to 16 bytes
+
+
+def aligned_zeros(shape: tuple[int, ...], dtype) -> np.ndarray:
+    """Zeros starting on a page boundary, for buffers that tiles load from or store to: from a
+    misaligned buffer every 64-byte tile row splits across two cache lines (prefill attention took
+    3.3-3.8 ms a layer at 1024 keys on numpy's buffers, 2.6-2.7 aligned; ad-hoc timing)."""
+    num_bytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+    raw = np.zeros(num_bytes + ALIGNMENT, np.uint8)
+    start = (-raw.ctypes.data) % ALIGNMENT
+    return raw[start:start + num_bytes].view(dtype).reshape(shape)
 
 
 def can_pack(shape: tuple[int, int]) -> bool:
@@ -134,6 +150,21 @@ if AVAILABLE:
         return config
 
     _CONFIG = _config()
+
+    # For other tile kernels (amx_attention): intrinsics on fixed tile numbers, and the config.
+    def tile_load(tile: int):
+        return _tile_op("llvm.x86.tileloadd64", tile)
+
+    def tile_store(tile: int):
+        return _tile_op("llvm.x86.tilestored64", tile)
+
+    def tile_zero(tile: int):
+        return _constant_op("llvm.x86.tilezero", tile)
+
+    def tile_dot(acc: int, a: int, b: int):
+        return _constant_op("llvm.x86.tdpbf16ps", acc, a, b)
+
+    configure, release, CONFIG = _configure, _release, _CONFIG
 
     @numba.njit(cache=True, boundscheck=False, nogil=True)
     def matmul(x, tiles, out):  # pragma: no cover - runs compiled

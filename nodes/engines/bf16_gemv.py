@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from nodes.engines import amx_linear, amx_tiles, bf16_attention, bf16_prefill, hugepages
+from nodes.engines import amx_attention, amx_linear, amx_tiles, bf16_attention, bf16_prefill, hugepages
 from nodes.engines import bf16_kernels as kernels
 from nodes.engines.model_config import LlamaConfig
 
@@ -68,6 +68,9 @@ class Bf16Gemv:
         matrices["head"] = get("model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight")
         self.amx = use_amx and all(amx_tiles.can_pack(tuple(m.shape)) for m in matrices.values())
         self.max_rows = amx_tiles.MAX_ROWS if self.amx else MAX_ROWS
+        # Prefill attention on AMX tiles too, for head_dim 64 (SDPA otherwise).
+        self.attends = self.amx and amx_attention.can_attend(config.num_heads, config.num_kv_heads, config.head_dim)
+        self._workspace: amx_attention.Workspace | None = None
         # One allocation on huge pages for every matrix a decode step streams (fewer TLB misses).
         arena = hugepages.Arena([m.shape for m in matrices.values()], torch.int16)
         weights = {key: arena.copy(self._layout(bits(m))).numpy().view(np.uint16) for key, m in matrices.items()}
@@ -115,8 +118,8 @@ class Bf16Gemv:
         """AMX scratch: [16 or 32 rows, width], kept per role and size."""
         padded = -(-rows // amx_tiles.TILE_ROWS) * amx_tiles.TILE_ROWS
         key = (role, padded, width)
-        if key not in self._scratch:
-            self._scratch[key] = np.zeros((padded, width), dtype)
+        if key not in self._scratch:   # tiles load and store it: page-aligned, as amx_tiles asks
+            self._scratch[key] = amx_tiles.aligned_zeros((padded, width), dtype)
         return self._scratch[key]
 
     def _norm_linear(self, x: np.ndarray, norm_w: np.ndarray, w: np.ndarray, out: np.ndarray) -> None:
@@ -178,6 +181,18 @@ class Bf16Gemv:
         bf16_prefill.rope_and_cache(bits(qkv), self.cos, self.sin, start, num_heads, bits(q), cache_bits)
         return q
 
+    def prefill_attention(self, q: torch.Tensor, cache: torch.Tensor, start: int) -> torch.Tensor:
+        """A prefill span's causal attention (`attends` must hold): q [heads, rows, head_dim] as
+        `rope_and_cache` returns it, `cache` its layer's [2, kv_heads, capacity, head_dim] with the
+        span's keys and values written; returns [rows, heads * head_dim]."""
+        num_keys = start + q.shape[1]
+        if self._workspace is None or self._workspace.num_keys < num_keys:
+            self._workspace = amx_attention.Workspace(max(1024, 1 << (num_keys - 1).bit_length()))
+        out = torch.empty(q.shape[1], q.shape[0] * q.shape[2], dtype=q.dtype)
+        cache_bits = cache.view(torch.int16).numpy().view(np.uint16)
+        amx_attention.prefill_attention(bits(q), cache_bits[0], cache_bits[1], start, bits(out), self._workspace)
+        return out
+
     def attn_out(self, layer: int, attn: torch.Tensor, residual: torch.Tensor) -> torch.Tensor:
         """residual += o(attn), in place (the kernel reads each residual value before writing it)."""
         w = self.layers[layer]
@@ -211,6 +226,8 @@ def _amx_compiles() -> bool:
         return False
     try:
         amx_linear.warmup()
+        if amx_attention.can_attend(1, 1, amx_attention.HEAD_DIM):
+            amx_attention.warmup()
     except Exception:
         return False
     return True

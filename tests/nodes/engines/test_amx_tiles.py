@@ -48,3 +48,18 @@ def test_each_output_row_depends_on_its_own_row_only():
     amx_tiles.matmul(x, w, clean_out)
     amx_tiles.matmul(noisy, w, noisy_out)
     np.testing.assert_array_equal(clean_out[:3], noisy_out[:3])
+
+
+@pytest.mark.parametrize("shape", [(1,), (16, 64), (3, 5, 7)])
+def test_aligned_zeros_start_on_a_page_and_hold_zeros(shape):
+    for dtype in (np.uint16, np.float32):
+        array = amx_tiles.aligned_zeros(shape, dtype)
+        assert array.shape == shape and array.dtype == dtype and array.flags.c_contiguous
+        assert array.ctypes.data % amx_tiles.ALIGNMENT == 0 and not array.any()
+
+
+def test_the_attention_workspace_is_aligned_for_tiles():
+    from nodes.engines import amx_attention
+    workspace = amx_attention.Workspace(100)
+    for array in (workspace.packed_keys, workspace.packed_values, workspace.scores, workspace.queries, workspace.acc):
+        assert array.ctypes.data % amx_tiles.ALIGNMENT == 0
