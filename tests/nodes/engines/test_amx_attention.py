@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from nodes.engines import amx_attention, amx_tiles
+from nodes.engines import amx_attention
 from nodes.engines.bf16_gemv import bits
 from nodes.engines.llama import ForwardBatch, LlamaRunner, PrefillSpan
 from nodes.engines.model_loader import build_tiny_model
