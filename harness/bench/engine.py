@@ -2,8 +2,11 @@
 
 For each dtype (default: float32 and bfloat16), with the same torch thread count everywhere:
 - prefill tokens/s for 128/512/1024-token prompts: the engine, Hugging Face transformers (one
-  forward with `logits_to_keep=1`, as `generate` does) and a GEMM roofline (torch.matmul of the
-  model's own weight shapes, every layer, same dtype);
+  forward with `logits_to_keep=1`, as `generate` does) and two GEMM rooflines: torch.matmul of the
+  model's own weight shapes, every layer, same dtype (the linear layers only), and that plus
+  torch.matmul of the causal attention's two products in 64-query blocks (a prompt's attention
+  grows with the square of its length, so the linear-only roofline leaves out a growing share of
+  the work a prefill must do);
 - decode tokens/s at batch 1, 8, 32 with 512 tokens of context (random KV: speed does not depend
   on its values): the engine, transformers (DynamicCache) and the GEMM roofline; the bandwidth
   floor of a batch-1 step = weight bytes / single-core read bandwidth measured now.
@@ -83,6 +86,29 @@ def gemm_seconds(weights: list[torch.Tensor], num_tokens: int, num_logit_rows: i
         for w in layers:
             torch.matmul(inputs[w.shape[1]], w.t())
         torch.matmul(last, head.t())
+    return best_time(run, 5)
+
+
+ATTENTION_BLOCK = 64   # queries per block in the attention roofline (as a causal kernel skips keys)
+
+
+def attention_gemm_seconds(config, dtype: torch.dtype, num_tokens: int) -> float:
+    """torch.matmul of the causal attention's two products (scores = q k^T, outputs = p v) for a
+    `num_tokens` prompt, every layer: per block of 64 queries, against the keys up to the block's
+    last (what a causal kernel computes; full squares would count twice the work). Keys and values
+    come pre-expanded to every query head (GQA copies are not counted)."""
+    heads, dim = config.num_heads, config.head_dim
+    q = torch.randn(heads, num_tokens, dim, dtype=dtype)
+    k = torch.randn(heads, dim, num_tokens, dtype=dtype)      # already transposed
+    v = torch.randn(heads, num_tokens, dim, dtype=dtype)
+    p = torch.randn(heads, ATTENTION_BLOCK, num_tokens, dtype=dtype)
+
+    def run() -> None:
+        for _ in range(config.num_layers):
+            for start in range(0, num_tokens, ATTENTION_BLOCK):
+                end = min(num_tokens, start + ATTENTION_BLOCK)
+                torch.matmul(q[:, start:end], k[:, :, :end])
+                torch.matmul(p[:, :end - start, :end], v[:, :end])
     return best_time(run, 5)
 
 
@@ -181,10 +207,13 @@ def bench_dtype(model, dtype_name: str, threads: int, num_steps: int) -> dict:
         chunked = engine_chunked_prefill_seconds(engine, n)
         theirs_all = hf_prefill_seconds(hf, n, last_logits_only=False)
         gemm = gemm_seconds(weights, n, 1)
+        attention = attention_gemm_seconds(model.config, dtype, n)
         result["prefill"][n] = {"engine_tok_s": n / ours, "hf_tok_s": n / theirs, "hf_all_logits_tok_s": n / theirs_all,
-                                "gemm_tok_s": n / gemm, "engine_chunked_tok_s": n / chunked}
+                                "gemm_tok_s": n / gemm, "gemm_attention_tok_s": n / (gemm + attention),
+                                "engine_chunked_tok_s": n / chunked}
         print(f"  prefill {n:5d}: engine {n / ours:8.0f} tok/s (chunks of {engine.config.prefill_chunk_tokens}: "
-              f"{n / chunked:6.0f})  hf {n / theirs:8.0f} (all logits {n / theirs_all:6.0f})  gemm {n / gemm:8.0f}",
+              f"{n / chunked:6.0f})  hf {n / theirs:8.0f} (all logits {n / theirs_all:6.0f})  gemm {n / gemm:8.0f} "
+              f"(with attention {n / (gemm + attention):6.0f})",
               flush=True)
     for b in DECODE_BATCHES:
         ours = engine_decode_seconds(engine, b, num_steps)
@@ -203,12 +232,15 @@ def print_summary(result: dict) -> None:
           f"read bandwidth {result['dram_gbs']:.1f} GB/s (1 GiB buffer), {result['weights_pass_gbs']:.1f} GB/s "
           f"(pass over the weights); batch-1 floor {result['floor_step_ms']:.1f} ms/step")
     print("| prefill tokens | engine tok/s | hf last-token logits tok/s | engine/hf | hf all logits tok/s | "
-          "engine/hf all | GEMM roofline tok/s | engine/roofline | chunked tok/s | chunked/whole |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+          "engine/hf all | GEMM roofline tok/s (linear layers) | engine/roofline | roofline with attention tok/s | "
+          "engine/roofline with attention | chunked tok/s | chunked/whole |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|---|")
     for n, r in p.items():
+        with_attention = r.get("gemm_attention_tok_s", float("nan"))
         print(f"| {n} | {r['engine_tok_s']:.0f} | {r['hf_tok_s']:.0f} | {r['engine_tok_s'] / r['hf_tok_s']:.2f}x | "
               f"{r['hf_all_logits_tok_s']:.0f} | {r['engine_tok_s'] / r['hf_all_logits_tok_s']:.2f}x | "
               f"{r['gemm_tok_s']:.0f} | {r['engine_tok_s'] / r['gemm_tok_s']:.0%} | "
+              f"{with_attention:.0f} | {r['engine_tok_s'] / with_attention:.0%} | "
               f"{r['engine_chunked_tok_s']:.0f} | {r['engine_chunked_tok_s'] / r['engine_tok_s']:.2f}x |")
     print("| decode batch (ctx 512) | engine tok/s | transformers tok/s | engine/hf | GEMM roofline tok/s | vs batch 1 |")
     print("|---|---|---|---|---|---|")

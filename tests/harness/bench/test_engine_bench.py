@@ -1,5 +1,6 @@
 """The engine benchmark's own pieces, on the tiny model: the chunked-prefill stage runs the
-interruptible pass to the end, and the summary prints the chunked column beside the whole pass."""
+interruptible pass to the end, the summary prints the chunked column beside the whole pass, and the
+attention roofline times causal blocks."""
 
 from __future__ import annotations
 
@@ -15,13 +16,34 @@ def test_the_chunked_stage_times_a_whole_interruptible_pass():
 
 def test_the_summary_shows_chunked_beside_whole(capsys):
     prefill = {"engine_tok_s": 1000.0, "hf_tok_s": 800.0, "hf_all_logits_tok_s": 700.0, "gemm_tok_s": 2000.0,
-               "engine_chunked_tok_s": 900.0}
+               "gemm_attention_tok_s": 1600.0, "engine_chunked_tok_s": 900.0}
     decode = {"engine_tok_s": 20.0, "hf_tok_s": 10.0, "gemm_tok_s": 30.0, "engine_step_ms": 50.0, "hf_step_ms": 100.0}
     bench.print_summary({"dtype": "bfloat16", "threads": 1, "weight_bytes": 2**28, "dram_gbs": 10.0,
                          "weights_pass_gbs": 8.0, "floor_step_ms": 25.0, "prefill": {512: prefill},
                          "decode": {1: decode}})
     out = capsys.readouterr().out
-    assert "| 512 | 1000 | 800 | 1.25x | 700 | 1.43x | 2000 | 50% | 900 | 0.90x |" in out
+    assert "| 512 | 1000 | 800 | 1.25x | 700 | 1.43x | 2000 | 50% | 1600 | 62% | 900 | 0.90x |" in out
+
+
+def test_the_attention_roofline_times_causal_blocks_of_every_layer(monkeypatch):
+    """Per 64-query block, q against the keys up to its end and p against as many values."""
+    import torch
+
+    from nodes.engines.model_loader import build_tiny_model
+    shapes = []
+    matmul = torch.matmul
+
+    def spy(a, b):
+        shapes.append((tuple(a.shape), tuple(b.shape)))
+        return matmul(a, b)
+    monkeypatch.setattr(torch, "matmul", spy)
+    config = build_tiny_model().config
+    assert bench.attention_gemm_seconds(config, torch.float32, 100) > 0
+    per_run = 2 * 2 * config.num_layers   # two blocks (64 + 36 queries), two products, every layer
+    assert len(shapes) % per_run == 0
+    heads, dim = config.num_heads, config.head_dim
+    assert shapes[:4] == [((heads, 64, dim), (heads, dim, 64)), ((heads, 64, 64), (heads, 64, dim)),
+                          ((heads, 36, dim), (heads, dim, 100)), ((heads, 36, 100), (heads, 100, dim))]
 
 
 def test_the_transformers_decode_baseline_attends_over_its_context():
