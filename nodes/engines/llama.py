@@ -226,6 +226,11 @@ class LlamaRunner:
         cache = span.kv[layer]
         cache[0, :, span.start:span.start + span.num_tokens] = k.transpose(0, 1)
         cache[1, :, span.start:span.start + span.num_tokens] = v.transpose(0, 1)
+        if self.gemv is not None and self.gemv.attends:
+            # The kernel of pure prefill steps here too: a prompt's tokens then do not depend on
+            # whether its prefill ran alone or beside decode rows (a recovery prefill on a decode
+            # node), which in bf16 SDPA-vs-tiles rounding would not guarantee.
+            return self.gemv.prefill_attention(q.transpose(0, 1).contiguous(), cache, span.start)
         return self._span_sdpa(layer, q.transpose(0, 1), span)
 
     def _span_sdpa(self, layer: int, q: torch.Tensor, span: PrefillSpan) -> torch.Tensor:

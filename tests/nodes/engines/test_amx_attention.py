@@ -11,7 +11,7 @@ import torch
 
 from nodes.engines import amx_attention
 from nodes.engines.bf16_gemv import bits
-from nodes.engines.llama import ForwardBatch, LlamaRunner, PrefillSpan
+from nodes.engines.llama import DecodeGroup, ForwardBatch, LlamaRunner, PrefillSpan
 from nodes.engines.model_loader import build_tiny_model
 
 pytestmark = pytest.mark.skipif(not amx_attention.can_attend(9, 3, 64), reason="no AMX or AVX512-BF16 on this CPU (or numba missing)")
@@ -110,3 +110,22 @@ def test_a_longer_span_grows_the_workspace():
     assert runner.gemv._workspace.num_keys == 1024
     prefill(runner, ids, [1100])
     assert runner.gemv._workspace.num_keys == 2048
+
+
+def test_a_prefill_beside_decode_rows_attends_with_the_same_kernel():
+    """A recovery prefill on a decode node shares its steps with decode rows (the unfused path): its
+    KV and logits must be those of the same prompt prefilled alone, or failover changes bf16 texts."""
+    model = head_dim_64_model()
+    c = model.config
+    runner = LlamaRunner(c, model.weights, dtype=torch.bfloat16, max_len=128)
+    ids = torch.arange(7, 47) % c.vocab_size
+    alone_logits, alone_kv = prefill(runner, ids, [40])
+    kv = runner.new_kv(48)
+    slot_cache = (torch.randn(c.num_layers, 1, 2, c.num_kv_heads, 16, c.head_dim) * 0.5).to(torch.bfloat16)
+    decode = DecodeGroup(rows=torch.tensor([40]), slots=torch.tensor([0]), positions=torch.tensor([9]),
+                         cache=slot_cache, num_slots=1, mask=None, max_len=10, dense=True)
+    batch = ForwardBatch(torch.cat([ids, torch.tensor([5])]), torch.cat([torch.arange(40), torch.tensor([9])]),
+                         torch.tensor([39, 40]), spans=[PrefillSpan(0, 40, 0, kv)], decode=decode)
+    mixed_logits = runner.forward(batch)
+    assert torch.equal(kv[:, :, :, :40], alone_kv)
+    assert torch.equal(mixed_logits[0], alone_logits[0])
