@@ -44,13 +44,15 @@ except ImportError:  # the torch and numpy quantizers serve every mode without i
 
 AVAILABLE = numba is not None and numba_bits.AVAILABLE
 if AVAILABLE:
-    from bus.kv.int8_vectors import make_row_codes, make_row_decode_bf16, make_row_range
+    from bus.kv.int8_vectors import make_row_codes, make_row_decode_bf16, make_row_decode_f32, make_row_range
+    from bus.kv.int8_vectors import store_fence as _store_fence
     from bus.numba_bits import bits_f32, f32_bits
 
     # Rows of 64 and 128 values (head_dim of most models) encode on hand-built vector code.
     _RANGE64, _RANGE128 = make_row_range(64), make_row_range(128)
     _CODES64, _CODES128 = make_row_codes(64), make_row_codes(128)
     _DECODE_BF16_64, _DECODE_BF16_128 = make_row_decode_bf16(64), make_row_decode_bf16(128)
+    _DECODE_F32_64, _DECODE_F32_128 = make_row_decode_f32(64), make_row_decode_f32(128)
 LANES = 16
 OUTWARD = np.float32(2.0**-10)   # bus.kv.quant.OUTWARD
 F16_TINY = np.float32(2.0**-24)  # bus.kv.quant.F16_TINY
@@ -292,12 +294,21 @@ def _row_params(codes, params, p, t):  # pragma: no cover - runs compiled
 
 
 @_njit
-def _decode_f32(codes, params, out):  # pragma: no cover - runs compiled
+def _decode_f32(codes, params, out, streaming):  # pragma: no cover - runs compiled
+    width = codes.shape[2]
     for p in range(codes.shape[0]):
         for t in range(codes.shape[1]):
             low, step = _row_params(codes, params, p, t)
-            for j in range(codes.shape[2]):
+            if streaming and width == 64:
+                _DECODE_F32_64(codes, p, t, low, step, out)
+                continue
+            if streaming and width == 128:
+                _DECODE_F32_128(codes, p, t, low, step, out)
+                continue
+            for j in range(width):
                 out[p, t, j] = np.float32(codes[p, t, j]) * step + low
+    if streaming:
+        _store_fence()   # streaming stores are weakly ordered: visible before anyone is told
 
 
 @_njit
@@ -319,11 +330,18 @@ def _decode_bf16(codes, params, out, row, row_bits):  # pragma: no cover - runs 
                 out[p, t, j] = np.uint16((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
 
 
+def can_stream(out: np.ndarray) -> bool:
+    """Whether float32 rows can take streaming stores: every row contiguous and starting on a
+    64-byte line (a streaming store writes 16 floats, a whole line, and needs its alignment)."""
+    return (out.dtype == np.float32 and out.ctypes.data % 64 == 0 and out.strides[-1] == 4
+            and all(stride % 64 == 0 for stride in out.strides[:-1]))
+
+
 def decode_rows(codes: np.ndarray, params: np.ndarray, out: np.ndarray, work: Scratch) -> None:
     """uint8 codes (P, T, D), params (2*P*T,) float16 bits -> out (P, T, D): float32, or uint16
     bfloat16 bits."""
     if out.dtype == np.float32:
-        _decode_f32(codes, params, out)
+        _decode_f32(codes, params, out, AVAILABLE and can_stream(out))
         return
     if work.row.shape[1] != codes.shape[2]:
         work.row = np.empty((1, codes.shape[2]), np.float32)

@@ -128,6 +128,39 @@ def test_decode_into_a_strided_destination_touches_only_its_rows():
     assert (cache[:, :30] == -7.0).all() and (cache[:, 70:] == -7.0).all()
 
 
+def aligned_float32(shape: tuple[int, ...], offset_bytes: int = 0) -> np.ndarray:
+    """A float32 array starting `offset_bytes` past a 64-byte boundary."""
+    size = int(np.prod(shape)) * 4
+    raw = np.empty(size + 128, np.uint8)
+    start = (-raw.ctypes.data) % 64 + offset_bytes
+    return raw[start:start + size].view(np.float32).reshape(shape)
+
+
+@pytest.mark.parametrize("head_dim", [64, 128, 80])
+@pytest.mark.parametrize("offset_bytes", [0, 16])
+def test_streaming_and_plain_decodes_into_float32_agree_bit_for_bit(head_dim, offset_bytes):
+    """Aligned rows of 64 or 128 take streaming stores; others (misaligned, other widths) the plain
+    loop: both give the reference's bits, into a strided view of a larger cache as well."""
+    rows = rows_of_every_magnitude(800, head_dim, seed=4)
+    rows = rows[np.abs(rows).max(axis=1) < 6.4e4][:600]
+    codes, params = encoded_chunk(rows, tokens=50)           # 12 planes x 50 tokens
+    cache = aligned_float32((codes.shape[0], 80, head_dim), offset_bytes)
+    cache[:] = -7.0
+    target = cache[:, 16:66]
+    assert int8_kernels.can_stream(target) == (offset_bytes == 0)
+    int8_kernels.decode_rows(codes, params, target, int8_kernels.Scratch(head_dim))
+    np.testing.assert_array_equal(target.view(np.uint32), reference_decode(codes, params).view(np.uint32))
+    assert (cache[:, :16] == -7.0).all() and (cache[:, 66:] == -7.0).all()
+
+
+def test_only_float32_rows_on_whole_lines_can_stream():
+    assert int8_kernels.can_stream(aligned_float32((2, 4, 64)))
+    assert not int8_kernels.can_stream(aligned_float32((2, 4, 64), 32))          # misaligned start
+    assert not int8_kernels.can_stream(aligned_float32((2, 4, 72))[:, :, :64])   # rows 288 bytes apart
+    assert not int8_kernels.can_stream(aligned_float32((2, 4, 64))[:, :, ::2])   # rows not contiguous
+    assert not int8_kernels.can_stream(aligned_float32((2, 4, 64)).view(np.uint32).view(np.uint16))
+
+
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])
 @pytest.mark.parametrize("row", [0, 37, 63])
 def test_non_finite_bf16_rows_are_refused_wherever_they_are(value, row):
