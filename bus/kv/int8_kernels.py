@@ -44,8 +44,15 @@ except ImportError:  # the torch and numpy quantizers serve every mode without i
 
 AVAILABLE = numba is not None and numba_bits.AVAILABLE
 if AVAILABLE:
-    from bus.kv.int8_vectors import make_row_codes, make_row_decode_bf16, make_row_decode_f32, make_row_range
+    from bus.kv.int8_vectors import (
+        make_prefetch_row,
+        make_row_codes,
+        make_row_decode_bf16,
+        make_row_decode_f32,
+        make_row_range,
+    )
     from bus.kv.int8_vectors import store_fence as _store_fence
+    _PREFETCH64, _PREFETCH128 = make_prefetch_row(64), make_prefetch_row(128)
     from bus.numba_bits import bits_f32, f32_bits
 
     # Rows of 64 and 128 values (head_dim of most models) encode on hand-built vector code.
@@ -54,6 +61,10 @@ if AVAILABLE:
     _DECODE_BF16_64, _DECODE_BF16_128 = make_row_decode_bf16(64), make_row_decode_bf16(128)
     _DECODE_F32_64, _DECODE_F32_128 = make_row_decode_f32(64), make_row_decode_f32(128)
 LANES = 16
+# Rows the encode asks for ahead of the one it reads (4 KiB of float32 rows of 64): with the hardware
+# prefetcher alone it read a cold fp32 cache (47 MB) at 7-11 GB/s, with this at 14.7-15.3; bf16
+# (23.6 MB) 6.7 -> 7.6 GB/s (ad-hoc timing). 4-32 rows ahead all did about as well.
+PREFETCH_ROWS = 16
 OUTWARD = np.float32(2.0**-10)   # bus.kv.quant.OUTWARD
 F16_TINY = np.float32(2.0**-24)  # bus.kv.quant.F16_TINY
 F16_MAX = np.float32(65504.0)
@@ -226,6 +237,12 @@ def _encode_rows_vectors(src, codes, params, ck, block):  # pragma: no cover - r
     for r0 in range(0, num_rows, LANES):
         count = min(LANES, num_rows - r0)
         for i in range(count):
+            ahead = r0 + i + PREFETCH_ROWS
+            if ahead < num_rows:
+                if src.shape[1] == 64:
+                    _PREFETCH64(src, ahead)
+                else:
+                    _PREFETCH128(src, ahead)
             lows[i], highs[i] = _range_vectors(src, r0 + i, ck)
         fits = 0
         for i in range(count):

@@ -13,6 +13,7 @@ Contract (only where `bus.numba_vectors.AVAILABLE`; called from numba-compiled c
   `row_decode(codes, p, t, low, step, out)`: out[p, t, :] = code * step + low (product, then sum,
   as the reference), into bf16 (nearest even) or float32; the float32 one with streaming stores
   (64-byte-aligned rows; `store_fence()` after the last).
+- `make_prefetch_row(width)` returns `prefetch_row(src, r)`: a prefetch of each line of row r.
 bf16 rows are widened exactly (their bits are float32's upper half).
 
 Why: numba's loops spent ~95 cycles a 64-value row (0.56 ns a value): the lane arrays of the
@@ -28,6 +29,7 @@ from bus import numba_vectors
 if numba_vectors.AVAILABLE:
     from llvmlite import ir
     from numba import types
+    from numba.core import cgutils
     from numba.extending import intrinsic
 
     from bus.numba_vectors import F32, LANES, VF, VI32, at, item, load_bf16, splat
@@ -155,3 +157,21 @@ if numba_vectors.AVAILABLE:
             builder.call(function, [])
             return context.get_dummy_value()
         return types.none(), codegen
+
+    def make_prefetch_row(width: int):
+        """`prefetch_row(src, r)`: ask for row r's cache lines, into every cache level (src 2-D,
+        rows of `width` float32 or bf16 values; r must be a row of src)."""
+        @intrinsic
+        def prefetch_row(typingctx, src, r):
+            def codegen(context, builder, signature, args):
+                start = item(context, builder, signature.args[0], args[0], [args[1], context.get_constant(types.intp, 0)])
+                byte_pointer = ir.PointerType(ir.IntType(8))
+                function = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+                    ir.VoidType(), [byte_pointer] + [ir.IntType(32)] * 3), "llvm.prefetch.p0")
+                line = 64 // (4 if signature.args[0].dtype == types.float32 else 2)
+                for c in range(0, width, line):
+                    pointer = builder.bitcast(builder.gep(start, [ir.Constant(ir.IntType(64), c)]), byte_pointer)
+                    builder.call(function, [pointer] + [ir.Constant(ir.IntType(32), v) for v in (0, 3, 1)])
+                return context.get_dummy_value()
+            return types.none(src, r), codegen
+        return prefetch_row
