@@ -6,8 +6,7 @@ rows' params, float16 bit patterns (uint16) lo[0..R) then hi[0..R), bus.kv.quant
 `encode_bf16_rows` does the same from bfloat16 bits (uint16). Both return False, leaving their
 outputs partly written, when a row holds a NaN or infinity or its range does not fit float16: the
 caller then takes the numpy reference path (bus.kv.quant), which raises or falls back to float32
-params. `decode_rows(codes, params, out, work)`
-writes code * step + lo into a float32 or bfloat16-bits (uint16) (P, T, D) destination.
+params. Decoding is bus/kv/int8_decode.py's (`decode_rows`).
 `work = Scratch(head_dim)` holds the per-call scratch arrays (not thread-safe: one per caller).
 
 Every float operation is bus.kv.quant's, in its order and in float32, without FMA contraction
@@ -25,7 +24,8 @@ through LLVM bitcasts (bus.numba_bits) instead of a store and a load through a s
 Rows of 64 or 128 values (most models' head_dim) go further (bus/kv/int8_vectors.py): each row's
 range and codes are hand-built vector code, and the params of 16 rows at a time are one loop that
 LLVM vectorises across rows; encode went from 0.56 to 0.35 ns a value (7.0 -> 11.3 GB/s of fp32,
-3.3 -> 5.9 of bf16) and decode into bf16 from 7.2 to ~10 GB/s (ad-hoc timing of 3 MiB chunks).
+3.3 -> 5.9 of bf16; ad-hoc timing of 3 MiB chunks, in cache). From a cold cache the encode is bound
+by reading it, so it prefetches each row's lines PREFETCH_ROWS rows ahead.
 numba's disk cache keys on this file only: after editing int8_vectors.py, touch this file.
 """
 
@@ -44,22 +44,13 @@ except ImportError:  # the torch and numpy quantizers serve every mode without i
 
 AVAILABLE = numba is not None and numba_bits.AVAILABLE
 if AVAILABLE:
-    from bus.kv.int8_vectors import (
-        make_prefetch_row,
-        make_row_codes,
-        make_row_decode_bf16,
-        make_row_decode_f32,
-        make_row_range,
-    )
-    from bus.kv.int8_vectors import store_fence as _store_fence
+    from bus.kv.int8_vectors import make_prefetch_row, make_row_codes, make_row_range
     _PREFETCH64, _PREFETCH128 = make_prefetch_row(64), make_prefetch_row(128)
     from bus.numba_bits import bits_f32, f32_bits
 
     # Rows of 64 and 128 values (head_dim of most models) encode on hand-built vector code.
     _RANGE64, _RANGE128 = make_row_range(64), make_row_range(128)
     _CODES64, _CODES128 = make_row_codes(64), make_row_codes(128)
-    _DECODE_BF16_64, _DECODE_BF16_128 = make_row_decode_bf16(64), make_row_decode_bf16(128)
-    _DECODE_F32_64, _DECODE_F32_128 = make_row_decode_f32(64), make_row_decode_f32(128)
 LANES = 16
 # Rows the encode asks for ahead of the one it reads (4 KiB of float32 rows of 64): with the hardware
 # prefetcher alone it read a cold fp32 cache (47 MB) at 7-11 GB/s, with this at 14.7-15.3; bf16
@@ -300,66 +291,3 @@ def encode_bf16_rows(rows: np.ndarray, codes: np.ndarray, params: np.ndarray, wo
     if work.row.shape[1] != rows.shape[1]:
         work.row = np.empty((1, rows.shape[1]), np.float32)
     return bool(_encode_bf16(rows, codes, params, *work.args(), work.block, work.row, work.row.view(np.uint32)))
-
-
-@_inline
-def _row_params(codes, params, p, t):  # pragma: no cover - runs compiled
-    """(lo, step) of row (p, t): its float16 lo and hi from the params' two halves."""
-    row, num_rows = p * codes.shape[1] + t, codes.shape[0] * codes.shape[1]
-    low = _float16_value(params[row])
-    return low, (_float16_value(params[num_rows + row]) - low) / np.float32(255.0)
-
-
-@_njit
-def _decode_f32(codes, params, out, streaming):  # pragma: no cover - runs compiled
-    width = codes.shape[2]
-    for p in range(codes.shape[0]):
-        for t in range(codes.shape[1]):
-            low, step = _row_params(codes, params, p, t)
-            if streaming and width == 64:
-                _DECODE_F32_64(codes, p, t, low, step, out)
-                continue
-            if streaming and width == 128:
-                _DECODE_F32_128(codes, p, t, low, step, out)
-                continue
-            for j in range(width):
-                out[p, t, j] = np.float32(codes[p, t, j]) * step + low
-    if streaming:
-        _store_fence()   # streaming stores are weakly ordered: visible before anyone is told
-
-
-@_njit
-def _decode_bf16(codes, params, out, row, row_bits):  # pragma: no cover - runs compiled
-    width = codes.shape[2]
-    for p in range(codes.shape[0]):
-        for t in range(codes.shape[1]):
-            low, step = _row_params(codes, params, p, t)
-            if width == 64:
-                _DECODE_BF16_64(codes, p, t, low, step, out)
-                continue
-            if width == 128:
-                _DECODE_BF16_128(codes, p, t, low, step, out)
-                continue
-            for j in range(codes.shape[2]):
-                row[0, j] = np.float32(codes[p, t, j]) * step + low
-            for j in range(codes.shape[2]):   # to bfloat16: round to nearest even (finite values)
-                b = row_bits[0, j]
-                out[p, t, j] = np.uint16((b + np.uint32(0x7FFF) + ((b >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
-
-
-def can_stream(out: np.ndarray) -> bool:
-    """Whether float32 rows can take streaming stores: every row contiguous and starting on a
-    64-byte line (a streaming store writes 16 floats, a whole line, and needs its alignment)."""
-    return (out.dtype == np.float32 and out.ctypes.data % 64 == 0 and out.strides[-1] == 4
-            and all(stride % 64 == 0 for stride in out.strides[:-1]))
-
-
-def decode_rows(codes: np.ndarray, params: np.ndarray, out: np.ndarray, work: Scratch) -> None:
-    """uint8 codes (P, T, D), params (2*P*T,) float16 bits -> out (P, T, D): float32, or uint16
-    bfloat16 bits."""
-    if out.dtype == np.float32:
-        _decode_f32(codes, params, out, AVAILABLE and can_stream(out))
-        return
-    if work.row.shape[1] != codes.shape[2]:
-        work.row = np.empty((1, codes.shape[2]), np.float32)
-    _decode_bf16(codes, params, out, work.row, work.row.view(np.uint32))

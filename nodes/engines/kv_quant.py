@@ -5,7 +5,7 @@ Contract: `TorchQuantizer(compile=True)` implements bus.kv.quant.Quantizer for t
 byte the payload format of bus.kv.quant (the numpy reference) and decoding it straight into a
 preallocated torch destination of the engine's dtype. Anything that is not a torch tensor is handed
 to the numpy quantizer. With `compile=True`, the default `int8` mode runs on the single-pass numba
-kernels of bus.kv.int8_kernels (float32, bfloat16 and float16 sources; float32 and bfloat16
+kernels of bus.kv.int8_kernels and int8_decode (float32, bfloat16 and float16 sources; float32 and bfloat16
 destinations), whose payloads and decoded values are bit-identical to the numpy reference's; they
 ran 2-4x faster than the inductor kernels here (bench-kv's stage table). Every other mode and
 dtype runs under `torch.compile` (dynamic shapes, so one compile serves every chunk size);
@@ -22,7 +22,7 @@ from typing import Any
 import numpy as np
 import torch
 
-from bus.kv import int8_kernels
+from bus.kv import int8_decode, int8_kernels
 from bus.kv.errors import KVValueError
 from bus.kv.layout import ChunkSpec, KVInfo, plan_chunks
 from bus.kv.quant import EncodedPayload, NumpyQuantizer
@@ -260,7 +260,7 @@ class TorchQuantizer:
             return False
         out = target.numpy() if target.dtype == torch.float32 else target.view(torch.int16).numpy().view(np.uint16)
         try:
-            int8_kernels.decode_rows(payload[0].reshape(target.shape), payload[1].view(np.uint16), out, self._work)
+            int8_decode.decode_rows(payload[0].reshape(target.shape), payload[1].view(np.uint16), out, self._work)
         except Exception:  # numba cannot compile here: torch kernels from now on
             self.fast_int8 = False
             return False

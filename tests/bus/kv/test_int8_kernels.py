@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bus.kv import int8_kernels
+from bus.kv import int8_decode, int8_kernels
 from bus.kv.layout import KVInfo, bf16_bits_to_f32, f32_to_bf16_bits, plan_chunks
 from bus.kv.quant import NumpyQuantizer, max_payload_sizes
 
@@ -85,7 +85,7 @@ def test_every_float16_value_survives_the_bit_conversions():
     params = np.concatenate([values.view(np.uint16), values.view(np.uint16)])
     codes = np.zeros((1, len(values), 4), np.uint8)
     out = np.empty(codes.shape, np.float32)
-    int8_kernels.decode_rows(codes, params, out, int8_kernels.Scratch(4))
+    int8_decode.decode_rows(codes, params, out, int8_kernels.Scratch(4))
     expected = np.float32(0) + values.astype(np.float32)   # -0 + +0 is +0, in numpy as here
     np.testing.assert_array_equal(out[0, :, 0].view(np.uint32), expected.view(np.uint32))
 
@@ -111,10 +111,10 @@ def test_decode_into_float32_and_bfloat16_is_bit_identical_to_numpy(head_dim):
     expected = reference_decode(codes, params)
     work = int8_kernels.Scratch(head_dim)
     out = np.empty(codes.shape, np.float32)
-    int8_kernels.decode_rows(codes, params, out, work)
+    int8_decode.decode_rows(codes, params, out, work)
     np.testing.assert_array_equal(out.view(np.uint32), expected.view(np.uint32))
     out_bf16 = np.empty(codes.shape, np.uint16)
-    int8_kernels.decode_rows(codes, params, out_bf16, work)
+    int8_decode.decode_rows(codes, params, out_bf16, work)
     np.testing.assert_array_equal(out_bf16, f32_to_bf16_bits(expected))
 
 
@@ -123,7 +123,7 @@ def test_decode_into_a_strided_destination_touches_only_its_rows():
     rows = rows_of_every_magnitude(400, 64, seed=3)[:240] / 1e3
     codes, params = encoded_chunk(rows, tokens=40)          # 6 planes x 40 tokens
     cache = np.full((6, 100, 64), -7.0, np.float32)
-    int8_kernels.decode_rows(codes, params, cache[:, 30:70], int8_kernels.Scratch(64))
+    int8_decode.decode_rows(codes, params, cache[:, 30:70], int8_kernels.Scratch(64))
     np.testing.assert_array_equal(cache[:, 30:70], reference_decode(codes, params))
     assert (cache[:, :30] == -7.0).all() and (cache[:, 70:] == -7.0).all()
 
@@ -147,18 +147,18 @@ def test_streaming_and_plain_decodes_into_float32_agree_bit_for_bit(head_dim, of
     cache = aligned_float32((codes.shape[0], 80, head_dim), offset_bytes)
     cache[:] = -7.0
     target = cache[:, 16:66]
-    assert int8_kernels.can_stream(target) == (offset_bytes == 0)
-    int8_kernels.decode_rows(codes, params, target, int8_kernels.Scratch(head_dim))
+    assert int8_decode.can_stream(target) == (offset_bytes == 0)
+    int8_decode.decode_rows(codes, params, target, int8_kernels.Scratch(head_dim))
     np.testing.assert_array_equal(target.view(np.uint32), reference_decode(codes, params).view(np.uint32))
     assert (cache[:, :16] == -7.0).all() and (cache[:, 66:] == -7.0).all()
 
 
 def test_only_float32_rows_on_whole_lines_can_stream():
-    assert int8_kernels.can_stream(aligned_float32((2, 4, 64)))
-    assert not int8_kernels.can_stream(aligned_float32((2, 4, 64), 32))          # misaligned start
-    assert not int8_kernels.can_stream(aligned_float32((2, 4, 72))[:, :, :64])   # rows 288 bytes apart
-    assert not int8_kernels.can_stream(aligned_float32((2, 4, 64))[:, :, ::2])   # rows not contiguous
-    assert not int8_kernels.can_stream(aligned_float32((2, 4, 64)).view(np.uint32).view(np.uint16))
+    assert int8_decode.can_stream(aligned_float32((2, 4, 64)))
+    assert not int8_decode.can_stream(aligned_float32((2, 4, 64), 32))          # misaligned start
+    assert not int8_decode.can_stream(aligned_float32((2, 4, 72))[:, :, :64])   # rows 288 bytes apart
+    assert not int8_decode.can_stream(aligned_float32((2, 4, 64))[:, :, ::2])   # rows not contiguous
+    assert not int8_decode.can_stream(aligned_float32((2, 4, 64)).view(np.uint32).view(np.uint16))
 
 
 @pytest.mark.parametrize("value", [np.nan, np.inf, -np.inf])

@@ -155,7 +155,7 @@ def test_fast_int8_is_bit_identical_to_numpy_both_ways(compiled, dtype):
 
 def test_a_failing_numba_kernel_falls_back_to_torch_for_good(monkeypatch):
     """No working numba (a compile error, say): the transfer still encodes and decodes, on torch."""
-    from bus.kv import int8_kernels
+    from bus.kv import int8_decode, int8_kernels
 
     def broken(*args):
         raise RuntimeError("no LLVM here")
@@ -163,7 +163,7 @@ def test_a_failing_numba_kernel_falls_back_to_torch_for_good(monkeypatch):
     quantizer = TorchQuantizer(compile=True)
     assert quantizer.fast_int8
     monkeypatch.setattr(int8_kernels, "encode_rows", broken)
-    monkeypatch.setattr(int8_kernels, "decode_rows", broken)
+    monkeypatch.setattr(int8_decode, "decode_rows", broken)
     kv = torch.from_numpy(synthetic_kv(tokens=20, head_dim=64))
     info, chunks = encode_all(quantizer, kv, "int8")
     assert not quantizer.fast_int8
