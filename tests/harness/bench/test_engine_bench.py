@@ -1,6 +1,5 @@
 """The engine benchmark's own pieces, on the tiny model: the chunked-prefill stage runs the
-interruptible pass to the end, the summary prints the chunked column beside the whole pass, and the
-attention roofline charges causal FLOPs at the linear layers' GEMM rate."""
+interruptible pass to the end, the summary prints the chunked column (and both rooflines) beside the whole pass."""
 
 from __future__ import annotations
 
@@ -23,20 +22,6 @@ def test_the_summary_shows_chunked_beside_whole(capsys):
                          "decode": {1: decode}})
     out = capsys.readouterr().out
     assert "| 512 | 1000 | 800 | 1.25x | 700 | 1.43x | 2000 | 50% | 1600 | 62% | 900 | 0.90x |" in out
-
-
-def test_the_attention_roofline_charges_causal_flops_at_the_linear_layers_rate():
-    import torch
-
-    from nodes.engines.model_loader import build_tiny_model
-    config = build_tiny_model().config
-    # 3 tokens: query i sees i + 1 keys -> 6 (query, key) pairs, 4 * head_dim FLOPs each.
-    assert bench.attention_flops(config, 3) == 6 * 4 * config.head_dim * config.num_heads * config.num_layers
-    weights = [torch.zeros(8, 4), torch.zeros(2, 4), torch.zeros(16, 4)]   # two layers' matrices, the head
-    assert bench.linear_flops(weights, 10, 1) == 2 * 10 * (32 + 8) + 2 * 64
-    gemm_s = 1e-3
-    rate = bench.linear_flops(weights, 3, 1) / gemm_s
-    assert bench.roofline_with_attention_seconds(config, weights, 3, gemm_s) == gemm_s + bench.attention_flops(config, 3) / rate
 
 
 def test_the_transformers_decode_baseline_attends_over_its_context():
