@@ -21,6 +21,8 @@ block instead of an online softmax: no rescaling of accumulator tiles.
 
 Why: torch's SDPA flash kernel spent 154 of a 1024-token bf16 prefill's 385 ms here (4.2-4.9 ms a
 layer); this kernel takes 2.5-2.9 (ad-hoc timing; `make bench-engine` measures whole prefills).
+numba's disk cache keys on this file only: after editing attention_rows.py or amx_tiles.py, touch
+this file (or clear __pycache__).
 """
 
 from __future__ import annotations
