@@ -6,7 +6,7 @@ import sys
 
 import pytest
 
-from nodes.heap import HeapTrimmer, _glibc_trim
+from nodes.heap import HeapTrimmer, _glibc_trim, use_mmap_above
 
 
 def trimmer(idle_after_s: float = 0.2):
@@ -50,3 +50,28 @@ def test_the_real_trim_runs_here():
     trim = _glibc_trim()
     assert trim is not None
     trim()
+
+
+def test_mmap_threshold_is_set_through_mallopt():
+    calls = []
+    assert use_mmap_above(4 << 20, mallopt=lambda param, value: calls.append((param, value)) or 1)
+    assert calls == [(-3, 4 << 20)]                       # M_MMAP_THRESHOLD
+    assert not use_mmap_above(1, mallopt=lambda param, value: 0)   # refused
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_a_freed_block_above_the_threshold_goes_back_to_the_os():
+    """In a child process (the setting is process-wide): after the threshold, a 16 MiB buffer
+    freed leaves the resident size where it was before it was touched."""
+    import subprocess
+    code = (
+        "import numpy as np, re\n"
+        "from nodes.heap import use_mmap_above\n"
+        "rss = lambda: int(re.search(r'VmRSS:\\s+(\\d+)', open('/proc/self/status').read()).group(1))\n"
+        "assert use_mmap_above(4 << 20)\n"
+        "for _ in range(3):\n"   # the default threshold would rise after the first free
+        "    a = np.ones(16 << 20, np.uint8); del a\n"
+        "before = rss(); a = np.ones(16 << 20, np.uint8); during = rss(); del a; after = rss()\n"
+        "assert during - before > 12 << 10 and after - before < 4 << 10, (before, during, after)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
