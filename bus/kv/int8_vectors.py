@@ -94,9 +94,10 @@ if numba_vectors.AVAILABLE:
 
 
 if numba_vectors.AVAILABLE:
-    def make_row_decode_bf16(width: int):
-        """`row_decode(codes, p, t, low, step, out)`: out[p, t, j] = bf16(code * step + low), the
-        float32 product and sum without FMA (as the reference), rounded to nearest even."""
+    def _make_row_decode(width: int, store):
+        """`row_decode(codes, p, t, low, step, out)`: value = code * step + low in float32 (the product,
+        then the sum: no FMA, as the reference), handed for each 16 values to
+        `store(builder, value, target, c)`, target pointing at out[p, t, 0]."""
         @intrinsic
         def row_decode(typingctx, codes, p, t, low, step, out):
             def codegen(context, builder, signature, args):
@@ -106,21 +107,31 @@ if numba_vectors.AVAILABLE:
                 target = item(context, builder, out_type, args[5], [args[1], args[2], zero])
                 low_v, step_v = splat(builder, args[3]), splat(builder, args[4])
                 bytes16 = ir.VectorType(ir.IntType(8), LANES)
-                halves = ir.VectorType(ir.IntType(16), LANES)
                 for c in range(0, width, LANES):
                     code = builder.load(at(builder, source, c, bytes16), align=1)
-                    value = builder.fadd(builder.fmul(builder.uitofp(code, VF), step_v), low_v)
-                    bits = builder.bitcast(value, VI32)
-                    odd = builder.and_(builder.lshr(bits, ir.Constant(VI32, [16] * LANES)), ir.Constant(VI32, [1] * LANES))
-                    rounded = builder.add(builder.add(bits, ir.Constant(VI32, [0x7FFF] * LANES)), odd)
-                    top = builder.trunc(builder.lshr(rounded, ir.Constant(VI32, [16] * LANES)), halves)
-                    builder.store(top, at(builder, target, c, halves), align=2)
+                    store(builder, builder.fadd(builder.fmul(builder.uitofp(code, VF), step_v), low_v), target, c)
                 return context.get_dummy_value()
             return types.none(codes, p, t, low, step, out), codegen
         return row_decode
 
+    def _store_bf16(builder, value, target, c):
+        """Rounded to the nearest even bf16 (finite values), as bus.numba_bits rounds one value."""
+        bits = builder.bitcast(value, VI32)
+        odd = builder.and_(builder.lshr(bits, ir.Constant(VI32, [16] * LANES)), ir.Constant(VI32, [1] * LANES))
+        rounded = builder.add(builder.add(bits, ir.Constant(VI32, [0x7FFF] * LANES)), odd)
+        halves = ir.VectorType(ir.IntType(16), LANES)
+        top = builder.trunc(builder.lshr(rounded, ir.Constant(VI32, [16] * LANES)), halves)
+        builder.store(top, at(builder, target, c, halves), align=2)
 
-if numba_vectors.AVAILABLE:
+    def _store_f32_streaming(builder, value, target, c):
+        store = builder.store(value, at(builder, target, c, VF), align=64)
+        store.set_metadata("nontemporal", builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)]))
+
+    def make_row_decode_bf16(width: int):
+        """`row_decode(codes, p, t, low, step, out)`: out[p, t, j] = bf16(code * step + low), the
+        float32 product and sum without FMA (as the reference), rounded to nearest even."""
+        return _make_row_decode(width, _store_bf16)
+
     def make_row_decode_f32(width: int):
         """`row_decode(codes, p, t, low, step, out)`: out[p, t, j] = code * step + low in float32
         (product, then sum: no FMA, as the reference), written with streaming stores: out's rows
@@ -130,24 +141,7 @@ if numba_vectors.AVAILABLE:
         1024-token SmolLM2 cache) was a third of a transfer's memory traffic, and both
         processes share the machine's memory bandwidth (bench-kv, 10 Gbit/s fp32 int8:
         14.7-16.0 ms against 17.0-19.9 without, alternated runs)."""
-        @intrinsic
-        def row_decode(typingctx, codes, p, t, low, step, out):
-            def codegen(context, builder, signature, args):
-                codes_type, _, _, _, _, out_type = signature.args
-                zero = context.get_constant(types.intp, 0)
-                source = item(context, builder, codes_type, args[0], [args[1], args[2], zero])
-                target = item(context, builder, out_type, args[5], [args[1], args[2], zero])
-                low_v, step_v = splat(builder, args[3]), splat(builder, args[4])
-                bytes16 = ir.VectorType(ir.IntType(8), LANES)
-                streaming = builder.module.add_metadata([ir.Constant(ir.IntType(32), 1)])
-                for c in range(0, width, LANES):
-                    code = builder.load(at(builder, source, c, bytes16), align=1)
-                    value = builder.fadd(builder.fmul(builder.uitofp(code, VF), step_v), low_v)
-                    store = builder.store(value, at(builder, target, c, VF), align=64)
-                    store.set_metadata("nontemporal", streaming)
-                return context.get_dummy_value()
-            return types.none(codes, p, t, low, step, out), codegen
-        return row_decode
+        return _make_row_decode(width, _store_f32_streaming)
 
     @intrinsic
     def store_fence(typingctx):
