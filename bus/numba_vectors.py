@@ -40,8 +40,9 @@ if AVAILABLE:
         return context.get_constant(types.intp, value)
 
     def at(builder, pointer, offset, vector_type):
-        """`pointer + offset` elements, as a pointer to a vector."""
-        element = builder.gep(pointer, [ir.Constant(I64, offset)], inbounds=True)
+        """`pointer + offset` elements (a Python int, or an integer IR value), as a pointer to a vector."""
+        index = offset if isinstance(offset, ir.Value) else ir.Constant(I64, offset)
+        element = builder.gep(pointer, [index], inbounds=True)
         return builder.bitcast(element, ir.PointerType(vector_type))
 
     def load_bf16(builder, pointer, offset):

@@ -58,7 +58,7 @@ if AVAILABLE:
     from numba.core import cgutils
     from numba.extending import intrinsic
 
-    from bus.numba_vectors import F32, I32, VF, VI16, VI32, call, index, item, splat
+    from bus.numba_vectors import F32, I32, VF, VI16, VI32, at, call, index, item, splat
 
     _COEFFICIENTS = exp2_coefficients()
     _IOTA = ir.Constant(VI32, list(range(LANES)))
@@ -83,9 +83,6 @@ if AVAILABLE:
 
     def _constant(value: float):
         return ir.Constant(VF, [value] * LANES)
-
-    def _vector(builder, pointer, offset, vector_type):
-        return builder.bitcast(builder.gep(pointer, [offset], inbounds=True), ir.PointerType(vector_type))
 
     def to_bf16(builder, value):
         return builder.bitcast(call(builder, "llvm.x86.avx512bf16.cvtneps2bf16.512", _VBF, value), VI16)
@@ -124,7 +121,7 @@ if AVAILABLE:
             whole_pairs, pairs = builder.udiv(visible, step), builder.udiv(width_value, step)
 
             def load(j0, masked):
-                values = builder.load(_vector(builder, score_row, j0, VF), align=4)
+                values = builder.load(at(builder, score_row, j0, VF), align=4)
                 return builder.select(_visible(builder, j0, visible), values, _constant(_LOWEST)) if masked else values
 
             tops = [cgutils.alloca_once_value(builder, _constant(_LOWEST)) for _ in range(2)]
@@ -143,7 +140,7 @@ if AVAILABLE:
                     e = exp2(builder, _vf(builder, "llvm.fma.v16f32", load(j0, masked), factors, shifts))
                     if masked:
                         e = builder.select(_visible(builder, j0, visible), e, _constant(0.0))
-                    builder.store(to_bf16(builder, e), _vector(builder, weight_row, j0, VI16), align=2)
+                    builder.store(to_bf16(builder, e), at(builder, weight_row, j0, VI16), align=2)
                     builder.store(builder.fadd(builder.load(sums[u]), e), sums[u])
                 _pairs_of_blocks(builder, first, last, step, take_exp)
             total = builder.fadd(builder.load(sums[0]), builder.load(sums[1]))
@@ -160,7 +157,7 @@ if AVAILABLE:
             factors = splat(builder, factor_value)
             for c in range(4):
                 offset = ir.Constant(out_column.type, c * LANES)
-                values = builder.fmul(builder.load(_vector(builder, source, offset, VF), align=4), factors)
-                builder.store(to_bf16(builder, values), _vector(builder, target, offset, VI16), align=2)
+                values = builder.fmul(builder.load(at(builder, source, offset, VF), align=4), factors)
+                builder.store(to_bf16(builder, values), at(builder, target, offset, VI16), align=2)
             return context.get_dummy_value()
         return types.none(acc, i, factor, out, row, column), codegen
