@@ -129,3 +129,16 @@ def test_a_prefill_beside_decode_rows_attends_with_the_same_kernel():
     mixed_logits = runner.forward(batch)
     assert torch.equal(kv[:, :, :, :40], alone_kv)
     assert torch.equal(mixed_logits[0], alone_logits[0])
+
+
+def test_when_the_attention_kernel_fails_to_compile_sdpa_and_the_gemvs_serve(monkeypatch):
+    """A compiler that cannot build the tile attention leaves the runner on SDPA (and the GEMVs),
+    prefill results unchanged in kind."""
+    def broken() -> None:
+        raise RuntimeError("LLVM cannot select vcvtneps2bf16")
+    monkeypatch.setattr(amx_attention, "warmup", broken)
+    model = head_dim_64_model()
+    runner = LlamaRunner(model.config, model.weights, dtype=torch.bfloat16, max_len=64)
+    assert runner.gemv is not None and not runner.gemv.attends and not runner.gemv.amx
+    logits, _ = prefill(runner, torch.arange(7, 47) % model.config.vocab_size, [40])
+    assert torch.isfinite(logits).all()
