@@ -11,7 +11,7 @@ export OMP_NUM_THREADS ?= 1
 # Benchmarks share one lock so two never run at once on this 2-core machine.
 BENCH    := flock /tmp/pdbus-bench.lock $(PY)
 
-.PHONY: help install test test-all lint demo broker node prefill decode cluster colocated \
+.PHONY: help install test test-no-amx test-all lint demo broker node prefill decode cluster colocated \
         gateway client model model-info \
         install-vllm test-vllm \
         bench-bus bench-scheduler bench-kv bench-kv-quality bench-engine bench-gateway bench bench-quick chaos clean
@@ -31,6 +31,11 @@ install: $(STAMP) ## create .venv and install pdbus, torch (CPU) and the package
 
 test: install    ## run the test suite (everything but tests marked slow/vllm/gpu)
 	$(BIN)/pytest -m "not slow and not vllm and not gpu" $(PYTEST_ARGS)
+
+# The paths a CPU without AMX takes (AVX512-BF16 oneDNN, the numba GEMVs, SDPA, `auto` = float32),
+# here on a CPU with it: pdbus leaves its tile kernels, oneDNN its tiles.
+test-no-amx: install ## run the test suite as on a CPU without AMX (PDBUS_NO_AMX=1)
+	PDBUS_NO_AMX=1 ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 $(BIN)/pytest -m "not slow and not vllm and not gpu" $(PYTEST_ARGS)
 
 test-all: install ## run every test that can run here, slow real-model ones included
 	$(BIN)/pytest -m "not vllm and not gpu" $(PYTEST_ARGS)

@@ -31,7 +31,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--seed", type=int)
     parser.add_argument("--stop", action="append", default=[], help="stop string (repeatable)")
     parser.add_argument("--ignore-eos", action="store_true")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), help="engine dtype (default: [engine] dtype or bfloat16)")
+    parser.add_argument("--dtype", choices=["auto", *sorted(DTYPES)],
+                        help="engine dtype (default: [engine] dtype or auto)")
     parser.add_argument("--threads", type=int, help="torch threads (default: [engine] num_threads or 1)")
 
 

@@ -16,6 +16,7 @@ import time
 
 import torch
 
+from nodes.engines.engine_common import DTYPES, resolve_dtype
 from nodes.engines.model_loader import (
     DEFAULT_MODEL,
     LoadedModel,
@@ -26,14 +27,13 @@ from nodes.engines.model_loader import (
 )
 from nodes.settings import load_settings, section
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("action", choices=["prepare", "info"], help="prepare: convert and cache; info: describe")
     parser.add_argument("--model", help=f"model spec: {DEFAULT_MODEL!r} (packaged), 'tiny', an HF folder or a .gguf")
     parser.add_argument("--model-dir", help="cache directory (default: $PDBUS_MODEL_DIR or <repo>/.models)")
-    parser.add_argument("--dtype", choices=sorted(DTYPES), help="weight dtype to load (default: [engine] dtype)")
+    parser.add_argument("--dtype", choices=["auto", *sorted(DTYPES)],
+                        help="weight dtype to load (default: [engine] dtype)")
     parser.add_argument("--force", action="store_true", help="prepare: convert again even if cached")
     parser.add_argument("--time", action="store_true", help="info: time a fresh conversion and a cached load")
 
@@ -42,7 +42,7 @@ def main(args: argparse.Namespace) -> int:
     engine = section(load_settings(getattr(args, "config", None)), "engine")
     spec = args.model or engine.get("model") or DEFAULT_MODEL
     model_dir = args.model_dir or engine.get("model_dir") or default_model_dir()
-    dtype = DTYPES[args.dtype or engine.get("dtype") or "float32"]
+    dtype = resolve_dtype(args.dtype or engine.get("dtype") or "float32", engine.get("device", "cpu"))
     try:
         if args.action == "prepare":
             return _prepare(spec, model_dir, dtype, force=args.force)

@@ -1,7 +1,7 @@
 """Intel AMX tile matrix multiply (bf16 x bf16 -> float32) for numba, streaming packed weights.
 
-Contract: `AVAILABLE` holds when numba is importable, the CPU has amx-tile and amx-bf16, and Linux
-granted this process the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM; what oneDNN also asks
+Contract: `AVAILABLE` holds when numba is importable, the CPU has amx-tile and amx-bf16 (and
+`PDBUS_NO_AMX` is unset, see engine_common), and Linux granted this process the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM; what oneDNN also asks
 for). Only then may `matmul` run. bf16 values are uint16 bit patterns.
 - `pack(w)`: weights [N, K] with N and K multiples of 32 -> tiles [N/16, K/32, 16, 32]: tile (n, k)
   row r, column c holds w[16n + c // 2, 32k + 2r + c % 2] (the pair-interleaved order tdpbf16ps
@@ -28,6 +28,7 @@ import sys
 import numpy as np
 
 from nodes.engines.bf16_kernels import AVAILABLE as _NUMBA
+from nodes.engines.engine_common import amx_disabled
 
 MAX_ROWS = 32
 TILE_ROWS = 16       # rows of x (and of the output) a tile holds
@@ -36,6 +37,8 @@ _ARCH_REQ_XCOMP_PERM, _XFEATURE_XTILEDATA, _SYS_ARCH_PRCTL = 0x1023, 18, 158
 
 
 def _cpu_has_amx() -> bool:
+    if amx_disabled():
+        return False
     from llvmlite import binding
     features = binding.get_host_cpu_features()
     return bool(features.get("amx-tile")) and bool(features.get("amx-bf16"))

@@ -171,7 +171,7 @@ class KvUsage:
 class EngineConfig:
     """Engine settings (the `[engine]` section of the cluster config)."""
 
-    dtype: str = "bfloat16"          # chosen by `make bench-engine`; see docs/BENCHMARKS.md
+    dtype: str = "auto"              # bfloat16 with AMX (or on a GPU), else float32: `make bench-engine`
     device: str = "cpu"
     num_threads: int = 1             # torch threads pinned per engine process
     block_size: int = 16             # KV accounting granularity, tokens

@@ -89,7 +89,7 @@ class VllmEngine(Engine):
         self.eos_token_ids = tuple(model.config.eos_token_ids)
         self.max_model_len = min(self.config.max_model_len or model.config.max_position_embeddings,
                                  model.config.max_position_embeddings, max_context_tokens(self.config))
-        self.runner = KvShape(model.config, resolve_dtype(self.config.dtype))
+        self.runner = KvShape(model.config, resolve_dtype(self.config.dtype, self.config.device))
         args = engine_args(model.folder, self.config, KV_ROLES.get(role), self.max_model_len)
         self._llm = LLMEngine.from_engine_args(args)
         cache = self._llm.vllm_config.cache_config
