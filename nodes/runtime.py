@@ -177,6 +177,15 @@ def build_engine(settings: NodeSettings) -> Any:
     return LlamaEngine(model, settings.engine_config())
 
 
+def engine_dtype(works: list[Work]) -> str | None:
+    """The dtype the node's engine runs in (what `[engine] dtype = "auto"` chose), None without one."""
+    for work in works:
+        runner = getattr(getattr(work, "engine", None), "runner", None)
+        if runner is not None:
+            return str(runner.dtype).removeprefix("torch.")
+    return None
+
+
 def run_node(settings: NodeSettings, make_works: Callable[[LoopThread], list[Work]]) -> int:
     """Serve as one node process until SIGINT/SIGTERM; the exit code."""
     stop = threading.Event()
@@ -199,8 +208,8 @@ def run_node(settings: NodeSettings, make_works: Callable[[LoopThread], list[Wor
     if settings.role == "decode":
         use_mmap_above(DECODE_MMAP_THRESHOLD)   # imported KV and sessions go back to the OS when freed
     with endpoint:
-        log.info("node_started", data_endpoint=data_endpoint, model=settings.model, curve=bool(settings.security),
-                 kv_quant=settings.kv_quant, capacity=endpoint.core.capacity)
+        log.info("node_started", data_endpoint=data_endpoint, model=settings.model, dtype=engine_dtype(works),
+                 curve=bool(settings.security), kv_quant=settings.kv_quant, capacity=endpoint.core.capacity)
         try:
             loop.run()
         finally:

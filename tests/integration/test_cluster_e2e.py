@@ -72,3 +72,10 @@ def test_short_second_turn_moves_no_kv_and_prefills_only_the_suffix(cluster, tin
     assert after["num_cached_tokens"] == num_cached
     assert after["node_prefilled_tokens"] - before["node_prefilled_tokens"] == len(second_prompt) - num_cached
     assert second.token_ids == reference(tiny, second_prompt, greedy(8))
+
+
+def test_every_node_logs_the_dtype_its_engine_runs_in(cluster):
+    """`[engine] dtype = "auto"` is resolved per machine: the start-up line says what it chose."""
+    for node in cluster.nodes.values():
+        started = [e for e in node.events if e.get("event") == "node_started"]
+        assert started and started[0]["dtype"] == "float32", node   # ClusterProcs runs float32
