@@ -32,7 +32,7 @@ install: $(STAMP) ## create .venv and install pdbus, torch (CPU) and the package
 test: install    ## run the test suite (everything but tests marked slow/vllm/gpu)
 	$(BIN)/pytest -m "not slow and not vllm and not gpu" $(PYTEST_ARGS)
 
-# The paths a CPU without AMX takes (AVX512-BF16 oneDNN, the numba GEMVs, SDPA, `auto` = float32),
+# The paths a CPU without AMX takes (oneDNN on AVX512-BF16, the numba GEMVs, SDPA prefill attention),
 # here on a CPU with it: pdbus leaves its tile kernels, oneDNN its tiles.
 test-no-amx: install ## run the test suite as on a CPU without AMX (PDBUS_NO_AMX=1)
 	PDBUS_NO_AMX=1 ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 $(BIN)/pytest -m "not slow and not vllm and not gpu" $(PYTEST_ARGS)

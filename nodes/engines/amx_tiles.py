@@ -1,8 +1,8 @@
 """Intel AMX tile matrix multiply (bf16 x bf16 -> float32) for numba, streaming packed weights.
 
 Contract: `AVAILABLE` holds when numba is importable, the CPU has amx-tile and amx-bf16 (and
-`PDBUS_NO_AMX` is unset, see engine_common), and Linux granted this process the tile data state (arch_prctl ARCH_REQ_XCOMP_PERM; what oneDNN also asks
-for). Only then may `matmul` run. bf16 values are uint16 bit patterns.
+`PDBUS_NO_AMX` is unset, see engine_common), and Linux granted this process the tile data state
+(arch_prctl ARCH_REQ_XCOMP_PERM; what oneDNN also asks for). Only then may `matmul` run. bf16 values are uint16 bit patterns.
 - `pack(w)`: weights [N, K] with N and K multiples of 32 -> tiles [N/16, K/32, 16, 32]: tile (n, k)
   row r, column c holds w[16n + c // 2, 32k + 2r + c % 2] (the pair-interleaved order tdpbf16ps
   reads its second operand in). `can_pack(shape)` says whether a shape fits.

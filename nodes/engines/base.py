@@ -171,7 +171,7 @@ class KvUsage:
 class EngineConfig:
     """Engine settings (the `[engine]` section of the cluster config)."""
 
-    dtype: str = "auto"              # bfloat16 with AMX (or on a GPU), else float32: `make bench-engine`
+    dtype: str = "auto"              # bf16 on a GPU or with bf16 instructions (AMX, AVX512-BF16), else fp32
     device: str = "cpu"
     num_threads: int = 1             # torch threads pinned per engine process
     block_size: int = 16             # KV accounting granularity, tokens

@@ -1,8 +1,8 @@
 """What every engine shares without importing a runner: dtype names and the stats counters.
 
 `resolve_dtype("auto", device)` is the dtype the built-in engine runs fastest in here, chosen by
-`make bench-engine` on three instruction sets (docs/BENCHMARKS.md, "Engine: which dtype `auto`
-picks"): bfloat16 on a GPU, and on a CPU whose oneDNN multiplies bf16 in hardware, with AMX tiles
+`make bench-engine` on three instruction sets (docs/BENCHMARKS.md, "Which dtype `[engine] dtype =
+"auto"` picks"): bfloat16 on a GPU, and on a CPU whose oneDNN multiplies bf16 in hardware, with AMX tiles
 (prefill 4-5.7x float32's speed) or AVX512-BF16 alone (prefill 0.84x float32's, but decode 1.7-2.4x
 from half the bytes); float32 on other CPUs, where oneDNN emulates bf16 (prefill 0.31x float32).
 It follows `ONEDNN_MAX_CPU_ISA` when that caps oneDNN below AMX or AVX512-BF16.
