@@ -9,7 +9,9 @@ bytes are grouped into planes first (as Blosc does: the exponent bytes of floats
 `AutoCompression` decides per chunk, from a small sample and the link speed, whether compressing
 pays: the time saved on the link must beat the time spent compressing and decompressing, else
 the frame is stored. The decision is cached per payload kind (mode, dtype, frame) and re-sampled
-every RESAMPLE_EVERY chunks, so `auto` costs well under 1% of a transfer when it stores.
+after RESAMPLE_EVERY chunks; each re-sample that confirms the choice doubles the wait (up to
+MAX_RESAMPLE_EVERY chunks), one that changes it starts over at RESAMPLE_EVERY. So `auto` costs
+well under 1% of a transfer when it stores, and a payload kind that changes is followed.
 """
 
 from __future__ import annotations
@@ -26,10 +28,12 @@ from bus.kv.errors import KVFrameError
 CODECS = ("none", "lz4", "zstd")
 COMPRESSION_MODES = ("none", "lz4", "zstd", "auto")
 ZSTD_LEVEL = 1
-# Sampling costs ~50 us per frame kind and candidate; once per 32 chunks keeps `auto` within ~1% of
-# `none` when it stores (bench-kv), while still following a change in the data within a transfer or two.
+# Sampling costs ~50 us per frame kind and candidate. Once per 32 chunks cost 2-3% of a transfer
+# of raw KV on loopback (four candidates with shuffle; a 1024-token bf16 cache is 6 chunks, 1 ms of
+# sender CPU), hence the back-off: the payload kinds of one model's KV do not change their nature.
 SAMPLE_BYTES = 3 * 8 * 1024
 RESAMPLE_EVERY = 32
+MAX_RESAMPLE_EVERY = 512
 # Decompression runs ~3-4x faster than compression for both codecs (measured in bench-kv).
 DECOMPRESS_COST_FACTOR = 1.3
 SAFETY_MARGIN = 1.2
@@ -111,16 +115,23 @@ class AutoCompression:
         self.candidates = candidates
         self._choices: dict[object, Choice] = {}
         self._age: dict[object, int] = {}
+        self._interval: dict[object, int] = {}
 
     def choose(self, slot: object, data, itemsize: int) -> Choice:
         """The codec for a frame; `slot` names similar frames (mode, dtype, frame position)."""
-        age = self._age.get(slot, RESAMPLE_EVERY)
-        if age < RESAMPLE_EVERY:
+        age = self._age.get(slot)
+        if age is not None and age < self._interval[slot]:
             self._age[slot] = age + 1
             return self._choices[slot]
         choice = self._measure(data, itemsize)
-        self._choices[slot], self._age[slot] = choice, 1
+        confirmed = self._choices.get(slot) == choice
+        interval = min(2 * self._interval[slot], MAX_RESAMPLE_EVERY) if confirmed else RESAMPLE_EVERY
+        self._choices[slot], self._age[slot], self._interval[slot] = choice, 1, interval
         return choice
+
+    def resample_interval(self, slot: object) -> int:
+        """Chunks between two samples of `slot` now (RESAMPLE_EVERY before its first)."""
+        return self._interval.get(slot, RESAMPLE_EVERY)
 
     def _measure(self, data, itemsize: int) -> Choice:
         sample = _sample(data)

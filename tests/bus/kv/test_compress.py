@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from bus.kv.compress import (
+    MAX_RESAMPLE_EVERY,
     RESAMPLE_EVERY,
     AutoCompression,
     Choice,
@@ -69,6 +70,25 @@ def test_auto_caches_its_choice_and_resamples():
     assert auto.choose("slot", noise, 1) == first          # cached: no sampling cost
     choices = [auto.choose("slot", noise, 1) for _ in range(RESAMPLE_EVERY)]
     assert choices[-1] == Choice("none", 0)                # re-sampled after a few chunks
+
+
+def test_auto_samples_less_often_while_its_choice_holds_and_starts_over_when_it_changes():
+    zeros = bytes(100_000)
+    noise = np.random.default_rng(3).integers(0, 256, 100_000, dtype=np.uint8).tobytes()
+    auto = AutoCompression(1e6)   # a slow link: zeros compress, noise is stored
+    samples = []
+    measure = auto._measure
+    auto._measure = lambda data, itemsize: samples.append(1) or measure(data, itemsize)
+    for _ in range(481):
+        assert auto.choose("slot", zeros, 1).codec in ("lz4", "zstd")
+    # sampled at chunks 1, 33, 97, 225 and 481: each confirming sample doubled the wait
+    assert len(samples) == 5 and auto.resample_interval("slot") == MAX_RESAMPLE_EVERY
+    for _ in range(2 * MAX_RESAMPLE_EVERY):   # capped there: one sample per MAX_RESAMPLE_EVERY chunks
+        auto.choose("slot", zeros, 1)
+    assert len(samples) == 7 and auto.resample_interval("slot") == MAX_RESAMPLE_EVERY
+    choices = [auto.choose("slot", noise, 1) for _ in range(MAX_RESAMPLE_EVERY)]
+    assert choices[-1] == Choice("none", 0)                       # the change is seen at the next sample
+    assert auto.resample_interval("slot") == RESAMPLE_EVERY       # and sampling starts over, often
 
 
 def test_pays_off_weighs_link_time_against_cpu_time():
