@@ -133,11 +133,14 @@ def measure_compression(samples: dict[str, list], itemsizes: dict[str, int]) -> 
 
 
 def auto_overhead(kv_fp32: np.ndarray, torch_quantizer: TorchQuantizer, chunk_bytes: int,
-                  link_bytes_per_s: float, rounds: int = 15) -> list[tuple[str, float, float]]:
+                  link_bytes_per_s: float, rounds: int = 40) -> list[tuple[str, float, float]]:
     """Sender CPU time of whole transfers (quantize, checksum, compress or sample, header) with
     `auto` vs `none`, interleaved, best of `rounds`: when `auto` stores, the wire carries the same
     bytes, so this CPU difference is the whole difference end to end, measured without the noise
-    of two processes and a socket."""
+    of two processes and a socket. Both write into the same encode buffers, as the sender's
+    BufferPool reuses them across transfers, and take turns going first: fresh buffers per run
+    (their page faults) and a fixed order had put 1.05-1.11 on work that differs by one sample
+    every 32 chunks in the 21:38 run."""
     from bus.kv.chunk_codec import ChunkEncoder
     from bus.kv.compress import AutoCompression
 
@@ -146,11 +149,12 @@ def auto_overhead(kv_fp32: np.ndarray, torch_quantizer: TorchQuantizer, chunk_by
     for name, kv in (("fp32", torch.from_numpy(kv_fp32)), ("bf16", torch.from_numpy(kv_fp32).to(torch.bfloat16))):
         for mode in ("int8", "raw"):
             best = {}
-            for _ in range(rounds):
-                for compression in ("none", "auto"):
+            outs = None
+            for round_ in range(rounds):
+                for compression in ("none", "auto") if round_ % 2 else ("auto", "none"):
                     encoder = ChunkEncoder(kv, torch_quantizer, transfer_id="t", request_id="r", mode=mode,
                                            compression=compression, chunk_bytes=chunk_bytes, auto=auto)
-                    outs = [np.empty(n, np.uint8) for n in encoder.buffer_sizes()]
+                    outs = outs or [np.empty(n, np.uint8) for n in encoder.buffer_sizes()]
                     started = time.perf_counter()
                     for index in range(encoder.num_chunks):
                         encoder.encode(index, outs)
