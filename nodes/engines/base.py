@@ -31,6 +31,9 @@ Decode side (a `pdbus decode` node):
     cached_session_tokens(session_id) -> int   tokens of a finished session's KV still held.
     drop_session(session_id) -> bool
     kv_usage() -> KvUsage
+    copies_imported_kv: bool               True when add_request has copied `request.kv` by the
+                                            time it returns (the caller may reuse that memory);
+                                            False (the default) when the engine reads it later.
 
 Colocated (`both`): the decode-side methods with requests that carry no KV; `step()` then
 interleaves chunked prefills with decode steps (the vLLM scheduling policy).
@@ -243,6 +246,7 @@ class Engine(ABC):
 
     model_name: str
     config: EngineConfig
+    copies_imported_kv: bool = False
 
     @abstractmethod
     def prefill(self, requests: Sequence[PrefillRequest]) -> list[PrefillResult]: ...

@@ -39,6 +39,8 @@ __all__ = ["DTYPES", "EngineStats", "LlamaEngine", "resolve_dtype"]
 
 
 class LlamaEngine(Engine):
+    copies_imported_kv = True   # add_request writes request.kv into the slot cache before returning
+
     def __init__(self, model, config: EngineConfig | None = None) -> None:
         self.config = config or EngineConfig()
         torch.set_num_threads(self.config.num_threads)

@@ -1,16 +1,21 @@
 """The decode side of a node, in process (tiny engine, a recording endpoint, no sockets): plans,
-refusals, streaming, cancellation, KV that never arrives, and bad requests."""
+refusals, streaming, cancellation, KV that never arrives, bad requests, and the reused buffers
+received KV lands in."""
 
 from __future__ import annotations
 
 import time
 
 import pytest
+import torch
 
+from bus.kv import TransferResult
+from bus.kv.layout import KVInfo
+from bus.kv.stats import TransferStats
 from bus.messages import Cancel, Direct, Request
 from nodes import cluster_wire as wire
-from nodes.decode import DecodeWork
-from nodes.engines.base import SamplingParams
+from nodes.decode import DecodeWork, KvArrived
+from nodes.engines.base import PrefillRequest, SamplingParams
 from nodes.runtime import LoopThread
 from tests.nodes.cluster_fakes import FakeEndpoint, tiny_engine, tiny_settings
 
@@ -166,3 +171,83 @@ def test_finished_sessions_count_as_available_kv_not_as_full(kv_thread):
     assert [p["plan"] for p in endpoint.of("partial", "r1") + endpoint.of("partial", "r2")] == ["remote", "remote"]
     work.on_message(request("r3"))   # nothing left to evict: full
     assert endpoint.of("error", "r3")[0]["code"] == "full"
+
+
+# -- received KV in reused buffers (nodes/kv_buffers.py) -------------------------------------
+def prefilled(prompt):
+    """The prompt's KV and first token from another engine on the same weights (a prefill node)."""
+    result = tiny_engine().prefill([PrefillRequest("p", tuple(prompt), wire.sampling_from_wire(GREEDY))])[0]
+    return result.kv, result.first_token_id
+
+
+def arrive(work, endpoint, request_id, prompt, *, ready=True):
+    """What the KV thread and the prefill node do for a remote plan: the KV lands in the buffer
+    the node allocated, the verified result is posted, then (optionally) kv_ready."""
+    transfer_id = endpoint.of("partial", request_id)[0]["transfer_id"]
+    kv, first_token_id = prefilled(prompt)
+    dst = work._allocate(transfer_id, request_id, KVInfo(tuple(kv.shape), "float32"))
+    dst.copy_(kv)
+    stats = TransferStats(transfer_id, request_id, raw_bytes=kv.nbytes)
+    work.on_message(KvArrived(TransferResult(transfer_id, request_id, True, dst, 0, "", stats)))
+    if ready:
+        work.on_message(Direct("prefill-0", wire.kv_ready_body(request_id, transfer_id, first_token_id)))
+    return dst
+
+
+def streamed(endpoint, request_id):
+    return [t[1] for t in endpoint.of("final", request_id)[0]["tokens"]]
+
+
+def test_received_kv_buffers_are_reused_once_the_engine_copied_them_and_texts_stay_exact(kv_thread):
+    work, endpoint, _ = make_work(kv_thread)
+    local, local_endpoint, _ = make_work(kv_thread)
+    second = PROMPT[::-1]
+    for rid, prompt in (("l1", PROMPT), ("l2", second)):
+        local.on_message(request(rid, prefill="local", prompt_token_ids=prompt))
+    run_until_idle(local)
+    work.on_message(request("r1"))
+    first_buffer = arrive(work, endpoint, "r1", PROMPT)
+    assert work.jobs["r1"].running and work.buffers.num_taken == 0 and work.buffers.num_free == 1
+    work.work(time.monotonic())                  # r1 decodes a token, then r2's KV reuses r1's buffer
+    work.on_message(request("r2", prompt_token_ids=second))
+    assert arrive(work, endpoint, "r2", second).data_ptr() == first_buffer.data_ptr()
+    (r1,) = [seq for seq in work.engine.running if seq.request_id == "r1"]
+    assert torch.equal(work.engine.slots.view(r1.slot)[:, :, :, :len(PROMPT)], prefilled(PROMPT)[0])
+    run_until_idle(work)
+    # the prefill node streamed the first token; this node the rest, as a local run does
+    assert streamed(endpoint, "r1") == streamed(local_endpoint, "l1")[1:]
+    assert streamed(endpoint, "r2") == streamed(local_endpoint, "l2")[1:]
+    assert work.buffers.num_allocated == 1 and work.buffers.num_taken == 0
+
+
+def test_received_kv_goes_back_when_nobody_will_decode_from_it(kv_thread):
+    work, endpoint, _ = make_work(kv_thread)
+    work.on_message(request("r1"))
+    arrive(work, endpoint, "r1", PROMPT, ready=False)     # verified, but kv_ready not here yet
+    assert work.buffers.num_taken == 1
+    work.on_message(Cancel("r1"))                         # the client gave up meanwhile
+    assert work.buffers.num_taken == 0
+    work.on_message(request("r2"))
+    transfer_id = endpoint.of("partial", "r2")[0]["transfer_id"]
+    dst = work._allocate(transfer_id, "r2", KVInfo((2, 2, 2, len(PROMPT), 16), "float32"))
+    work.jobs.pop("r2")                                   # the request is gone when its KV arrives
+    work.on_message(KvArrived(TransferResult(transfer_id, "r2", True, dst, 0, "", TransferStats(transfer_id, "r2"))))
+    assert work.buffers.num_taken == 0
+
+
+def test_a_failed_receive_hands_its_buffer_back(kv_thread):
+    work, endpoint, _ = make_work(kv_thread)
+    work.on_message(request("r1"))
+    transfer_id = endpoint.of("partial", "r1")[0]["transfer_id"]
+    kv, _ = prefilled(PROMPT)
+    dst = work._allocate(transfer_id, "r1", KVInfo(tuple(kv.shape), "float32"))
+    work.receiver.core.release(transfer_id, dst)          # what ReceiverCore does when it fails closed
+    assert work.buffers.num_taken == 0 and work.buffers.num_free == 1
+
+
+def test_a_kv_shape_the_model_does_not_have_gets_no_buffer(kv_thread):
+    work, endpoint, _ = make_work(kv_thread)
+    work.on_message(request("r1"))
+    transfer_id = endpoint.of("partial", "r1")[0]["transfer_id"]
+    assert work._allocate(transfer_id, "r1", KVInfo((1, 2, 1, len(PROMPT), 4), "float32")) is None
+    assert work.buffers.num_taken == 0
