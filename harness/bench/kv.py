@@ -36,6 +36,7 @@ from bus.kv.link import LinkShaper, gbit  # noqa: E402
 from harness.bench.kv_model import real_kv_fp32  # noqa: E402
 from harness.bench.kv_stages import (  # noqa: E402
     auto_overhead,
+    destination_cost,
     measure_compression,
     measure_stages,
     payload_samples,
@@ -244,6 +245,11 @@ def main() -> int:
     print("| source, mode | auto / none | none ms |\n|---|---:|---:|")
     for label, ratio, seconds in auto_overhead(kv, quantizer, chunk_bytes, loopback_rate):
         print(f"| {label} | {ratio:.3f} ({'met' if ratio <= 1.03 else 'MISSED'}: <= 1.03) | {seconds * 1e3:.1f} |")
+    print("\n### Destination: receiver CPU per transfer (verify + decode), a new tensor vs the decode node's "
+          "pool, interleaved, best of 15\n")
+    print("| source, mode | new tensor ms | pooled ms | new / pooled |\n|---|---:|---:|---:|")
+    for label, new, pooled in destination_cost(kv, quantizer, chunk_bytes):
+        print(f"| {label} | {new:.1f} | {pooled:.1f} | {new / pooled:.2f}x |")
     if not args.skip_stages:
         print("\n### Stages (one process, one thread; GB/s of the engine's KV)\n\n| stage | GB/s |\n|---|---:|")
         for stage, value in measure_stages(kv, quantizer, chunk_bytes):

@@ -162,3 +162,42 @@ def auto_overhead(kv_fp32: np.ndarray, torch_quantizer: TorchQuantizer, chunk_by
                     best[compression] = min(best.get(compression, seconds), seconds)
             rows.append((f"{name} {mode}", best["auto"] / best["none"], best["none"]))
     return rows
+
+
+def destination_cost(kv_fp32: np.ndarray, torch_quantizer: TorchQuantizer, chunk_bytes: int,
+                     rounds: int = 15) -> list[tuple[str, float, float]]:
+    """Receiver CPU of whole transfers (verify + decode of every chunk) into a new tensor per
+    transfer vs a buffer of the decode node's pool (nodes/kv_buffers.py), interleaved, best of
+    `rounds`: (source and mode, new ms, pooled ms). A new tensor of more than 32 MiB comes from
+    fresh pages: glibc serves it with mmap."""
+    from bus.kv.chunk_codec import ChunkEncoder, decode, verify
+    from nodes.kv_buffers import KVBufferPool
+
+    pool = KVBufferPool()
+    rows = []
+    for name, kv in (("fp32", torch.from_numpy(kv_fp32)), ("bf16", torch.from_numpy(kv_fp32).to(torch.bfloat16))):
+        for mode in ("int8", "raw"):
+            encoder = ChunkEncoder(kv, torch_quantizer, transfer_id="t", request_id="r", mode=mode,
+                                   compression="none", chunk_bytes=chunk_bytes)
+            outs = [np.empty(n, np.uint8) for n in encoder.buffer_sizes()]
+            chunks = []
+            for index in range(encoder.num_chunks):
+                header, wire = encoder.encode(index, outs)
+                chunks.append((header, [np.frombuffer(memoryview(w).cast("B"), np.uint8).copy() for w in wire]))
+
+            def receive(dst, chunks=chunks) -> None:
+                for header, wire in chunks:
+                    decode(header, verify(header, wire), torch_quantizer, dst)
+
+            best = {}
+            for round_ in range(rounds + 1):   # round 0 warms up (and fills the pool)
+                for kind in ("new", "pooled") if round_ % 2 else ("pooled", "new"):
+                    dst = torch.empty_like(kv) if kind == "new" else pool.take(tuple(kv.shape), kv.dtype)
+                    started = time.perf_counter()
+                    receive(dst)
+                    seconds = time.perf_counter() - started
+                    pool.give(dst)
+                    if round_:
+                        best[kind] = min(best.get(kind, seconds), seconds)
+            rows.append((f"{name} {mode}", best["new"] * 1e3, best["pooled"] * 1e3))
+    return rows
