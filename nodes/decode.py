@@ -92,6 +92,11 @@ class DecodeWork:
             self._on_token(event)
         return True
 
+    def on_idle(self) -> None:
+        """The node went quiet (nodes.heap trims next): hand the KV buffers kept for reuse back."""
+        if self.buffers is not None:
+            self.buffers.drop_free()
+
     def next_deadline(self) -> float | None:
         return min((j.expires_at for j in self.jobs.values() if not j.running), default=None)
 

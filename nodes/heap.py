@@ -5,8 +5,9 @@ in its arenas, so a node's resident size stays at its peak and a leak check cann
 from a leak. `HeapTrimmer.on_iteration(busy, now)` is called once per node-loop iteration; after
 `idle_after_s` without work, and only if some work ran since the last trim, it calls glibc's
 `malloc_trim(0)` (which also returns free pages inside the arenas) and returns how long that took
-(None when it did not trim). Off the hot path by design: a busy node never trims. Elsewhere than
-glibc it does nothing.
+(None when it did not trim); `before_trim` (optional) runs first, for caches that keep memory for
+a busy node (the decode node's KV buffers, nodes/kv_buffers.py). Off the hot path by design: a
+busy node never trims. Elsewhere than glibc it does nothing.
 `use_mmap_above(num_bytes)` makes glibc serve every allocation of at least `num_bytes` from a
 mapping of its own (M_MMAP_THRESHOLD, which also ends glibc's raising of that threshold after a
 large free): a decode node's imported KV and cached sessions (12-24 MB for a 512-token prompt) then
@@ -60,9 +61,11 @@ def _glibc_trim() -> Callable[[], None] | None:
 
 
 class HeapTrimmer:
-    def __init__(self, idle_after_s: float = IDLE_AFTER_S, trim: Callable[[], None] | None = None) -> None:
+    def __init__(self, idle_after_s: float = IDLE_AFTER_S, trim: Callable[[], None] | None = None,
+                 before_trim: Callable[[], None] | None = None) -> None:
         self.idle_after_s = idle_after_s
         self._trim = trim if trim is not None else _glibc_trim()
+        self._before_trim = before_trim
         self._idle_since: float | None = None
         self._worked_since_trim = False
         self.num_trims = 0
@@ -76,6 +79,8 @@ class HeapTrimmer:
         if not (self._worked_since_trim and now - self._idle_since >= self.idle_after_s and self._trim is not None):
             return None
         started = time.perf_counter()
+        if self._before_trim is not None:
+            self._before_trim()   # caches let go of what they keep for a busy node first
         self._trim()
         self._worked_since_trim = False
         self.num_trims += 1

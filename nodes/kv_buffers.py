@@ -6,7 +6,9 @@ most twice its size, else a new one); `give(tensor)` hands it back once nothing 
 more. `give` of a tensor not taken here, or given back already, does nothing. At most `max_free`
 buffers wait for reuse (the oldest go first). Thread-safe: the KV thread takes and hands back
 failed receives, the node's thread hands back what the engine has copied.
-`num_free` / `num_taken` / `num_allocated` count buffers, for tests and logs.
+`drop_free()` lets go of every waiting buffer (the node calls it when it goes quiet, before it
+trims its heap: an idle node gives its memory back, a busy one keeps reusing it) and returns how
+many bytes that was. `num_free` / `num_taken` / `num_allocated` count buffers, for tests and logs.
 
 Why: glibc serves allocations above its mmap threshold (at most 32 MiB) with fresh pages, and
 writing into fresh pages runs at ~8 GB/s here against ~27 into reused ones (issue 3's
@@ -62,6 +64,12 @@ class KVBufferPool:
             self._free.append(buffer)
             while len(self._free) > self.max_free:
                 self._free.popleft()
+
+    def drop_free(self) -> int:
+        with self._lock:
+            num_bytes = sum(b.numel() * b.element_size() for b in self._free)
+            self._free.clear()
+        return num_bytes
 
     def _best_fit(self, need: int, dtype: torch.dtype) -> torch.Tensor | None:
         fits = [i for i, b in enumerate(self._free) if b.dtype == dtype and need <= b.numel() <= 2 * need + ALIGN_ELEMENTS]

@@ -98,7 +98,7 @@ class NodeLoop:
         self.log = get_logger("node", node_id=endpoint.node_id)
         self._capacity: dict[str, float] = {}
         self._capacity_sent_at = 0.0
-        self.heap = HeapTrimmer()
+        self.heap = HeapTrimmer(before_trim=self._on_idle)
 
     def run(self) -> None:
         while not self.stop.is_set():
@@ -110,6 +110,11 @@ class NodeLoop:
             if (trim_s := self.heap.on_iteration(busy, now)) is not None:
                 self.log.info("heap_trimmed", ms=round(trim_s * 1000, 2))
             self._take_inputs(0.0 if busy else self._idle_timeout(now))
+
+    def _on_idle(self) -> None:
+        for work in self.works:
+            if hasattr(work, "on_idle"):
+                work.on_idle()
 
     def _idle_timeout(self, now: float) -> float:
         deadlines = [d for w in self.works if (d := w.next_deadline()) is not None]

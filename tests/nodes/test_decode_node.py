@@ -235,6 +235,16 @@ def test_received_kv_goes_back_when_nobody_will_decode_from_it(kv_thread):
     assert work.buffers.num_taken == 0
 
 
+def test_a_quiet_node_gives_the_buffers_it_kept_for_reuse_back(kv_thread):
+    work, endpoint, _ = make_work(kv_thread)
+    work.on_message(request("r1"))
+    arrive(work, endpoint, "r1", PROMPT)
+    run_until_idle(work)
+    assert work.buffers.num_free == 1
+    work.on_idle()                                        # what the node loop calls before a heap trim
+    assert work.buffers.num_free == 0 and work.buffers.num_taken == 0
+
+
 def test_a_failed_receive_hands_its_buffer_back(kv_thread):
     work, endpoint, _ = make_work(kv_thread)
     work.on_message(request("r1"))

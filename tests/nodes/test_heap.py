@@ -1,4 +1,5 @@
-"""HeapTrimmer: trims only after work ran and the node then stayed idle; never while busy."""
+"""HeapTrimmer: trims only after work ran and the node then stayed idle; never while busy; the
+node's caches let go right before a trim."""
 
 from __future__ import annotations
 
@@ -31,6 +32,17 @@ def test_it_trims_once_after_the_idle_delay_that_follows_work():
     assert heap.on_iteration(False, 0.5) is None
     heap.on_iteration(False, 5.0)
     assert calls == [1] and heap.num_trims == 1
+
+
+def test_caches_let_go_right_before_each_trim_and_only_then():
+    order = []
+    heap = HeapTrimmer(0.2, trim=lambda: order.append("trim"), before_trim=lambda: order.append("caches"))
+    heap.on_iteration(True, 0.0)
+    heap.on_iteration(False, 0.1)
+    assert order == []
+    heap.on_iteration(False, 0.35)
+    heap.on_iteration(False, 1.0)
+    assert order == ["caches", "trim"]
 
 
 def test_work_in_between_restarts_the_idle_clock():

@@ -3,6 +3,7 @@ best fit, bounded free list, idempotent hand-back, and safe use from two threads
 
 from __future__ import annotations
 
+import math
 import threading
 
 import torch
@@ -82,3 +83,13 @@ def test_two_threads_taking_and_giving_never_share_a_buffer():
     for thread in threads:
         thread.join()
     assert not failures and pool.num_taken == 0 and pool.num_allocated <= 3
+
+
+def test_drop_free_lets_go_of_waiting_buffers_but_not_of_taken_ones():
+    pool = KVBufferPool()
+    kept = pool.take(SHAPE, torch.float32)
+    pool.give(pool.take(SHAPE, torch.float32))
+    assert pool.drop_free() == math.prod(SHAPE) * 4 + (-math.prod(SHAPE)) % ALIGN_ELEMENTS * 4
+    assert pool.num_free == 0 and pool.num_taken == 1
+    pool.give(kept)
+    assert pool.num_free == 1
