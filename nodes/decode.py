@@ -109,6 +109,7 @@ class DecodeWork:
         return {"kv_blocks_total": usage.num_blocks, "kv_blocks_free": num_available,
                 "kv_blocks_cached": usage.num_session_blocks, "block_size": usage.block_size,
                 "kv_mib_cached": round(usage.num_session_blocks * self._block_mib(usage.block_size), 1),
+                "kv_mib_slots": round(usage.num_slot_cache_bytes / 2**20, 1),
                 "max_running": self.engine.config.max_num_seqs, "num_running": len(self.engine.running) + num_waiting,
                 "full": int(self.num_blocks_wanted > 0)}
 

@@ -10,7 +10,8 @@ to be back to baseline, and check. A scenario passes when no request was lost, e
 equals the reference (raw KV; with int8 the divergences are reported, not failed), the KV is
 back to baseline, no warm node (one that served a pass before: a fresh process grows while it
 warms up) that lived through the pass grew its resident memory past max(`rss_slack_mib`,
-`rss_slack_ratio` x its size before the pass) beyond what its cached sessions grew, the scenario's own
+`rss_slack_ratio` x its size before the pass) beyond what its cached sessions and its kept slot
+cache grew (`kv_mib_cached`, `kv_mib_slots`), the scenario's own
 evidence holds, and the recovery time of the streams the
 fault hit stays within the bound: liveness window + one heartbeat + the client's retry delay +
 one re-prefill (the reference pass's p99 time to first token).
@@ -57,6 +58,12 @@ class ChaosOptions:
     enforce_recovery_bound: bool = True   # the short test form reports it but asserts no timing
     rss_slack_mib: float = 128.0          # growth over a pass that still counts as "back to baseline"
     rss_slack_ratio: float = 0.10
+
+
+def _held_mib(capacity: dict | None) -> float:
+    """Memory a decode node holds by design: cached sessions and its kept slot cache."""
+    capacity = capacity or {}
+    return capacity.get("kv_mib_cached", 0.0) + capacity.get("kv_mib_slots", 0.0)
 
 
 def short_options(**overrides: Any) -> ChaosOptions:
@@ -142,7 +149,7 @@ def run_scenario(scenario: Scenario, ctx: Ctx, options: ChaosOptions, reference:
         problems.append(f"KV not at baseline before the fault: {idle_before}")
     ctx.kv_faults_mark = cluster.count("chaos_kv_fault")
     before, rss_before, pids_before = checks.snapshot(cluster), cluster.rss_mib(), cluster.node_pids()
-    cached_before = {n: (cluster.kv_capacity(n) or {}).get("kv_mib_cached", 0.0) for n in cluster.decode_ids()}
+    cached_before = {n: _held_mib(cluster.kv_capacity(n)) for n in cluster.decode_ids()}
 
     async def fault(progress) -> FaultEvent:
         ctx.fault = await scenario.inject(ctx, progress)
@@ -164,7 +171,7 @@ def run_scenario(scenario: Scenario, ctx: Ctx, options: ChaosOptions, reference:
     cluster.thaw_all()
     idle_after = cluster.wait_kv_idle(30)
     after, rss_after, pids_after = checks.snapshot(cluster), cluster.rss_mib(), cluster.node_pids()
-    held = {n: (cluster.kv_capacity(n) or {}).get("kv_mib_cached", 0.0) - mib for n, mib in cached_before.items()}
+    held = {n: _held_mib(cluster.kv_capacity(n)) - mib for n, mib in cached_before.items()}
     rss_grown = checks.rss_grown(
         {n: (pids_before.get(n), mib) for n, mib in rss_before.items() if pids_before.get(n) in warm_pids},
         {n: (pids_after.get(n), mib) for n, mib in rss_after.items()}, options.rss_slack_mib, options.rss_slack_ratio,

@@ -168,6 +168,7 @@ class KvUsage:
     num_running_blocks: int
     num_session_blocks: int
     num_sessions: int
+    num_slot_cache_bytes: int = 0   # the decode batch's KV tensor, kept between requests (kv_slots.py)
 
 
 @dataclass(frozen=True, slots=True)

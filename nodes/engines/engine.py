@@ -221,7 +221,7 @@ class LlamaEngine(Engine):
             last.slot = seq.slot
             self.running[seq.slot] = last
         if not self.running:
-            self.slots.release()
+            self.slots.idle()   # kept for the next request: a new one faults in slowly (kv_slots.py)
 
     def has_unfinished(self) -> bool:
         return bool(self.running or self._pending_events)
@@ -238,4 +238,4 @@ class LlamaEngine(Engine):
         session_blocks = sum(self.blocks.num_blocks_of(self.planner.session_owner(s)) for s in self.sessions.lru_order())
         return KvUsage(self.blocks.block_size, self.blocks.num_blocks, self.blocks.num_free_blocks,
                        sum(self.blocks.num_blocks_of(s.request_id) for s in self.running), session_blocks,
-                       len(self.sessions))
+                       len(self.sessions), self.slots.num_bytes)

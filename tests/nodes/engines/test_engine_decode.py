@@ -116,7 +116,17 @@ def test_requests_leave_and_slots_stay_dense(tiny_model):
         solo = make_engine(tiny_model)
         assert tokens_of(events[str(i)]) == generate(
             solo, encode(tiny_model, PROMPTS[i]), SamplingParams(temperature=0, max_tokens=n, ignore_eos=True))
-    assert engine.slots.tensor is None   # released when idle
+    assert engine.slots.tensor is not None and engine.slots.num_slots == 0   # kept when idle, empty
+
+
+def test_a_kept_slot_cache_serves_the_next_requests_exactly_as_a_fresh_engine(tiny_model):
+    engine = make_engine(tiny_model)
+    long_prompt, short_prompt = encode(tiny_model, PROMPTS[3]), encode(tiny_model, PROMPTS[1])
+    generate(engine, long_prompt)               # leaves its KV in slot 0, past where the next one ends
+    kept = engine.slots.tensor.data_ptr()
+    for prompt in (short_prompt, long_prompt):
+        assert generate(engine, prompt) == generate(make_engine(tiny_model), prompt)
+        assert engine.slots.tensor.data_ptr() == kept   # no new cache for a request that fits
 
 
 def test_kv_for_a_prefix_or_the_whole_prompt_without_first_token_finishes_the_prefill_here(tiny_model):
