@@ -7,8 +7,8 @@ says, without allocating, what shape the cache would grow to (the engine charges
 against the KV budget at admission, so growth never runs out of memory); `ensure` grows it (copying
 the contents). `idle()` says nothing runs any more: the tensor is kept, its contents no longer
 matter, and `num_slots` / `capacity` read 0 as for an empty cache; the next `ensure` takes the kept
-tensor as it is when it holds what is asked within the budget, else allocates the new layout
-without copying. `release` frees it. `num_bytes` is what the tensor takes, kept or in use.
+tensor as it is when it holds what is asked within the budget with no more capacity than a fresh
+layout would have, else allocates the new layout without copying. `release` frees it. `num_bytes` is what the tensor takes, kept or in use.
 `write`/`read`/`move` copy whole prefixes in the export layout [layers, 2, kv_heads, tokens, head_dim].
 
 Why kept when idle: a new cache is faulted in on huge pages (hugepages.py), which this VM compacts
@@ -57,26 +57,27 @@ class SlotCache:
     def num_bytes(self) -> int:
         return 0 if self.tensor is None else self.tensor.numel() * self.tensor.element_size()
 
-    def _kept(self, num_slots: int, num_tokens: int, budget: int) -> tuple[int, int] | None:
-        """The idle tensor's (slots, capacity) when it holds what is asked within the budget."""
-        if not self._idle or self.tensor is None:
-            return None
-        slots, capacity = self.tensor.shape[1], self.tensor.shape[4]
-        return (slots, capacity) if num_slots <= slots and num_tokens <= capacity and slots * capacity <= budget else None
-
     def layout_after(self, num_slots: int, num_tokens: int, budget_tokens: int | None = None) -> tuple[int, int]:
         """The (slots, capacity) `ensure(num_slots, num_tokens, budget_tokens)` would leave: at least
         what is asked, plus spare room (fewer reallocations) only where it stays within the budget."""
         budget = self.budget_tokens if budget_tokens is None else budget_tokens
-        kept = self._kept(num_slots, num_tokens, budget)
-        if kept is not None:
-            return kept
         slots = max(self.num_slots, num_slots)
         capacity = max(self.capacity, num_tokens)
         capacity = max(capacity, min(_round_up(num_tokens, CAPACITY_GROWTH), self.max_len,
                                      budget // slots))
-        return max(slots, min(_round_up(num_slots, SLOT_GROWTH), self.max_slots,
-                              budget // capacity)), capacity
+        layout = max(slots, min(_round_up(num_slots, SLOT_GROWTH), self.max_slots, budget // capacity)), capacity
+        return self._kept(layout, num_slots, num_tokens, budget) or layout
+
+    def _kept(self, fresh: tuple[int, int], num_slots: int, num_tokens: int, budget: int) -> tuple[int, int] | None:
+        """The idle tensor's (slots, capacity) when it holds what is asked within the budget with no
+        more capacity than the `fresh` layout: capacity is a floor for the requests that join later
+        (growth adds slots, never shrinks rows), so a cache kept from one long request would leave
+        room for fewer short ones than a fresh cache does."""
+        if not self._idle or self.tensor is None:
+            return None
+        slots, capacity = self.tensor.shape[1], self.tensor.shape[4]
+        holds = num_slots <= slots and num_tokens <= capacity <= fresh[1]
+        return (slots, capacity) if holds and slots * capacity <= budget else None
 
     def ensure(self, num_slots: int, num_tokens: int, budget_tokens: int | None = None) -> None:
         slots, capacity = self.layout_after(num_slots, num_tokens, budget_tokens)

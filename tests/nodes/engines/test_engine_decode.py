@@ -152,3 +152,13 @@ def test_bf16_continuous_batching_gives_each_request_its_solo_tokens(tiny_model)
         assert engine.add_request(DecodeRequest(str(i), prompt, sampling)).ok
     events = drain(engine)
     assert [tokens_of(events[str(i)]) for i in range(3)] == solo
+
+
+def test_after_a_long_request_a_burst_of_short_ones_is_admitted_as_on_a_fresh_engine(tiny_model):
+    def admitted(engine):
+        short = SamplingParams(temperature=0, max_tokens=16, ignore_eos=True)
+        prompt = encode(tiny_model, PROMPTS[1])
+        return [engine.add_request(DecodeRequest(f"s{i}", prompt, short)).status for i in range(12)]
+    used = make_engine(tiny_model, num_kv_blocks=64, block_size=16)
+    generate(used, encode(tiny_model, PROMPTS[0]), SamplingParams(temperature=0, max_tokens=600, ignore_eos=True))
+    assert admitted(used) == admitted(make_engine(tiny_model, num_kv_blocks=64, block_size=16))

@@ -39,8 +39,8 @@ def test_an_idle_cache_is_kept_and_reused_as_it_is_for_a_request_it_holds():
     before, kept = slots.tensor.data_ptr(), shape(slots)
     slots.idle()
     assert slots.num_slots == 0 and slots.capacity == 0 and slots.num_bytes == slots.tensor.numel() * 4
-    assert slots.layout_after(1, 200) == kept      # what admission charges: the kept tensor
-    slots.ensure(1, 200)
+    assert slots.layout_after(1, 400) == kept      # what admission charges: the kept tensor
+    slots.ensure(1, 400)
     assert slots.tensor.data_ptr() == before and (slots.num_slots, slots.capacity) == kept
 
 
@@ -70,3 +70,13 @@ def test_release_frees_it():
     slots.ensure(1, 10)
     slots.release()
     assert slots.tensor is None and slots.num_bytes == 0
+
+
+def test_an_idle_cache_with_longer_rows_than_a_fresh_one_is_not_kept():
+    slots = cache()
+    slots.ensure(1, 1000)                          # one long request: rows of 1024 tokens
+    slots.idle()
+    fresh = cache()
+    fresh.ensure(1, 100)
+    # kept, 1024-token rows would cap how many short requests could join later
+    assert slots.layout_after(1, 100) == shape(fresh) != (slots.tensor.shape[1], slots.tensor.shape[4])
