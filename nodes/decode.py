@@ -39,7 +39,7 @@ class DecodeWork:
         self.always_local = always_local
         self.quantizer = TorchQuantizer(compile=settings.kv_compile)
         # Received KV lands in reused buffers where the engine copies it on admission (see
-        # nodes/kv_buffers.py: fresh pages made a 45 MiB receive 7x slower); else a new tensor each.
+        # nodes/kv_buffers.py: fresh pages made a 45 MiB int8 receive 8x slower); else a new tensor each.
         self.buffers = KVBufferPool() if getattr(engine, "copies_imported_kv", False) else None
         self.receiver = KVReceiver(self._allocate, lambda transfer_id, kv: self._give_back(kv),   # failed receives
                                    quantizer=self.quantizer, bind=settings.kv_bind,
