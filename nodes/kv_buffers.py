@@ -10,11 +10,12 @@ failed receives, the node's thread hands back what the engine has copied.
 trims its heap: an idle node gives its memory back, a busy one keeps reusing it) and returns how
 many bytes that was. `num_free` / `num_taken` / `num_allocated` count buffers, for tests and logs.
 
-Why: glibc serves allocations above its mmap threshold (at most 32 MiB) with fresh pages, and
-writing into fresh pages runs at ~8 GB/s here against ~27 into reused ones (issue 3's
-measurement). The KV of a 1024-token prompt is 45 MiB in float32 (a 1400-token one passes 32 MiB
-in bf16): verifying and decoding an int8 transfer of it took 32 ms into a new tensor and 4.2 ms
-into a reused one (`make bench-kv`, "Destination" table, measures both side by side).
+Why: glibc serves allocations above its mmap threshold with fresh pages (a decode node sets that
+threshold to 4 MiB, nodes/heap.py; glibc's own default rises to at most 32 MiB), and writing into
+fresh pages runs at ~8 GB/s here against ~27 into reused ones (issue 3's measurement). The KV of
+a 1024-token prompt is 45 MiB in float32, 22.5 MiB in bf16: verifying and decoding an int8
+transfer of the float32 one took 30-31 ms into a new tensor and 3.5-3.7 ms into a reused one
+(`make bench-kv`'s "Destination" table measures both side by side).
 """
 
 from __future__ import annotations
