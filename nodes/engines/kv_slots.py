@@ -81,11 +81,9 @@ class SlotCache:
 
     def ensure(self, num_slots: int, num_tokens: int, budget_tokens: int | None = None) -> None:
         slots, capacity = self.layout_after(num_slots, num_tokens, budget_tokens)
-        kept = self.tensor is not None and (slots, capacity) == (self.tensor.shape[1], self.tensor.shape[4])
-        if kept and self._idle:   # old requests' KV in it: finite, and never read past a row's length
+        current = None if self.tensor is None else (self.tensor.shape[1], self.tensor.shape[4])
+        if (slots, capacity) == current:   # an idle one's old KV: finite, never read past a row's length
             self._idle = False
-            return
-        if (slots, capacity) == (self.num_slots, self.capacity):
             return
         if self._idle:   # nothing to carry over: let the old tensor go before the new one faults in
             self.tensor, self._idle = None, False
