@@ -141,6 +141,9 @@ class PrefillWork:
         self.passes.append(RunningPass(self.engine.start_prefill(batch, chunk_tokens=chunk_tokens), urgent,
                                        len(batch)))
 
+    def on_idle(self) -> None:
+        return None   # nothing kept for a busy node beyond what the heap trim returns
+
     def next_deadline(self) -> float | None:
         return min((d for d in (self.urgent.deadline(), self.batcher.deadline()) if d is not None), default=None)
 

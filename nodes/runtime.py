@@ -74,6 +74,7 @@ class Work(Protocol):
     def work(self, now: float) -> bool: ...
     def next_deadline(self) -> float | None: ...
     def capacity(self) -> dict[str, float]: ...
+    def on_idle(self) -> None: ...   # the node went quiet: caches kept for a busy node let go
     def close(self) -> None: ...
 
 
@@ -113,8 +114,7 @@ class NodeLoop:
 
     def _on_idle(self) -> None:
         for work in self.works:
-            if hasattr(work, "on_idle"):
-                work.on_idle()
+            work.on_idle()
 
     def _idle_timeout(self, now: float) -> float:
         deadlines = [d for w in self.works if (d := w.next_deadline()) is not None]
