@@ -40,6 +40,11 @@ def best_seconds(fn, repeats: int = 7) -> float:
     return min(_timings(fn, repeats))
 
 
+def _sources(kv_fp32: np.ndarray) -> dict[str, torch.Tensor]:
+    """The real KV as the engine holds it in each dtype: float32 and bfloat16 torch tensors."""
+    return {"fp32": torch.from_numpy(kv_fp32), "bf16": torch.from_numpy(kv_fp32).to(torch.bfloat16)}
+
+
 def _chunks(quantizer, kv, mode, chunk_bytes):
     info = quantizer.kv_info(kv)
     specs = plan_chunks(info, chunk_bytes)
@@ -70,7 +75,7 @@ def measure_stages(kv_fp32: np.ndarray, torch_quantizer: TorchQuantizer, chunk_b
     target = np.empty_like(kv_fp32)
     rows.append(("memcpy fp32 into a reused buffer", nbytes / best_seconds(lambda: np.copyto(target, kv_fp32), repeats)))
     rows.append(("xxh3_64 checksum", nbytes / best_seconds(lambda: xxhash.xxh3_64_intdigest(kv_fp32), repeats)))
-    tensors = {"fp32": torch.from_numpy(kv_fp32), "bf16": torch.from_numpy(kv_fp32).to(torch.bfloat16)}
+    tensors = _sources(kv_fp32)
     fast_int8 = torch_quantizer.fast_int8
     for name, kv in tensors.items():
         size = kv.numel() * kv.element_size()
@@ -146,7 +151,7 @@ def auto_overhead(kv_fp32: np.ndarray, torch_quantizer: TorchQuantizer, chunk_by
 
     auto = AutoCompression(link_bytes_per_s)
     rows = []
-    for name, kv in (("fp32", torch.from_numpy(kv_fp32)), ("bf16", torch.from_numpy(kv_fp32).to(torch.bfloat16))):
+    for name, kv in _sources(kv_fp32).items():
         for mode in ("int8", "raw"):
             best = {}
             outs = None
@@ -175,7 +180,7 @@ def destination_cost(kv_fp32: np.ndarray, torch_quantizer: TorchQuantizer, chunk
 
     pool = KVBufferPool()
     rows = []
-    for name, kv in (("fp32", torch.from_numpy(kv_fp32)), ("bf16", torch.from_numpy(kv_fp32).to(torch.bfloat16))):
+    for name, kv in _sources(kv_fp32).items():
         for mode in ("int8", "raw"):
             encoder = ChunkEncoder(kv, torch_quantizer, transfer_id="t", request_id="r", mode=mode,
                                    compression="none", chunk_bytes=chunk_bytes)
