@@ -1,24 +1,33 @@
-"""The decode side's KV storage: one tensor of per-request slots, grown on demand.
+"""The decode side's KV storage: one tensor of per-request slots, in one store that only grows.
 
 Contract: `SlotCache` holds `[layers, slots, 2, kv_heads, capacity, head_dim]`. Running requests
 occupy slots 0..n-1 (the engine keeps them dense by moving the last one into a freed slot), so one
 batched attention call covers every decode token with no gathering. `layout_after(slots, tokens)`
 says, without allocating, what shape the cache would grow to (the engine charges that padded size
-against the KV budget at admission, so growth never runs out of memory); `ensure` grows it (copying
-the contents). `idle()` says nothing runs any more: the tensor is kept, its contents no longer
-matter, and `num_slots` / `capacity` read 0 as for an empty cache; the next `ensure` takes the kept
-tensor as it is when it holds what is asked within the budget with no more capacity than a fresh
-layout would have, else allocates the new layout without copying. `release` frees it. `num_bytes` is what the tensor takes, kept or in use.
-`write`/`read`/`move` copy whole prefixes in the export layout [layers, 2, kv_heads, tokens, head_dim].
+against the KV budget at admission, so growth never runs out of memory); `ensure` gives it that
+shape, keeping what the running slots hold. The tensor is a view of a flat store: a layout that
+fits the store takes it in place (a growing one moves its rows within the store, no allocation),
+a larger one allocates a new store (copying). `reserve(tokens)` allocates and faults in a store of
+that many token rows now; `trim(tokens)` gives the pages beyond them (and beyond the running
+layout) back to the kernel, keeping the store's addresses. `idle()` says nothing runs any more:
+`num_slots` / `capacity` read 0 and the next `ensure` lays a fresh layout over the store, its old
+contents no longer mattering. `release` frees the store. `num_bytes` is what the store holds in
+memory. `write`/`read`/`move` copy whole prefixes in the export layout
+[layers, 2, kv_heads, tokens, head_dim].
 
-Why kept when idle: a new cache is faulted in on huge pages (hugepages.py), which this VM compacts
-at ~3 ms a 2 MiB page: a request arriving at an idle decode node waited 30-310 ms in
-`add_request` (8 slots x 768-1280 tokens of bf16) before its first step, every time the node had
-gone idle in between; with the kept cache, 2.6-4.3 ms (ad-hoc timing of sequential 512- and
-1024-token requests).
+Why a store faulted in ahead: a new cache is faulted in on huge pages (hugepages.py), which this VM
+compacts at ~3 ms a 2 MiB page. Allocated on demand, the first request at a fresh decode node
+waited ~240 ms in `add_request` (8 slots x 768 tokens of bf16, 135 MiB), and the 9th running
+request ~800 ms while the cache grew to 16 slots, stalling every running stream that long (ad-hoc
+timing of the real model). Grown in place within a reserved store it is a copy of the rows
+(tests/nodes/engines/test_kv_slots.py asserts no allocation). Stale contents are harmless: every
+element ever written is a finite KV value or zero, and masked-out keys only ever meet 0 weights
+(0 * finite = 0; a NaN would not vanish, hence zeros, not `empty`, at allocation).
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 
@@ -33,6 +42,22 @@ def _round_up(value: int, step: int) -> int:
     return -(-value // step) * step
 
 
+def relayout(store: torch.Tensor, old: tuple[int, ...], new: tuple[int, ...]) -> None:
+    """Move a `[layers, slots, 2, heads, capacity, dim]` layout's contents at the start of `store`
+    into the larger layout `new` of the same store, in place. Layers go last to first: with no
+    dimension shrinking, a layer's destination starts at or after its source, so it only ever
+    overwrites layers already moved; a destination overlapping its own source goes via a copy."""
+    num_layers, num_slots, num_capacity = old[0], old[1], old[4]
+    old_layer, new_layer = math.prod(old[1:]), math.prod(new[1:])
+    source = store[:num_layers * old_layer].view(old)
+    target = store[:num_layers * new_layer].view(new)
+    for layer in reversed(range(num_layers)):
+        src, dst = source[layer], target[layer, :num_slots, :, :, :num_capacity]
+        if dst.data_ptr() == src.data_ptr() and dst.stride() == src.stride():
+            continue
+        dst.copy_(src if layer * new_layer >= (layer + 1) * old_layer else src.clone())
+
+
 class SlotCache:
     def __init__(self, config: LlamaConfig, *, dtype: torch.dtype, device: torch.device,
                  max_slots: int, max_len: int, budget_tokens: int) -> None:
@@ -43,6 +68,8 @@ class SlotCache:
         self.max_len = max_len
         self.budget_tokens = budget_tokens
         self.tensor: torch.Tensor | None = None
+        self._store: torch.Tensor | None = None
+        self._num_resident = 0          # elements of the store backed by memory (after trims)
         self._idle = False
 
     @property
@@ -55,7 +82,12 @@ class SlotCache:
 
     @property
     def num_bytes(self) -> int:
-        return 0 if self.tensor is None else self.tensor.numel() * self.tensor.element_size()
+        return self._num_resident * self._element_size()
+
+    @property
+    def num_store_tokens(self) -> int:
+        """Token rows the store holds without allocating (0 without one)."""
+        return 0 if self._store is None else self._store.numel() // self._token_elements()
 
     def layout_after(self, num_slots: int, num_tokens: int, budget_tokens: int | None = None) -> tuple[int, int]:
         """The (slots, capacity) `ensure(num_slots, num_tokens, budget_tokens)` would leave: at least
@@ -65,44 +97,66 @@ class SlotCache:
         capacity = max(self.capacity, num_tokens)
         capacity = max(capacity, min(_round_up(num_tokens, CAPACITY_GROWTH), self.max_len,
                                      budget // slots))
-        layout = max(slots, min(_round_up(num_slots, SLOT_GROWTH), self.max_slots, budget // capacity)), capacity
-        return self._kept(layout, num_slots, num_tokens, budget) or layout
-
-    def _kept(self, fresh: tuple[int, int], num_slots: int, num_tokens: int, budget: int) -> tuple[int, int] | None:
-        """The idle tensor's (slots, capacity) when it holds what is asked within the budget with no
-        more capacity than the `fresh` layout: capacity is a floor for the requests that join later
-        (growth adds slots, never shrinks rows), so a cache kept from one long request would leave
-        room for fewer short ones than a fresh cache does."""
-        if not self._idle or self.tensor is None:
-            return None
-        slots, capacity = self.tensor.shape[1], self.tensor.shape[4]
-        holds = num_slots <= slots and num_tokens <= capacity <= fresh[1]
-        return (slots, capacity) if holds and slots * capacity <= budget else None
+        return max(slots, min(_round_up(num_slots, SLOT_GROWTH), self.max_slots, budget // capacity)), capacity
 
     def ensure(self, num_slots: int, num_tokens: int, budget_tokens: int | None = None) -> None:
         slots, capacity = self.layout_after(num_slots, num_tokens, budget_tokens)
-        current = None if self.tensor is None else (self.tensor.shape[1], self.tensor.shape[4])
-        if (slots, capacity) == current:   # an idle one's old KV: finite, never read past a row's length
-            self._idle = False
-            return
-        if self._idle:   # nothing to carry over: let the old tensor go before the new one faults in
-            self.tensor, self._idle = None, False
+        running = None if self.tensor is None or self._idle else tuple(self.tensor.shape)
         c = self._config
-        # Zeros, not empty: masked-out keys still enter the softmax @ V product, and 0 * NaN = NaN.
         shape = (c.num_layers, slots, 2, c.num_kv_heads, capacity, c.head_dim)
+        if running == shape:
+            return
+        need = math.prod(shape)
+        if self._store is None or self._store.numel() < need:
+            self._replace_store(need, shape)
+        elif running is not None:
+            relayout(self._store, running, shape)
+        self.tensor = self._store[:need].view(shape)
+        self._num_resident = max(self._num_resident, need)
+        self._idle = False
+
+    def reserve(self, num_tokens: int) -> None:
+        """Allocate (and fault in) a store of `num_tokens` token rows now, unless it holds them."""
+        need = num_tokens * self._token_elements()
+        if self._store is None or self._store.numel() < need:
+            self._replace_store(need, None if self.num_slots == 0 else tuple(self.tensor.shape))
+
+    def trim(self, num_tokens: int) -> None:
+        """Give back the store's pages beyond `num_tokens` token rows and the running layout (CPU:
+        the addresses stay, the pages refault as zeros when used again)."""
+        if self._store is None or self._device.type != "cpu":
+            return
+        keep = max(num_tokens * self._token_elements(), 0 if self.num_slots == 0 else self.tensor.numel())
+        if keep < self._num_resident and hugepages.release(self._store[keep:self._num_resident]):
+            self._num_resident = keep
+
+    def _replace_store(self, num_elements: int, shape: tuple[int, ...] | None) -> None:
+        """A new, zeroed store; what the running slots hold is copied into layout `shape` of it."""
+        running = None if self.num_slots == 0 else self.tensor
+        if running is None:   # nothing to carry over: let the old store go before the new one faults in
+            self.tensor = self._store = None
         if self._device.type == "cpu":   # huge pages: the decode attention streams it faster
-            grown = hugepages.empty(shape, self._dtype).zero_()
+            store = hugepages.empty((num_elements,), self._dtype).zero_()
         else:
-            grown = torch.zeros(shape, dtype=self._dtype, device=self._device)
-        if self.tensor is not None:
-            grown[:, :self.num_slots, :, :, :self.capacity] = self.tensor
-        self.tensor = grown
+            store = torch.zeros(num_elements, dtype=self._dtype, device=self._device)
+        if running is not None and shape is not None:
+            view = store[:math.prod(shape)].view(shape)
+            view[:, :running.shape[1], :, :, :running.shape[4]] = running
+            self.tensor = view
+        self._store, self._num_resident = store, num_elements
+
+    def _token_elements(self) -> int:
+        c = self._config
+        return c.num_layers * 2 * c.num_kv_heads * c.head_dim
+
+    def _element_size(self) -> int:
+        return torch.empty(0, dtype=self._dtype).element_size()
 
     def idle(self) -> None:
         self._idle = self.tensor is not None
 
     def release(self) -> None:
-        self.tensor, self._idle = None, False
+        self.tensor, self._store, self._num_resident, self._idle = None, None, 0, False
 
     def view(self, slot: int) -> torch.Tensor:
         assert self.tensor is not None

@@ -1,26 +1,38 @@
-"""The decode batch's slot cache (nodes/engines/kv_slots.py): growth within the budget, and the
-tensor kept between requests: reused as it is when it holds what is asked, replaced (not grown,
-nothing copied) when it does not or no longer fits the budget."""
+"""The decode batch's slot cache (nodes/engines/kv_slots.py): growth within the budget keeps what
+the slots hold (in place within a reserved store, by copying into a new one otherwise); an idle
+cache lays a fresh layout over its store; a trimmed store gives pages back and keeps its layout."""
 
 from __future__ import annotations
 
+import dataclasses
+import math
+
+import pytest
 import torch
 
-from nodes.engines.kv_slots import SlotCache
+from nodes.engines.kv_slots import SlotCache, relayout
 from nodes.engines.model_config import LlamaConfig
 
 CONFIG = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                      num_kv_heads=2, head_dim=8, rms_norm_eps=1e-5, rope_theta=10000.0,
                      max_position_embeddings=4096, tie_word_embeddings=True, bos_token_id=None, eos_token_ids=(0,))
+TOKEN_ELEMENTS = 2 * 2 * 2 * 8     # layers x {K,V} x kv_heads x head_dim
 
 
-def cache(budget_tokens: int = 8 * 1024) -> SlotCache:
-    return SlotCache(CONFIG, dtype=torch.float32, device=torch.device("cpu"), max_slots=16, max_len=4096,
+def cache(budget_tokens: int = 8 * 1024, config: LlamaConfig = CONFIG) -> SlotCache:
+    return SlotCache(config, dtype=torch.float32, device=torch.device("cpu"), max_slots=16, max_len=4096,
                      budget_tokens=budget_tokens)
 
 
 def shape(slots: SlotCache) -> tuple[int, int]:
     return slots.tensor.shape[1], slots.tensor.shape[4]
+
+
+def fill(slots: SlotCache, num_tokens: int) -> list[torch.Tensor]:
+    kvs = [torch.randn(2, 2, 2, num_tokens, 8) for _ in range(slots.num_slots)]
+    for slot, kv in enumerate(kvs):
+        slots.write(slot, kv)
+    return kvs
 
 
 def test_growth_keeps_what_the_slots_held():
@@ -33,20 +45,49 @@ def test_growth_keeps_what_the_slots_held():
     assert torch.equal(slots.read(0, 100), kv)
 
 
-def test_an_idle_cache_is_kept_and_reused_as_it_is_for_a_request_it_holds():
+def test_within_a_reserved_store_growth_moves_rows_in_place_and_keeps_them():
+    slots = cache()
+    slots.reserve(8 * 1024)
+    store = slots._store.data_ptr()
+    slots.ensure(8, 200)
+    kvs = fill(slots, 200)
+    slots.ensure(9, 900)                            # more slots and longer rows at once
+    assert shape(slots)[0] >= 9 and shape(slots)[1] >= 900
+    assert slots.tensor.data_ptr() == store        # nothing allocated
+    assert all(torch.equal(slots.read(i, 200), kv) for i, kv in enumerate(kvs))
+
+
+@pytest.mark.parametrize(("old", "new"), [
+    ((3, 8, 2, 2, 256, 8), (3, 16, 2, 2, 256, 8)),     # slots only: layer 0 stays put
+    ((3, 8, 2, 2, 256, 8), (3, 8, 2, 2, 512, 8)),      # capacity only: every row moves
+    ((5, 64, 2, 1, 16, 4), (5, 72, 2, 1, 16, 4)),      # destinations overlapping their own sources
+    ((4, 3, 2, 2, 5, 2), (4, 11, 2, 2, 13, 2)),        # both, odd sizes
+])
+def test_relayout_equals_copying_into_a_new_layout(old, new):
+    store = torch.randn(math.prod(new) + 7)
+    before = store[:math.prod(old)].view(old).clone()
+    relayout(store, old, new)
+    moved = store[:math.prod(new)].view(new)
+    assert torch.equal(moved[:, :old[1], :, :, :old[4]], before)
+
+
+def test_an_idle_cache_lays_a_fresh_layout_over_its_store():
     slots = cache()
     slots.ensure(3, 500)
-    before, kept = slots.tensor.data_ptr(), shape(slots)
+    before = slots.tensor.data_ptr()
     slots.idle()
     assert slots.num_slots == 0 and slots.capacity == 0 and slots.num_bytes == slots.tensor.numel() * 4
-    assert slots.layout_after(1, 400) == kept      # what admission charges: the kept tensor
-    slots.ensure(1, 400)
-    assert slots.tensor.data_ptr() == before and (slots.num_slots, slots.capacity) == kept
+    fresh = cache()
+    fresh.ensure(1, 100)
+    assert slots.layout_after(1, 100) == shape(fresh)   # what admission charges: a fresh layout
+    slots.ensure(1, 100)
+    assert slots.tensor.data_ptr() == before and shape(slots) == shape(fresh)
 
 
-def test_an_idle_cache_too_small_for_the_next_request_is_replaced_by_a_fresh_layout():
+def test_an_idle_cache_too_small_for_the_next_request_gets_a_new_zeroed_store():
     slots = cache()
     slots.ensure(8, 256)
+    fill(slots, 256)
     slots.idle()
     fresh = cache()
     fresh.ensure(1, 1024)
@@ -55,8 +96,9 @@ def test_an_idle_cache_too_small_for_the_next_request_is_replaced_by_a_fresh_lay
     assert shape(slots) == shape(fresh) and not slots.tensor.any()   # new, zeros: nothing copied
 
 
-def test_an_idle_cache_beyond_a_smaller_budget_is_not_kept():
+def test_layouts_stay_within_a_smaller_budget():
     slots = cache(budget_tokens=8 * 1024)
+    slots.reserve(8 * 1024)
     slots.ensure(8, 1024)                          # 8 x 1024 tokens: the whole budget
     slots.idle()
     num_slots, capacity = slots.layout_after(1, 256, budget_tokens=2048)
@@ -65,18 +107,43 @@ def test_an_idle_cache_beyond_a_smaller_budget_is_not_kept():
     assert shape(slots)[0] * shape(slots)[1] <= 2048
 
 
+def test_reserve_allocates_the_rows_asked_once():
+    slots = cache()
+    slots.reserve(4096)
+    assert slots.num_store_tokens == 4096 and slots.num_bytes == 4096 * TOKEN_ELEMENTS * 4
+    before = slots._store.data_ptr()
+    slots.reserve(1024)                            # holds them already
+    assert slots._store.data_ptr() == before and slots.num_slots == 0
+
+
+def test_reserve_while_running_keeps_the_running_slots():
+    slots = cache()
+    slots.ensure(2, 100)
+    kvs = fill(slots, 100)
+    slots.reserve(8192)
+    assert slots.num_store_tokens == 8192
+    assert all(torch.equal(slots.read(i, 100), kv) for i, kv in enumerate(kvs))
+
+
+def test_trim_gives_pages_back_and_keeps_the_running_layout():
+    big = dataclasses.replace(CONFIG, num_heads=8, num_kv_heads=8, head_dim=64)   # 8 KiB a token row
+    slots = cache(budget_tokens=16 * 1024, config=big)
+    slots.reserve(16 * 1024)                       # 128 MiB
+    slots.ensure(2, 512)
+    kv = torch.randn(2, 2, 8, 512, 64)
+    slots.write(1, kv)
+    full = slots.num_bytes
+    slots.trim(0)                                  # keep only what runs
+    assert slots.num_bytes == slots.tensor.numel() * 4 < full
+    assert torch.equal(slots.read(1, 512), kv)
+    tail = slots._store[slots.tensor.numel() + 4096:]
+    assert not tail.any()                          # released pages read as zeros
+    slots.trim(16 * 1024)                          # asking to keep more than is held: nothing
+    assert slots.num_bytes == slots.tensor.numel() * 4
+
+
 def test_release_frees_it():
     slots = cache()
     slots.ensure(1, 10)
     slots.release()
-    assert slots.tensor is None and slots.num_bytes == 0
-
-
-def test_an_idle_cache_with_longer_rows_than_a_fresh_one_is_not_kept():
-    slots = cache()
-    slots.ensure(1, 1000)                          # one long request: rows of 1024 tokens
-    slots.idle()
-    fresh = cache()
-    fresh.ensure(1, 100)
-    # kept, 1024-token rows would cap how many short requests could join later
-    assert slots.layout_after(1, 100) == shape(fresh) != (slots.tensor.shape[1], slots.tensor.shape[4])
+    assert slots.tensor is None and slots.num_bytes == 0 and slots.num_store_tokens == 0
