@@ -59,6 +59,7 @@ class DecodeWork:
 
     # -- Work ------------------------------------------------------------------------------
     def prepare(self) -> str:
+        self.engine.reserve_kv_memory()   # before READY: no request waits for the KV memory to fault in
         if self.always_local:
             return ""
         if self.settings.kv_compile and self.settings.kv_quant != "raw":

@@ -75,7 +75,7 @@ def _engine_values(settings: dict, args: argparse.Namespace, role: str) -> dict:
         values["max_batch_tokens"] = prefill["max_batch_tokens"]
     if "max_wait_ms" in prefill:
         values["prefill_max_wait_s"] = float(prefill["max_wait_ms"]) / 1000
-    for key in ("num_kv_blocks", "max_num_seqs", "prefill_chunk_tokens"):
+    for key in ("num_kv_blocks", "max_num_seqs", "prefill_chunk_tokens", "preallocate_kv"):
         if key in decode and role != "prefill":
             values[key] = decode[key]
     if getattr(args, "dtype", None):

@@ -31,6 +31,9 @@ Decode side (a `pdbus decode` node):
     cached_session_tokens(session_id) -> int   tokens of a finished session's KV still held.
     drop_session(session_id) -> bool
     kv_usage() -> KvUsage
+    reserve_kv_memory() -> None            called once at node start: allocate the KV budget's
+                                            memory now (`preallocate_kv`), not inside a request.
+                                            Default: nothing (engines that allocate at construction).
     copies_imported_kv: bool               True when add_request has copied `request.kv` by the
                                             time it returns (the caller may reuse that memory);
                                             False (the default) when the engine reads it later.
@@ -186,6 +189,7 @@ class EngineConfig:
     prefill_max_wait_s: float = 0.005
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     keep_sessions: bool = True       # keep finished sessions' KV (LRU within the budget)
+    preallocate_kv: bool = True      # decode side: allocate the KV budget's memory at node start
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> EngineConfig:
@@ -279,6 +283,10 @@ class Engine(ABC):
 
     @abstractmethod
     def kv_usage(self) -> KvUsage: ...
+
+    def reserve_kv_memory(self) -> None:
+        """Allocate the decode side's KV memory now (see the module docstring). Default: nothing."""
+        return None
 
     def close(self) -> None:
         """Release resources (threads, device memory). Default: nothing to do."""

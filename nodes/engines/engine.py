@@ -212,7 +212,8 @@ class LlamaEngine(Engine):
 
     def _retire(self, seq: Sequence, *, keep_session: bool) -> None:
         self.blocks.free(seq.request_id)
-        if keep_session and seq.session_id and self.config.keep_sessions:
+        kept = bool(keep_session and seq.session_id and self.config.keep_sessions)
+        if kept:
             kv = self.slots.read(seq.slot, seq.num_computed_tokens)
             self.planner.keep_session(CachedSession(seq.session_id, tuple(seq.token_ids[:seq.num_computed_tokens]), kv))
         last = self.running.pop()
@@ -221,10 +222,18 @@ class LlamaEngine(Engine):
             last.slot = seq.slot
             self.running[seq.slot] = last
         if not self.running:
-            self.slots.idle()   # kept for the next request: a new one faults in slowly (kv_slots.py)
+            self.slots.idle()   # its store stays for the next request: new memory faults in slowly (kv_slots.py)
+        if kept:   # the session's memory comes out of the slots' store (the budget bounds both)
+            self.slots.trim(self.planner.slot_budget_tokens())
 
     def has_unfinished(self) -> bool:
         return bool(self.running or self._pending_events)
+
+    def reserve_kv_memory(self) -> None:
+        """The slot store for the whole budget, faulted in now (`preallocate_kv`): no request then
+        waits for memory, neither the first one nor the one that grows the batch (kv_slots.py)."""
+        if self.config.preallocate_kv:
+            self.slots.reserve(self.planner.slot_budget_tokens())
 
     # ---- sessions and usage --------------------------------------------------------------------
     def cached_session_tokens(self, session_id: str) -> int:

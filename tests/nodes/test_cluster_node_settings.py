@@ -21,6 +21,7 @@ max_wait_ms = 20
 [decode]
 num_kv_blocks = 64
 max_num_seqs = 4
+preallocate_kv = false
 [kv]
 quant = "int8"
 data_bind = "tcp://127.0.0.1:0"
@@ -37,6 +38,7 @@ def test_sections_feed_the_engine_config_by_role(tmp_path):
     assert (decode.broker, decode.model, decode.kv_quant, decode.local_suffix_tokens) == (
         "tcp://127.0.0.1:7000", "tiny", "int8", 32)
     assert (config.num_kv_blocks, config.max_num_seqs, config.prefill_max_wait_s) == (64, 4, 0.02)
+    assert config.preallocate_kv is False
     prefill = node_settings(no_args(config=str(path)), "prefill").engine_config()
     assert prefill.max_batch_tokens == 512 and prefill.num_kv_blocks != 64
 

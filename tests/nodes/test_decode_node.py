@@ -261,3 +261,15 @@ def test_a_kv_shape_the_model_does_not_have_gets_no_buffer(kv_thread):
     transfer_id = endpoint.of("partial", "r1")[0]["transfer_id"]
     assert work._allocate(transfer_id, "r1", KVInfo((1, 2, 1, len(PROMPT), 4), "float32")) is None
     assert work.buffers.num_taken == 0
+
+
+def test_prepare_reserves_the_kv_memory_before_any_request_and_a_quiet_node_keeps_it(kv_thread):
+    work, _, _ = make_work(kv_thread, always_local=True)
+    slots = work.engine.slots
+    assert slots.num_bytes == 0
+    work.prepare()                                         # what run_node calls before READY
+    config = work.engine.config
+    assert slots.num_store_tokens == config.num_kv_blocks * config.block_size
+    assert work.capacity()["kv_mib_slots"] == pytest.approx(slots.num_bytes / 2**20, abs=0.1)
+    work.on_idle()
+    assert slots.num_store_tokens == config.num_kv_blocks * config.block_size   # the reserve is not a cache

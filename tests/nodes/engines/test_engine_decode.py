@@ -162,3 +162,50 @@ def test_after_a_long_request_a_burst_of_short_ones_is_admitted_as_on_a_fresh_en
     used = make_engine(tiny_model, num_kv_blocks=64, block_size=16)
     generate(used, encode(tiny_model, PROMPTS[0]), SamplingParams(temperature=0, max_tokens=600, ignore_eos=True))
     assert admitted(used) == admitted(make_engine(tiny_model, num_kv_blocks=64, block_size=16))
+
+
+def test_a_reserved_store_grows_the_running_batch_in_place_and_changes_no_token(tiny_model):
+    """Requests join mid-run past 8 slots and with longer rows: the cache is relaid within the store
+    reserved at start (nothing allocated), and every request gets its solo tokens."""
+    prompts = [encode(tiny_model, PROMPTS[i % 3]) for i in range(10)] + [encode(tiny_model, PROMPTS[3])]
+    params = [SamplingParams(temperature=0, max_tokens=6 + i, ignore_eos=True) for i in range(10)]
+    params.append(SamplingParams(temperature=0, max_tokens=400, ignore_eos=True))   # rows of 512+ tokens
+    solo = [generate(make_engine(tiny_model), p, s) for p, s in zip(prompts, params, strict=True)]
+    engine = make_engine(tiny_model)
+    engine.reserve_kv_memory()
+    store = engine.slots._store.data_ptr()
+    assert engine.slots.num_store_tokens == engine.config.num_kv_blocks * engine.config.block_size
+    arrivals = {0: range(0, 7), 2: range(7, 10), 4: [10]}   # 7 slots, then 10 (grows), then longer rows
+    events: dict[str, list] = {}
+    shapes = set()
+    for step in range(1000):
+        for i in arrivals.get(step, []):
+            assert engine.add_request(DecodeRequest(str(i), prompts[i], params[i])).ok
+        for event in engine.step():
+            events.setdefault(event.request_id, []).append(event)
+        shapes.add(tuple(engine.slots.tensor.shape))
+        assert engine.slots.tensor.data_ptr() == store
+        if step > 4 and not engine.has_unfinished():
+            break
+    assert len(shapes) >= 3                      # it did grow twice: slots, then capacity
+    assert [tokens_of(events[str(i)]) for i in range(11)] == solo
+
+
+def test_without_preallocation_reserving_allocates_nothing(tiny_model):
+    engine = make_engine(tiny_model, preallocate_kv=False)
+    engine.reserve_kv_memory()
+    assert engine.slots.num_bytes == 0 and engine.kv_usage().num_slot_cache_bytes == 0
+
+
+def test_a_kept_session_takes_its_memory_out_of_the_reserved_store(tiny_model):
+    engine = make_engine(tiny_model, num_kv_blocks=256, block_size=16)   # 4096 tokens, 2 MiB
+    engine.reserve_kv_memory()
+    budget_bytes = engine.slots.num_bytes
+    prompt = encode(tiny_model, PROMPTS[3])
+    sampling = SamplingParams(temperature=0, max_tokens=1500, ignore_eos=True)
+    assert engine.add_request(DecodeRequest("s", prompt, sampling, session_id="chat")).ok
+    drain(engine)
+    session = engine.sessions.get("chat")
+    session_bytes = session.payload.numel() * session.payload.element_size()
+    assert engine.slots.num_bytes + session_bytes <= budget_bytes + 4096   # within a page of the budget
+    assert engine.slots.num_bytes < budget_bytes
