@@ -14,7 +14,7 @@ BENCH    := flock /tmp/pdbus-bench.lock $(PY)
 .PHONY: help install test test-no-amx test-all lint demo broker node prefill decode cluster colocated \
         gateway client model model-info \
         install-vllm test-vllm \
-        bench-bus bench-scheduler bench-kv bench-kv-quality bench-engine bench-gateway bench bench-quick chaos clean
+        bench-bus bench-scheduler bench-kv bench-kv-quality bench-engine bench-kv-memory bench-gateway bench bench-quick chaos clean
 
 help:            ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -105,6 +105,9 @@ bench-kv-quality: install ## quality of each KV quantization mode on the real mo
 
 bench-engine: install ## engine prefill/decode speed beside transformers and rooflines
 	$(BENCH) -m harness.bench.engine
+
+bench-kv-memory: install ## decode KV memory reserved at node start vs on demand: what requests wait (~1 min)
+	$(BENCH) -m harness.bench.kv_memory
 
 bench-scheduler: install ## hash-ring balance and sessions moved on join/leave, through the real policy (~3 s)
 	$(PY) -m scheduler.simulation
