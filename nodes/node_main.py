@@ -2,7 +2,7 @@
 `pdbus node --role both`: settings -> engine -> `run_node` with the role's works.
 
 Contract: `serve_role(args, role) -> int` (exit code; 2 with one line on stderr when the model or
-the settings are unusable).
+the settings are unusable, the KV budget included: a decode side reserves its memory here).
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ def serve_role(args: argparse.Namespace, role: str) -> int:
     settings = node_settings(args, role)
     try:
         engine = build_engine(settings)
+        if role != "prefill":
+            engine.reserve_kv_memory()   # here, to fail with one line (DecodeWork.prepare() finds it done)
     except (ModelLoadError, VllmUnavailable, ValueError) as exc:
         print(f"pdbus {role}: {exc}", file=sys.stderr)
         return 2

@@ -2,7 +2,7 @@
 
 Contract:
 - `BlockManager(num_blocks, block_size)` hands out block ids to owners (a request id or a session
-  key) from a free deque. `allocate`/`resize` raise `KvBudgetExceeded` instead of over-committing;
+  key), never-used ids first, then given-back ones in order. `allocate`/`resize` raise `KvBudgetExceeded` instead of over-committing;
   `free` is idempotent. `num_free_blocks + sum(blocks held) == num_blocks` always (asserted).
 - `SessionCache` remembers finished sessions in least-recently-used order: the token ids their KV
   covers, an opaque payload (the engine's KV tensor) and how many blocks they hold. The engine
@@ -30,12 +30,22 @@ class BlockManager:
             raise ValueError(f"need num_blocks >= 1 and block_size >= 1, got {num_blocks}, {block_size}")
         self.num_blocks = num_blocks
         self.block_size = block_size
-        self._free: deque[int] = deque(range(num_blocks))
+        # Never-used ids are handed out first, in order, then given-back ones in the order they came
+        # back: the sequence a deque of every id would give, without building one (a budget of
+        # millions of blocks is a configuration, not a reason to take seconds at start).
+        self._num_unused = num_blocks
+        self._free: deque[int] = deque()
         self._owned: dict[str, list[int]] = {}
 
     @property
     def num_free_blocks(self) -> int:
-        return len(self._free)
+        return self._num_unused + len(self._free)
+
+    def _take(self) -> int:
+        if self._num_unused:
+            self._num_unused -= 1
+            return self.num_blocks - self._num_unused - 1
+        return self._free.popleft()
 
     def num_blocks_for(self, num_tokens: int) -> int:
         return num_blocks_for(num_tokens, self.block_size)
@@ -50,7 +60,7 @@ class BlockManager:
         return list(self._owned)
 
     def can_allocate(self, num_blocks: int) -> bool:
-        return num_blocks <= len(self._free)
+        return num_blocks <= self.num_free_blocks
 
     def allocate(self, owner: str, num_tokens: int) -> list[int]:
         """Give `owner` (which must hold nothing) enough blocks for `num_tokens` tokens."""
@@ -64,12 +74,12 @@ class BlockManager:
         blocks = self._owned.setdefault(owner, [])
         wanted = self.num_blocks_for(num_tokens)
         extra = wanted - len(blocks)
-        if extra > len(self._free):
+        if extra > self.num_free_blocks:
             if not blocks:
                 del self._owned[owner]
-            raise KvBudgetExceeded(f"{owner} needs {extra} more blocks, {len(self._free)} free")
+            raise KvBudgetExceeded(f"{owner} needs {extra} more blocks, {self.num_free_blocks} free")
         for _ in range(extra):
-            blocks.append(self._free.popleft())
+            blocks.append(self._take())
         while len(blocks) > wanted:
             self._free.append(blocks.pop())
         self._check()
@@ -83,7 +93,7 @@ class BlockManager:
         return len(blocks)
 
     def _check(self) -> None:
-        assert len(self._free) + sum(map(len, self._owned.values())) == self.num_blocks
+        assert self.num_free_blocks + sum(map(len, self._owned.values())) == self.num_blocks
 
 
 @dataclass(slots=True)

@@ -14,6 +14,7 @@ from collections.abc import Sequence as Seq
 
 import torch
 
+from nodes.engines import hugepages
 from nodes.engines.admission import AdmissionPlanner
 from nodes.engines.base import (
     Admission,
@@ -35,7 +36,13 @@ from nodes.engines.prefill import ChunkedPrefill, run_prefill
 from nodes.engines.sampling import new_generator, sample
 from nodes.engines.scheduler import ScheduledChunk, Sequence, schedule
 
-__all__ = ["DTYPES", "EngineStats", "LlamaEngine", "resolve_dtype"]
+__all__ = ["DTYPES", "EngineStats", "KVMemoryError", "LlamaEngine", "resolve_dtype"]
+
+MAX_MEMORY_SHARE = 0.9   # of MemAvailable a KV reservation may take: the other processes need some
+
+
+class KVMemoryError(ValueError):
+    """The configured KV budget cannot be reserved in this machine's memory."""
 
 
 class LlamaEngine(Engine):
@@ -231,9 +238,21 @@ class LlamaEngine(Engine):
 
     def reserve_kv_memory(self) -> None:
         """The slot store for the whole budget, faulted in now (`preallocate_kv`): no request then
-        waits for memory, neither the first one nor the one that grows the batch (kv_slots.py)."""
-        if self.config.preallocate_kv:
-            self.slots.reserve(self.planner.slot_budget_tokens())
+        waits for memory, neither the first one nor the one that grows the batch (kv_slots.py).
+        Raises KVMemoryError, before touching any of it, when the budget exceeds the memory
+        available (faulting it in would end in the kernel's OOM killer, not in an error)."""
+        if not self.config.preallocate_kv:
+            return
+        num_tokens = self.planner.slot_budget_tokens()
+        num_bytes = self.slots.num_bytes_for(num_tokens) - self.slots.num_bytes
+        available = hugepages.available_bytes() if self.device.type == "cpu" else None
+        if available is not None and num_bytes > MAX_MEMORY_SHARE * available:
+            c = self.config
+            raise KVMemoryError(
+                f"the KV budget ([decode] num_kv_blocks = {c.num_kv_blocks} x block_size {c.block_size} tokens) "
+                f"needs {num_bytes / 2**30:.2f} GiB, but only {available / 2**30:.2f} GiB of memory is available: "
+                "lower num_kv_blocks, or set [decode] preallocate_kv = false to allocate it on demand")
+        self.slots.reserve(num_tokens)
 
     # ---- sessions and usage --------------------------------------------------------------------
     def cached_session_tokens(self, session_id: str) -> int:

@@ -5,7 +5,7 @@ at least `MIN_BYTES` is advised MADV_HUGEPAGE before anything touches it, so its
 2 MiB pages when the system's THP mode is `madvise` (the default on many distributions, and on
 these machines) or `always`. `Arena(shapes, dtype)` hands out consecutive views of one such
 allocation, for tensors each too small to fill a huge page. `release(tensor)` gives the pages under
-a tensor back to the kernel (they read as zeros afterwards). Nothing here fails: where the advice
+a tensor back to the kernel (they read as zeros afterwards); `available_bytes()` is MemAvailable. Nothing here fails: where the advice
 is not available or refused, the memory is ordinary pages.
 
 Why: a bf16 decode step streams the KV cache (377 MB at batch 32, context 512) and the weights
@@ -61,6 +61,19 @@ def release(tensor: torch.Tensor) -> bool:
     start = -(-tensor.data_ptr() // _PAGE) * _PAGE
     end = (tensor.data_ptr() + num_bytes) // _PAGE * _PAGE
     return end > start and _LIBC.madvise(start, end - start, _MADV_DONTNEED) == 0
+
+
+def available_bytes() -> int | None:
+    """The kernel's estimate of memory available to a new allocation (MemAvailable), None where it
+    cannot be read (not Linux)."""
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
 
 
 def empty(shape: tuple[int, ...], dtype: torch.dtype) -> torch.Tensor:

@@ -84,6 +84,10 @@ class SlotCache:
     def num_bytes(self) -> int:
         return self._num_resident * self._element_size()
 
+    def num_bytes_for(self, num_tokens: int) -> int:
+        """What a store of `num_tokens` token rows takes."""
+        return num_tokens * self._token_elements() * self._element_size()
+
     @property
     def num_store_tokens(self) -> int:
         """Token rows the store holds without allocating (0 without one)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
@@ -25,3 +26,12 @@ def test_broker_command_does_not_import_torch():
     code = "import sys; from nodes.cli import build_parser; build_parser('broker'); print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_decode_node_whose_kv_budget_exceeds_the_memory_exits_2_with_one_line():
+    env = {**os.environ, "PDBUS__DECODE__NUM_KV_BLOCKS": str(10**12)}   # petabytes of KV
+    done = subprocess.run([sys.executable, "-m", "nodes.cli", "decode", "--model", "tiny",
+                           "--broker", "tcp://127.0.0.1:9"], capture_output=True, text=True, env=env, timeout=120)
+    assert done.returncode == 2
+    (line,) = done.stderr.strip().splitlines()
+    assert line.startswith("pdbus decode: the KV budget") and "preallocate_kv = false" in line

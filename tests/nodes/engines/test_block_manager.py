@@ -74,3 +74,17 @@ def test_common_prefix_len():
     assert common_prefix_len((1, 2, 3), [1, 2, 4]) == 2
     assert common_prefix_len((1, 2), (1, 2, 3)) == 2
     assert common_prefix_len((), (1,)) == 0
+
+
+def test_ids_come_never_used_first_then_in_the_order_they_came_back():
+    blocks = BlockManager(num_blocks=6, block_size=1)
+    assert blocks.allocate("a", 2) == [0, 1] and blocks.allocate("b", 2) == [2, 3]
+    blocks.free("b")
+    blocks.free("a")
+    assert blocks.allocate("c", 6) == [4, 5, 2, 3, 0, 1]   # what one deque of every id gave
+    assert blocks.num_free_blocks == 0
+
+
+def test_a_budget_of_a_trillion_blocks_costs_nothing_to_set_up():
+    blocks = BlockManager(num_blocks=10**12, block_size=16)
+    assert blocks.num_free_blocks == 10**12 and blocks.allocate("a", 40) == [0, 1, 2]

@@ -209,3 +209,16 @@ def test_a_kept_session_takes_its_memory_out_of_the_reserved_store(tiny_model):
     session_bytes = session.payload.numel() * session.payload.element_size()
     assert engine.slots.num_bytes + session_bytes <= budget_bytes + 4096   # within a page of the budget
     assert engine.slots.num_bytes < budget_bytes
+
+
+def test_a_kv_budget_beyond_the_memory_available_is_a_clear_error_before_any_of_it_is_touched(
+        tiny_model, monkeypatch):
+    from nodes.engines import hugepages
+    from nodes.engines.engine import KVMemoryError
+    monkeypatch.setattr(hugepages, "available_bytes", lambda: 1 << 20)   # 1 MiB left
+    engine = make_engine(tiny_model)
+    with pytest.raises(KVMemoryError, match=r"num_kv_blocks = 2048 .* preallocate_kv = false"):
+        engine.reserve_kv_memory()
+    assert engine.slots.num_bytes == 0
+    assert generate(engine, encode(tiny_model, PROMPTS[0]))        # still serves, on demand
+    make_engine(tiny_model, preallocate_kv=False).reserve_kv_memory()   # nothing asked, nothing refused
