@@ -121,16 +121,22 @@ class AdmissionPlanner:
         return self._sessions.take(session_id)
 
     def drop_session(self, session_id: str) -> bool:
-        return self.take_session(session_id) is not None
+        session = self.take_session(session_id)
+        if session is not None:
+            self._slots.forget(session)
+        return session is not None
 
-    def keep_session(self, session: CachedSession) -> None:
-        """Cache a finished session's KV, evicting older sessions if the budget requires it."""
+    def keep_session(self, session: CachedSession) -> bool:
+        """Account a finished session (its payload is the caller's to fill), evicting older
+        sessions if the budget requires it; False when it cannot be kept at all."""
         self.drop_session(session.session_id)
         needed = self._blocks.num_blocks_for(len(session.token_ids))
         for victim in self._sessions.lru_order():
             if self._blocks.can_allocate(needed):
                 break
             self.drop_session(victim)
-        if self._blocks.can_allocate(needed):
-            self._blocks.allocate(self.session_owner(session.session_id), len(session.token_ids))
-            self._sessions.put(session)
+        if not self._blocks.can_allocate(needed):
+            return False
+        self._blocks.allocate(self.session_owner(session.session_id), len(session.token_ids))
+        self._sessions.put(session)
+        return True

@@ -103,6 +103,8 @@ class LlamaEngine(Engine):
         seq.slot = len(self.running)
         self.running.append(seq)
         self._load_kv(seq, request, reused, plan.num_reused_tokens)
+        if reused is not None:   # copied into its slot (or superseded): its room in the tail is free
+            self.slots.forget(reused)
         return plan.admission
 
     def _new_sequence(self, request: DecodeRequest, num_reserved: int) -> Sequence:
@@ -219,10 +221,10 @@ class LlamaEngine(Engine):
 
     def _retire(self, seq: Sequence, *, keep_session: bool) -> None:
         self.blocks.free(seq.request_id)
-        kept = bool(keep_session and seq.session_id and self.config.keep_sessions)
-        if kept:
-            kv = self.slots.read(seq.slot, seq.num_computed_tokens)
-            self.planner.keep_session(CachedSession(seq.session_id, tuple(seq.token_ids[:seq.num_computed_tokens]), kv))
+        if keep_session and seq.session_id and self.config.keep_sessions:
+            session = CachedSession(seq.session_id, tuple(seq.token_ids[:seq.num_computed_tokens]), None)
+            if self.planner.keep_session(session):   # its KV goes to the store's tail (kv_slots.keep)
+                self.slots.keep(session, seq.slot, seq.num_computed_tokens)
         last = self.running.pop()
         if last is not seq:   # keep slots dense: the last request moves into the freed slot
             self.slots.move(last.slot, seq.slot, last.num_computed_tokens)
@@ -230,8 +232,6 @@ class LlamaEngine(Engine):
             self.running[seq.slot] = last
         if not self.running:
             self.slots.idle()   # its store stays for the next request: new memory faults in slowly (kv_slots.py)
-        if kept:   # the session's memory comes out of the slots' store (the budget bounds both)
-            self.slots.trim(self.planner.slot_budget_tokens())
 
     def has_unfinished(self) -> bool:
         return bool(self.running or self._pending_events)

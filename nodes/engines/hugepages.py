@@ -4,8 +4,8 @@ Contract: `empty(shape, dtype)` is `torch.empty` on the CPU, except that on Linu
 at least `MIN_BYTES` is advised MADV_HUGEPAGE before anything touches it, so its pages fault in as
 2 MiB pages when the system's THP mode is `madvise` (the default on many distributions, and on
 these machines) or `always`. `Arena(shapes, dtype)` hands out consecutive views of one such
-allocation, for tensors each too small to fill a huge page. `release(tensor)` gives the pages under
-a tensor back to the kernel (they read as zeros afterwards); `available_bytes()` is MemAvailable. Nothing here fails: where the advice
+allocation, for tensors each too small to fill a huge page. `available_bytes()` is the kernel's
+MemAvailable. Nothing here fails: where the advice
 is not available or refused, the memory is ordinary pages.
 
 Why: a bf16 decode step streams the KV cache (377 MB at batch 32, context 512) and the weights
@@ -25,7 +25,6 @@ import torch
 MIN_BYTES = 4 << 20          # below this, at most one huge page could be had: not worth asking
 _PAGE = 4096
 _MADV_HUGEPAGE = 14          # linux/mman.h
-_MADV_DONTNEED = 4
 
 
 def _libc():
@@ -50,17 +49,6 @@ def advise(tensor: torch.Tensor) -> bool:
     start = -(-tensor.data_ptr() // _PAGE) * _PAGE
     end = (tensor.data_ptr() + num_bytes) // _PAGE * _PAGE
     return end > start and _LIBC.madvise(start, end - start, _MADV_HUGEPAGE) == 0
-
-
-def release(tensor: torch.Tensor) -> bool:
-    """Give the whole 4 KiB pages inside `tensor`'s memory back to the kernel (MADV_DONTNEED): the
-    addresses stay valid and read as zeros until touched again. True if done."""
-    num_bytes = tensor.numel() * tensor.element_size()
-    if _LIBC is None or tensor.device.type != "cpu" or not tensor.is_contiguous():
-        return False
-    start = -(-tensor.data_ptr() // _PAGE) * _PAGE
-    end = (tensor.data_ptr() + num_bytes) // _PAGE * _PAGE
-    return end > start and _LIBC.madvise(start, end - start, _MADV_DONTNEED) == 0
 
 
 def available_bytes() -> int | None:

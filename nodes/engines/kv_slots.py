@@ -1,38 +1,44 @@
-"""The decode side's KV storage: one tensor of per-request slots, in one store that only grows.
+"""The decode side's KV storage: one tensor of per-request slots, in one store that only grows,
+with the cached sessions' KV in the store's tail.
 
 Contract: `SlotCache` holds `[layers, slots, 2, kv_heads, capacity, head_dim]`. Running requests
 occupy slots 0..n-1 (the engine keeps them dense by moving the last one into a freed slot), so one
 batched attention call covers every decode token with no gathering. `layout_after(slots, tokens)`
 says, without allocating, what shape the cache would grow to (the engine charges that padded size
 against the KV budget at admission, so growth never runs out of memory); `ensure` gives it that
-shape, keeping what the running slots hold. The tensor is a view of a flat store: a layout that
-fits the store takes it in place (a growing one moves its rows within the store, no allocation),
-a larger one allocates a new store (copying). `reserve(tokens)` allocates and faults in a store of
-that many token rows now; `trim(tokens)` gives the pages beyond them (and beyond the running
-layout) back to the kernel, keeping the store's addresses. `idle()` says nothing runs any more:
-`num_slots` / `capacity` read 0 and the next `ensure` lays a fresh layout over the store, its old
-contents no longer mattering. `release` frees the store. `num_bytes` is what the store holds in
-memory. `write`/`read`/`move` copy whole prefixes in the export layout
+shape, keeping what the running slots hold. The tensor is a view of the start of a flat store: a
+layout that fits the store takes it in place (a growing one moves its rows within the store, no
+allocation), a larger one allocates a new store (copying). `reserve(tokens)` allocates and faults
+in a store of that many token rows now. `keep(owner, slot, tokens)` copies a finished request's
+KV to the store's tail and points `owner.payload` at it (session_tail.py; a tensor of its own
+where the tail has no room), `forget(owner)` frees that room; a layout growing into the tail
+first packs the sessions against the end (their payloads follow). `idle()` says nothing runs
+any more: `num_slots` / `capacity` read 0 and the next `ensure` lays a fresh layout over the
+store, its old contents no longer mattering. `release` frees the store. `num_bytes` is what the
+store takes. `write`/`read`/`move` copy whole prefixes in the export layout
 [layers, 2, kv_heads, tokens, head_dim].
 
 Why a store faulted in ahead: a new cache is faulted in on huge pages (hugepages.py), which this VM
 compacts at ~3 ms a 2 MiB page. Allocated on demand, the first request at a fresh decode node
 waited ~240 ms in `add_request` (8 slots x 768 tokens of bf16, 135 MiB), and the 9th running
 request ~800 ms while the cache grew to 16 slots, stalling every running stream that long (ad-hoc
-timing of the real model). Grown in place within a reserved store it is a copy of the rows
-(tests/nodes/engines/test_kv_slots.py asserts no allocation). Stale contents are harmless: every
-element ever written is a finite KV value or zero, and masked-out keys only ever meet 0 weights
-(0 * finite = 0; a NaN would not vanish, hence zeros, not `empty`, at allocation).
+timing of the real model; `make bench-kv-memory` measures it). Grown in place within a reserved
+store it is a copy of the rows (tests/nodes/engines/test_kv_slots.py asserts no allocation).
+Stale contents are harmless: every element ever written is a finite KV value or zero, and
+masked-out keys only ever meet 0 weights (0 * finite = 0; a NaN would not vanish, hence zeros, not
+`empty`, at allocation).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 
 from nodes.engines import hugepages
 from nodes.engines.model_config import LlamaConfig
+from nodes.engines.session_tail import SessionTail
 
 SLOT_GROWTH = 8          # grow by this many slots: few reallocations, little padding
 CAPACITY_GROWTH = 256    # and capacity by this many tokens
@@ -69,7 +75,8 @@ class SlotCache:
         self.budget_tokens = budget_tokens
         self.tensor: torch.Tensor | None = None
         self._store: torch.Tensor | None = None
-        self._num_resident = 0          # elements of the store backed by memory (after trims)
+        self._num_resident = 0          # elements of the store backed by memory
+        self.sessions = SessionTail()   # cached sessions' KV in the store's tail
         self._idle = False
 
     @property
@@ -113,8 +120,10 @@ class SlotCache:
         need = math.prod(shape)
         if self._store is None or self._store.numel() < need:
             self._replace_store(need, shape)
-        elif running is not None:
-            relayout(self._store, running, shape)
+        else:
+            self.sessions.make_room(self._store, need)
+            if running is not None:
+                relayout(self._store, running, shape)
         self.tensor = self._store[:need].view(shape)
         self._num_resident = max(self._num_resident, need)
         self._idle = False
@@ -125,18 +134,22 @@ class SlotCache:
         if self._store is None or self._store.numel() < need:
             self._replace_store(need, None if self.num_slots == 0 else tuple(self.tensor.shape))
 
-    def trim(self, num_tokens: int) -> None:
-        """Give back the store's pages beyond `num_tokens` token rows and the running layout (CPU:
-        the addresses stay, the pages refault as zeros when used again)."""
-        if self._store is None or self._device.type != "cpu":
-            return
-        keep = max(num_tokens * self._token_elements(), 0 if self.num_slots == 0 else self.tensor.numel())
-        if keep < self._num_resident and hugepages.release(self._store[keep:self._num_resident]):
-            self._num_resident = keep
+    def keep(self, owner: Any, slot: int, num_tokens: int) -> None:
+        """Point `owner.payload` at a copy of the slot's first `num_tokens` tokens: in the store's
+        tail when it has room there (session_tail.py), else a tensor of its own."""
+        source = self.view(slot)[:, :, :, :num_tokens]
+        front = 0 if self.num_slots == 0 else self.tensor.numel()
+        if self._store is None or not self.sessions.place(self._store, owner, source, front):
+            owner.payload = source.clone()
+
+    def forget(self, owner: Any) -> None:
+        """`owner`'s KV is no longer needed: its room in the tail is free."""
+        self.sessions.forget(owner)
 
     def _replace_store(self, num_elements: int, shape: tuple[int, ...] | None) -> None:
         """A new, zeroed store; what the running slots hold is copied into layout `shape` of it."""
         running = None if self.num_slots == 0 else self.tensor
+        self.sessions.evict_all()
         if running is None:   # nothing to carry over: let the old store go before the new one faults in
             self.tensor = self._store = None
         if self._device.type == "cpu":   # huge pages: the decode attention streams it faster
@@ -160,6 +173,7 @@ class SlotCache:
         self._idle = self.tensor is not None
 
     def release(self) -> None:
+        self.sessions.evict_all()
         self.tensor, self._store, self._num_resident, self._idle = None, None, 0, False
 
     def view(self, slot: int) -> torch.Tensor:

@@ -4,7 +4,6 @@ cache lays a fresh layout over its store; a trimmed store gives pages back and k
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import pytest
@@ -125,21 +124,59 @@ def test_reserve_while_running_keeps_the_running_slots():
     assert all(torch.equal(slots.read(i, 100), kv) for i, kv in enumerate(kvs))
 
 
-def test_trim_gives_pages_back_and_keeps_the_running_layout():
-    big = dataclasses.replace(CONFIG, num_heads=8, num_kv_heads=8, head_dim=64)   # 8 KiB a token row
-    slots = cache(budget_tokens=16 * 1024, config=big)
-    slots.reserve(16 * 1024)                       # 128 MiB
-    slots.ensure(2, 512)
-    kv = torch.randn(2, 2, 8, 512, 64)
-    slots.write(1, kv)
-    full = slots.num_bytes
-    slots.trim(0)                                  # keep only what runs
-    assert slots.num_bytes == slots.tensor.numel() * 4 < full
-    assert torch.equal(slots.read(1, 512), kv)
-    tail = slots._store[slots.tensor.numel() + 4096:]
-    assert not tail.any()                          # released pages read as zeros
-    slots.trim(16 * 1024)                          # asking to keep more than is held: nothing
-    assert slots.num_bytes == slots.tensor.numel() * 4
+class Owner:
+    payload = None
+
+
+def test_kept_sessions_live_in_the_store_tail_and_a_growing_layout_packs_them_away():
+    slots = cache()
+    slots.reserve(8192)
+    store = slots._store.data_ptr()
+    slots.ensure(2, 300)                           # 8 x 512 tokens: the store's first half
+    kvs = fill(slots, 300)
+    owners = [Owner(), Owner(), Owner()]
+    for owner, (slot, n) in zip(owners, [(0, 100), (1, 300), (0, 50)], strict=True):
+        slots.keep(owner, slot, n)
+    expected = [kvs[0][:, :, :, :100].clone(), kvs[1].clone(), kvs[0][:, :, :, :50].clone()]
+    assert all(o.payload.untyped_storage().data_ptr() == store for o in owners)   # no new memory
+    slots.forget(owners[1])                        # a hole in the middle of the tail
+    slots.idle()
+    slots.ensure(1, 7900)                          # a fresh layout reaching into the tail
+    front = slots.tensor.numel()
+    assert len(slots.sessions) == 2                # packed together above it, not pushed out
+    for owner, kv in ((owners[0], expected[0]), (owners[2], expected[2])):
+        assert torch.equal(owner.payload, kv)       # moved, still exact
+        assert owner.payload.data_ptr() >= slots._store.data_ptr() + front * 4
+
+
+def test_a_session_the_tail_cannot_hold_gets_its_own_tensor_and_a_layout_pushes_sessions_out():
+    slots = cache(budget_tokens=1024)
+    slots.reserve(1024)
+    slots.ensure(1, 600)                           # 1 x 768 tokens: most of the store
+    kv = fill(slots, 600)[0]
+    big, small = Owner(), Owner()
+    slots.keep(big, 0, 600)                        # no room left above the layout
+    assert big.payload.untyped_storage().data_ptr() != slots._store.data_ptr()
+    assert torch.equal(big.payload, kv)
+    slots.idle()
+    slots.ensure(1, 100, budget_tokens=256)        # 1 x 256
+    slots.write(0, kv[:, :, :, :100])
+    slots.keep(small, 0, 100)
+    assert small.payload.untyped_storage().data_ptr() == slots._store.data_ptr()
+    slots.idle()
+    slots.ensure(4, 256)                           # 4 x 256, the whole store: the session must move out
+    assert small.payload.untyped_storage().data_ptr() != slots._store.data_ptr()
+    assert torch.equal(small.payload, kv[:, :, :, :100]) and len(slots.sessions) == 0
+
+
+def test_without_a_reserved_store_sessions_are_tensors_of_their_own():
+    slots = cache()
+    slots.ensure(1, 100)
+    kv = fill(slots, 100)[0]
+    owner = Owner()
+    slots.keep(owner, 0, 100)
+    slots.ensure(9, 300)                           # a new, larger store: nothing dangles
+    assert torch.equal(owner.payload, kv) and len(slots.sessions) == 0
 
 
 def test_release_frees_it():
