@@ -75,7 +75,6 @@ class SlotCache:
         self.budget_tokens = budget_tokens
         self.tensor: torch.Tensor | None = None
         self._store: torch.Tensor | None = None
-        self._num_resident = 0          # elements of the store backed by memory
         self.sessions = SessionTail()   # cached sessions' KV in the store's tail
         self._idle = False
 
@@ -89,7 +88,7 @@ class SlotCache:
 
     @property
     def num_bytes(self) -> int:
-        return self._num_resident * self._element_size()
+        return 0 if self._store is None else self._store.numel() * self._element_size()
 
     def num_bytes_for(self, num_tokens: int) -> int:
         """What a store of `num_tokens` token rows takes."""
@@ -125,7 +124,6 @@ class SlotCache:
             if running is not None:
                 relayout(self._store, running, shape)
         self.tensor = self._store[:need].view(shape)
-        self._num_resident = max(self._num_resident, need)
         self._idle = False
 
     def reserve(self, num_tokens: int) -> None:
@@ -160,7 +158,7 @@ class SlotCache:
             view = store[:math.prod(shape)].view(shape)
             view[:, :running.shape[1], :, :, :running.shape[4]] = running
             self.tensor = view
-        self._store, self._num_resident = store, num_elements
+        self._store = store
 
     def _token_elements(self) -> int:
         c = self._config
@@ -174,7 +172,7 @@ class SlotCache:
 
     def release(self) -> None:
         self.sessions.evict_all()
-        self.tensor, self._store, self._num_resident, self._idle = None, None, 0, False
+        self.tensor, self._store, self._idle = None, None, False
 
     def view(self, slot: int) -> torch.Tensor:
         assert self.tensor is not None
