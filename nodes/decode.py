@@ -32,6 +32,8 @@ from nodes.kv_buffers import KVBufferPool
 from nodes.node_settings import NodeSettings
 from nodes.runtime import LoopThread
 
+IDLE_BUFFER_BYTES = 64 << 20   # a quiet node keeps one received-KV buffer up to this size (kv_buffers.py)
+
 
 class DecodeWork:
     def __init__(self, settings: NodeSettings, engine: Any, kv_thread: LoopThread, *, always_local: bool = False) -> None:
@@ -94,9 +96,10 @@ class DecodeWork:
         return True
 
     def on_idle(self) -> None:
-        """The node went quiet (nodes.heap trims next): hand the KV buffers kept for reuse back."""
+        """The node went quiet (nodes.heap trims next): hand the KV buffers kept for reuse back,
+        but for one the next request will likely want (kv_buffers.py)."""
         if self.buffers is not None:
-            self.buffers.drop_free()
+            self.buffers.drop_free(keep_bytes=IDLE_BUFFER_BYTES)
 
     def next_deadline(self) -> float | None:
         return min((j.expires_at for j in self.jobs.values() if not j.running), default=None)
@@ -111,6 +114,7 @@ class DecodeWork:
                 "kv_blocks_cached": usage.num_session_blocks, "block_size": usage.block_size,
                 "kv_mib_cached": round(usage.num_session_blocks * self._block_mib(usage.block_size), 1),
                 "kv_mib_slots": round(usage.num_slot_cache_bytes / 2**20, 1),
+                "kv_mib_buffers": round(self.buffers.num_free_bytes / 2**20, 1) if self.buffers else 0.0,
                 "max_running": self.engine.config.max_num_seqs, "num_running": len(self.engine.running) + num_waiting,
                 "full": int(self.num_blocks_wanted > 0)}
 

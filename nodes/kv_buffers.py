@@ -6,16 +6,19 @@ most twice its size, else a new one); `give(tensor)` hands it back once nothing 
 more. `give` of a tensor not taken here, or given back already, does nothing. At most `max_free`
 buffers wait for reuse (the oldest go first). Thread-safe: the KV thread takes and hands back
 failed receives, the node's thread hands back what the engine has copied.
-`drop_free()` lets go of every waiting buffer (the node calls it when it goes quiet, before it
-trims its heap: an idle node gives its memory back, a busy one keeps reusing it) and returns how
-many bytes that was. `num_free` / `num_taken` / `num_allocated` count buffers, for tests and logs.
+`drop_free(keep_bytes=0)` lets go of the waiting buffers but the last one given back, which it
+keeps if it is at most `keep_bytes` (the node calls it when it goes quiet, before it trims its
+heap: an idle node gives its memory back, but for the one buffer that the next request of a
+sequential client will want), and returns how many bytes it let go. `num_free_bytes` is what the
+waiting buffers take; `num_free` / `num_taken` / `num_allocated` count buffers, for tests and logs.
 
 Why: glibc serves allocations above its mmap threshold with fresh pages (a decode node sets that
 threshold to 4 MiB, nodes/heap.py; glibc's own default rises to at most 32 MiB), and writing into
 fresh pages runs at ~8 GB/s here against ~27 into reused ones (issue 3's measurement). The KV of
 a 1024-token prompt is 45 MiB in float32, 22.5 MiB in bf16: verifying and decoding an int8
 transfer of the float32 one took 30-31 ms into a new tensor and 3.5-3.7 ms into a reused one
-(`make bench-kv`'s "Destination" table measures both side by side).
+(`make bench-kv`'s "Destination" table measures both side by side). A node serving one request at
+a time goes quiet between any two, so dropping every buffer then made each request pay that.
 """
 
 from __future__ import annotations
@@ -66,10 +69,18 @@ class KVBufferPool:
             while len(self._free) > self.max_free:
                 self._free.popleft()
 
-    def drop_free(self) -> int:
+    @property
+    def num_free_bytes(self) -> int:
         with self._lock:
-            num_bytes = sum(b.numel() * b.element_size() for b in self._free)
-            self._free.clear()
+            return sum(b.numel() * b.element_size() for b in self._free)
+
+    def drop_free(self, keep_bytes: int = 0) -> int:
+        with self._lock:
+            last = self._free[-1] if self._free else None
+            kept = [last] if last is not None and last.numel() * last.element_size() <= keep_bytes else []
+            num_bytes = sum(b.numel() * b.element_size() for b in self._free) - sum(
+                b.numel() * b.element_size() for b in kept)
+            self._free = deque(kept)
         return num_bytes
 
     def _best_fit(self, need: int, dtype: torch.dtype) -> torch.Tensor | None:

@@ -10,7 +10,8 @@ Contract:
 - `kv_fault_audit(cluster)`: whether any flipped KV chunk could have been decoded (must be 0).
 - `rss_grown(before, after, slack_mib, slack_ratio, held_mib)`: the nodes whose resident memory
   grew past max(slack_mib, slack_ratio x before) plus what they hold more by design (`held_mib`:
-  a decode node's cached sessions and kept slot cache, `kv_mib_cached` + `kv_mib_slots`) over a
+  a decode node's cached sessions, KV store and kept buffer, `kv_mib_cached` + `kv_mib_slots` +
+  `kv_mib_buffers`) over a
   pass; `before`/`after` map node id -> (pid, MiB), so a node killed and revived (a new process)
   is not compared.
 - `latency(records)`: p50/p99 of whole-request latency; `recovery(records, fault)`: per stream hit

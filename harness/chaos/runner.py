@@ -10,8 +10,8 @@ to be back to baseline, and check. A scenario passes when no request was lost, e
 equals the reference (raw KV; with int8 the divergences are reported, not failed), the KV is
 back to baseline, no warm node (one that served a pass before: a fresh process grows while it
 warms up) that lived through the pass grew its resident memory past max(`rss_slack_mib`,
-`rss_slack_ratio` x its size before the pass) beyond what its cached sessions and its kept slot
-cache grew (`kv_mib_cached`, `kv_mib_slots`), the scenario's own
+`rss_slack_ratio` x its size before the pass) beyond what its cached sessions, its KV store and its
+kept buffer grew (`kv_mib_cached`, `kv_mib_slots`, `kv_mib_buffers`), the scenario's own
 evidence holds, and the recovery time of the streams the
 fault hit stays within the bound: liveness window + one heartbeat + the client's retry delay +
 one re-prefill (the reference pass's p99 time to first token).
@@ -61,9 +61,10 @@ class ChaosOptions:
 
 
 def _held_mib(capacity: dict | None) -> float:
-    """Memory a decode node holds by design: cached sessions and its kept slot cache."""
+    """Memory a decode node holds by design: cached sessions, its KV store and the received-KV
+    buffer it keeps while quiet."""
     capacity = capacity or {}
-    return capacity.get("kv_mib_cached", 0.0) + capacity.get("kv_mib_slots", 0.0)
+    return sum(capacity.get(key, 0.0) for key in ("kv_mib_cached", "kv_mib_slots", "kv_mib_buffers"))
 
 
 def short_options(**overrides: Any) -> ChaosOptions:

@@ -235,14 +235,20 @@ def test_received_kv_goes_back_when_nobody_will_decode_from_it(kv_thread):
     assert work.buffers.num_taken == 0
 
 
-def test_a_quiet_node_gives_the_buffers_it_kept_for_reuse_back(kv_thread):
+def test_a_quiet_node_gives_the_buffers_it_kept_for_reuse_back_but_the_last_small_one(kv_thread):
     work, endpoint, _ = make_work(kv_thread)
+    work.buffers.give(work.buffers.take((4, 1 << 18), torch.float32))   # an older, bigger one
     work.on_message(request("r1"))
     arrive(work, endpoint, "r1", PROMPT)
     run_until_idle(work)
-    assert work.buffers.num_free == 1
+    assert work.buffers.num_free == 2
     work.on_idle()                                        # what the node loop calls before a heap trim
-    assert work.buffers.num_free == 0 and work.buffers.num_taken == 0
+    assert work.buffers.num_free == 1 and work.buffers.num_taken == 0   # for the next request
+    assert work.capacity()["kv_mib_buffers"] == round(work.buffers.num_free_bytes / 2**20, 1)
+    work.on_message(request("r3"))
+    arrive(work, endpoint, "r3", PROMPT)
+    run_until_idle(work)
+    assert work.buffers.num_allocated == 2                # r3 received into the kept one
 
 
 def test_a_failed_receive_hands_its_buffer_back(kv_thread):

@@ -93,3 +93,15 @@ def test_drop_free_lets_go_of_waiting_buffers_but_not_of_taken_ones():
     assert pool.num_free == 0 and pool.num_taken == 1
     pool.give(kept)
     assert pool.num_free == 1
+
+
+def test_drop_free_can_keep_the_last_buffer_given_back_when_it_is_small_enough():
+    pool = KVBufferPool()
+    small, big = pool.take((4, 1024), torch.float32), pool.take((8, ALIGN_ELEMENTS), torch.float32)
+    pool.give(big)
+    pool.give(small)                               # the last one back
+    size = ALIGN_ELEMENTS * 4                      # small's buffer: one alignment step of float32
+    assert pool.num_free_bytes == size + 8 * ALIGN_ELEMENTS * 4
+    assert pool.drop_free(keep_bytes=size) == 8 * ALIGN_ELEMENTS * 4
+    assert pool.num_free == 1 and pool.num_free_bytes == size
+    assert pool.drop_free(keep_bytes=size - 1) == size and pool.num_free == 0   # too big to keep
