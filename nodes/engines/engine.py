@@ -247,12 +247,18 @@ class LlamaEngine(Engine):
         num_bytes = self.slots.num_bytes_for(num_tokens) - self.slots.num_bytes
         available = hugepages.available_bytes() if self.device.type == "cpu" else None
         if available is not None and num_bytes > MAX_MEMORY_SHARE * available:
-            c = self.config
-            raise KVMemoryError(
-                f"the KV budget ([decode] num_kv_blocks = {c.num_kv_blocks} x block_size {c.block_size} tokens) "
-                f"needs {num_bytes / 2**30:.2f} GiB, but only {available / 2**30:.2f} GiB of memory is available: "
-                "lower num_kv_blocks, or set [decode] preallocate_kv = false to allocate it on demand")
-        self.slots.reserve(num_tokens)
+            raise self._memory_error(num_bytes, f"only {available / 2**30:.2f} GiB of memory is available")
+        try:
+            self.slots.reserve(num_tokens)
+        except RuntimeError as exc:   # the allocator's refusal (torch.OutOfMemoryError on a GPU)
+            raise self._memory_error(num_bytes, f"allocating it failed ({str(exc).splitlines()[0]})") from None
+
+    def _memory_error(self, num_bytes: int, why: str) -> KVMemoryError:
+        c = self.config
+        return KVMemoryError(
+            f"the KV budget ([decode] num_kv_blocks = {c.num_kv_blocks} x block_size {c.block_size} tokens) "
+            f"needs {num_bytes / 2**30:.2f} GiB, but {why}: lower num_kv_blocks, or set "
+            "[decode] preallocate_kv = false to allocate it on demand")
 
     # ---- sessions and usage --------------------------------------------------------------------
     def cached_session_tokens(self, session_id: str) -> int:

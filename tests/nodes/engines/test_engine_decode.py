@@ -221,3 +221,14 @@ def test_a_kv_budget_beyond_the_memory_available_is_a_clear_error_before_any_of_
     assert engine.slots.num_bytes == 0
     assert generate(engine, encode(tiny_model, PROMPTS[0]))        # still serves, on demand
     make_engine(tiny_model, preallocate_kv=False).reserve_kv_memory()   # nothing asked, nothing refused
+
+
+def test_an_allocator_refusing_the_kv_budget_is_the_same_clear_error(tiny_model, monkeypatch):
+    from nodes.engines.engine import KVMemoryError
+    engine = make_engine(tiny_model)
+
+    def refuse(num_tokens):
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 80.00 GiB\nmore detail")
+    monkeypatch.setattr(engine.slots, "reserve", refuse)
+    with pytest.raises(KVMemoryError, match=r"allocating it failed \(CUDA out of memory. Tried to allocate 80.00 GiB\)"):
+        engine.reserve_kv_memory()
