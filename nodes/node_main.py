@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 
+from bus.log import get_logger
 from nodes.runtime import prefer_passive_openmp
 
 
@@ -24,7 +26,7 @@ def serve_role(args: argparse.Namespace, role: str) -> int:
     try:
         engine = build_engine(settings)
         if role != "prefill":
-            engine.reserve_kv_memory()   # here, to fail with one line (DecodeWork.prepare() finds it done)
+            _reserve_kv(engine, role)   # here, to fail with one line (DecodeWork.prepare() finds it done)
     except (ModelLoadError, VllmUnavailable, ValueError) as exc:
         print(f"pdbus {role}: {exc}", file=sys.stderr)
         return 2
@@ -32,3 +34,13 @@ def serve_role(args: argparse.Namespace, role: str) -> int:
     # some (numba's llvmlite, which the KV codec may load), so the engine starts first.
     from nodes.colocated import node_works
     return run_node(settings, lambda kv_thread: node_works(role, settings, engine, kv_thread))
+
+
+def _reserve_kv(engine, role: str) -> None:
+    """The decode side's KV memory, before the node serves; logged with what it took."""
+    started = time.monotonic()
+    engine.reserve_kv_memory()
+    usage = engine.kv_usage()
+    get_logger("node", role=role).info("kv_memory_reserved", mib=round(usage.num_slot_cache_bytes / 2**20, 1),
+                                       seconds=round(time.monotonic() - started, 2),
+                                       preallocate_kv=engine.config.preallocate_kv)
