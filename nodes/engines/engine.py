@@ -99,7 +99,8 @@ class LlamaEngine(Engine):
         self.blocks.allocate(seq.request_id, plan.num_reserved_tokens)
         self.slots.ensure(len(self.running) + 1, max([plan.num_reserved_tokens] +
                                                     [s.num_reserved_tokens for s in self.running]),
-                          self.planner.slot_budget_tokens())
+                          self.planner.slot_budget_tokens(),
+                          max((s.num_computed_tokens for s in self.running), default=0))
         seq.slot = len(self.running)
         self.running.append(seq)
         self._load_kv(seq, request, reused, plan.num_reused_tokens)

@@ -48,17 +48,19 @@ def _round_up(value: int, step: int) -> int:
     return -(-value // step) * step
 
 
-def relayout(store: torch.Tensor, old: tuple[int, ...], new: tuple[int, ...]) -> None:
+def relayout(store: torch.Tensor, old: tuple[int, ...], new: tuple[int, ...], num_live: int | None = None) -> None:
     """Move a `[layers, slots, 2, heads, capacity, dim]` layout's contents at the start of `store`
-    into the larger layout `new` of the same store, in place. Layers go last to first: with no
-    dimension shrinking, a layer's destination starts at or after its source, so it only ever
-    overwrites layers already moved; a destination overlapping its own source goes via a copy."""
-    num_layers, num_slots, num_capacity = old[0], old[1], old[4]
+    into the larger layout `new` of the same store, in place: each row's first `num_live` tokens
+    (default: all of it; the rest of a row holds nothing anyone reads). Layers go last to first:
+    with no dimension shrinking, a layer's destination starts at or after its source, so it only
+    ever overwrites layers already moved; a destination overlapping its own source goes via a copy."""
+    num_layers, num_slots = old[0], old[1]
+    num_tokens = old[4] if num_live is None else min(num_live, old[4])
     old_layer, new_layer = math.prod(old[1:]), math.prod(new[1:])
     source = store[:num_layers * old_layer].view(old)
     target = store[:num_layers * new_layer].view(new)
     for layer in reversed(range(num_layers)):
-        src, dst = source[layer], target[layer, :num_slots, :, :, :num_capacity]
+        src, dst = source[layer, :, :, :, :num_tokens], target[layer, :num_slots, :, :, :num_tokens]
         if dst.data_ptr() == src.data_ptr() and dst.stride() == src.stride():
             continue
         dst.copy_(src if layer * new_layer >= (layer + 1) * old_layer else src.clone())
@@ -109,7 +111,10 @@ class SlotCache:
                                      budget // slots))
         return max(slots, min(_round_up(num_slots, SLOT_GROWTH), self.max_slots, budget // capacity)), capacity
 
-    def ensure(self, num_slots: int, num_tokens: int, budget_tokens: int | None = None) -> None:
+    def ensure(self, num_slots: int, num_tokens: int, budget_tokens: int | None = None,
+               num_live_tokens: int | None = None) -> None:
+        """Lay out room for `num_slots` requests of up to `num_tokens` tokens; what the running slots
+        hold is kept, their first `num_live_tokens` tokens (default: whole rows) when it moves."""
         slots, capacity = self.layout_after(num_slots, num_tokens, budget_tokens)
         running = None if self.tensor is None or self._idle else tuple(self.tensor.shape)
         c = self._config
@@ -122,7 +127,7 @@ class SlotCache:
         else:
             self.sessions.make_room(self._store, need)
             if running is not None:
-                relayout(self._store, running, shape)
+                relayout(self._store, running, shape, num_live_tokens)
         self.tensor = self._store[:need].view(shape)
         self._idle = False
 

@@ -62,12 +62,14 @@ def test_within_a_reserved_store_growth_moves_rows_in_place_and_keeps_them():
     ((5, 64, 2, 1, 16, 4), (5, 72, 2, 1, 16, 4)),      # destinations overlapping their own sources
     ((4, 3, 2, 2, 5, 2), (4, 11, 2, 2, 13, 2)),        # both, odd sizes
 ])
-def test_relayout_equals_copying_into_a_new_layout(old, new):
+@pytest.mark.parametrize("num_live", [None, 1, 3])
+def test_relayout_equals_copying_into_a_new_layout(old, new, num_live):
     store = torch.randn(math.prod(new) + 7)
     before = store[:math.prod(old)].view(old).clone()
-    relayout(store, old, new)
+    relayout(store, old, new, num_live)
     moved = store[:math.prod(new)].view(new)
-    assert torch.equal(moved[:, :old[1], :, :, :old[4]], before)
+    n = old[4] if num_live is None else num_live   # only the live prefix of each row need move
+    assert torch.equal(moved[:, :old[1], :, :, :n], before[:, :, :, :, :n])
 
 
 def test_an_idle_cache_lays_a_fresh_layout_over_its_store():
