@@ -32,6 +32,10 @@ import torch
 ALIGN_ELEMENTS = 1 << 18   # buffers grow in steps of 256 Ki elements (1 MiB in float32)
 
 
+def _num_bytes(buffer: torch.Tensor) -> int:
+    return buffer.numel() * buffer.element_size()
+
+
 class KVBufferPool:
     def __init__(self, max_free: int = 4) -> None:
         self.max_free = max_free
@@ -72,16 +76,16 @@ class KVBufferPool:
     @property
     def num_free_bytes(self) -> int:
         with self._lock:
-            return sum(b.numel() * b.element_size() for b in self._free)
+            return sum(map(_num_bytes, self._free))
 
     def drop_free(self, keep_bytes: int = 0) -> int:
         with self._lock:
-            last = self._free[-1] if self._free else None
-            kept = [last] if last is not None and last.numel() * last.element_size() <= keep_bytes else []
-            num_bytes = sum(b.numel() * b.element_size() for b in self._free) - sum(
-                b.numel() * b.element_size() for b in kept)
-            self._free = deque(kept)
-        return num_bytes
+            dropped = list(self._free)
+            if dropped and _num_bytes(dropped[-1]) <= keep_bytes:
+                self._free = deque([dropped.pop()])
+            else:
+                self._free = deque()
+        return sum(map(_num_bytes, dropped))
 
     def _best_fit(self, need: int, dtype: torch.dtype) -> torch.Tensor | None:
         fits = [i for i, b in enumerate(self._free) if b.dtype == dtype and need <= b.numel() <= 2 * need + ALIGN_ELEMENTS]

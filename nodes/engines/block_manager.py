@@ -2,8 +2,9 @@
 
 Contract:
 - `BlockManager(num_blocks, block_size)` hands out block ids to owners (a request id or a session
-  key), never-used ids first, then given-back ones in order. `allocate`/`resize` raise `KvBudgetExceeded` instead of over-committing;
-  `free` is idempotent. `num_free_blocks + sum(blocks held) == num_blocks` always (asserted).
+  key), never-used ids first, then given-back ones in order. `allocate`/`resize` raise
+  `KvBudgetExceeded` instead of over-committing; `free` is idempotent.
+  `num_free_blocks + sum(blocks held) == num_blocks` always (asserted).
 - `SessionCache` remembers finished sessions in least-recently-used order: the token ids their KV
   covers, an opaque payload (the engine's KV tensor) and how many blocks they hold. The engine
   evicts from its LRU end when an admission needs the space.
