@@ -6,7 +6,8 @@ the store's end while the slot layout grows up from its start:
   the highest free room at or above element `front` (what the slot layout uses), compacting the
   blocks first if that makes room, and points `owner.payload` at the copy. False when it does not
   fit: the caller keeps its own copy.
-- `forget(owner)`: its block is free again (a no-op for an owner it does not hold).
+- `forget(owner)`: its block is free again (a no-op for an owner it does not hold); `holds(owner)`
+  says whether the store holds it.
 - `make_room(store, front)`: afterwards no block lies below `front`: it compacts, then moves the
   lowest sessions out of the store into copies of their own until none does.
 - `evict_all()`: every held session moves into a copy of its own (the store is being replaced).
