@@ -31,8 +31,8 @@ Decode side (a `pdbus decode` node):
     cached_session_tokens(session_id) -> int   tokens of a finished session's KV still held.
     drop_session(session_id) -> bool
     kv_usage() -> KvUsage
-    reserve_kv_memory() -> None            called once at node start: allocate the KV budget's
-                                            memory now (`preallocate_kv`), not inside a request.
+    reserve_kv_memory() -> None            called at node start: allocate the KV budget's memory
+                                            now (`preallocate_kv`), not inside a request; again: no-op.
                                             Default: nothing (engines that allocate at construction).
     copies_imported_kv: bool               True when add_request has copied `request.kv` by the
                                             time it returns (the caller may reuse that memory);
@@ -171,7 +171,7 @@ class KvUsage:
     num_running_blocks: int
     num_session_blocks: int
     num_sessions: int
-    num_slot_cache_bytes: int = 0   # the decode batch's KV tensor, kept between requests (kv_slots.py)
+    num_slot_cache_bytes: int = 0   # the decode side's KV store: the batch's slots, sessions in its tail (kv_slots.py)
 
 
 @dataclass(frozen=True, slots=True)

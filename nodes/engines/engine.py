@@ -241,11 +241,12 @@ class LlamaEngine(Engine):
         """The slot store for the whole budget, faulted in now (`preallocate_kv`): no request then
         waits for memory, neither the first one nor the one that grows the batch (kv_slots.py).
         Raises KVMemoryError, before touching any of it, when the budget exceeds the memory
-        available (faulting it in would end in the kernel's OOM killer, not in an error)."""
-        if not self.config.preallocate_kv:
-            return
+        available (faulting it in would end in the kernel's OOM killer, not in an error). A second
+        call finds it done and does nothing (`pdbus decode` reserves before DecodeWork.prepare)."""
         num_tokens = self.planner.slot_budget_tokens()
         num_bytes = self.slots.num_bytes_for(num_tokens) - self.slots.num_bytes
+        if not self.config.preallocate_kv or num_bytes <= 0:   # off, or reserved already: nothing to do
+            return
         available = hugepages.available_bytes() if self.device.type == "cpu" else None
         if available is not None and num_bytes > MAX_MEMORY_SHARE * available:
             raise self._memory_error(num_bytes, f"only {available / 2**30:.2f} GiB of memory is available")
