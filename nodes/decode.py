@@ -6,7 +6,8 @@ transfer id), `cached` (a short suffix on top of this session's cached KV, prefi
 `local` (asked with `prefill: "local"`, or always on a colocated node) — or ERROR `full` /
 `rejected` after a CAPACITY update. Remote KV is received on the KV thread (`KVReceiver`, into a
 buffer of `nodes/kv_buffers.py`'s pool where the engine copies imported KV on admission, else a
-new tensor of the engine's) and joins the engine once both the verified transfer and the
+new tensor of the engine's; a `raw` transfer's verified frames are kept as they are, RawPieces,
+and copied by the engine on admission) and joins the engine once both the verified transfer and the
 prefill node's `kv_ready` DIRECT are here; any verified transfer for the request counts, so a
 retried prefill with a new transfer id is accepted. Tokens stream as PARTIAL `token`; the FINAL
 `done` carries every token this node streamed, usage, stage timings and node stats. CANCEL
@@ -21,7 +22,7 @@ import uuid
 from typing import Any
 
 from bus.endpoint import Endpoint
-from bus.kv import KVReceiver, TransferResult
+from bus.kv import KVReceiver, RawPieces, TransferResult
 from bus.log import get_logger
 from bus.messages import Cancel, Direct, Request
 from nodes import cluster_wire as wire
@@ -213,7 +214,7 @@ class DecodeWork:
         return sum(j.num_blocks for j in self.jobs.values() if not j.running)
 
     # -- KV arrival (allocate and on_result run on the KV thread) ----------------------------
-    def _allocate(self, transfer_id: str, request_id: str, info: Any) -> Any:
+    def _allocate(self, transfer_id: str, request_id: str, info: Any, mode: str) -> Any:
         job = self.jobs.get(request_id)
         if job is None or job.running or info.shape[3] != len(job.prompt):
             return None
@@ -223,10 +224,15 @@ class DecodeWork:
         if shape != tuple(info.shape):
             return None
         job.transfer_ids.add(transfer_id)
-        return runner.new_kv(info.num_tokens) if self.buffers is None else self.buffers.take(shape, runner.dtype)
+        if self.buffers is None:
+            return runner.new_kv(info.num_tokens)
+        # Raw KV is already the engine's bytes: keep the verified frames, the engine copies them once.
+        return RawPieces(info) if mode == "raw" else self.buffers.take(shape, runner.dtype)
 
     def _give_back(self, kv: Any) -> None:
-        if self.buffers is not None:
+        if isinstance(kv, RawPieces):
+            kv.release()
+        elif self.buffers is not None:
             self.buffers.give(kv)
 
     def _on_result(self, result: TransferResult) -> None:

@@ -11,6 +11,7 @@ Prefill side (sender)
 
 Decode side (receiver)
     KVReceiver(allocate=None, release=None, quantizer=None, config=ReceiveConfig(), bind=...)
+        allocate(transfer_id, request_id, info, mode) -> a buffer, or RawPieces(info) for raw
     await receiver.start() -> endpoint            # advertise it in READY
     await receiver.result(transfer_id, timeout) -> TransferResult (ok, kv, stats | reason)
     async for result in receiver.results(): ...   # or every result in completion order
@@ -34,6 +35,7 @@ from bus.kv.errors import (
 )
 from bus.kv.faults import FaultInjector
 from bus.kv.layout import KVInfo
+from bus.kv.pieces import RawPieces
 from bus.kv.quant import MODES, EncodedPayload, NumpyQuantizer, Quantizer
 from bus.kv.receiver import KVReceiver, numpy_allocator
 from bus.kv.recv_core import ReceiveConfig, ReceiverCore
@@ -44,6 +46,6 @@ from bus.kv.stats import TransferReport, TransferResult, TransferStats
 __all__ = [
     "MODES", "EncodedPayload", "FaultInjector", "KVChecksumError", "KVError", "KVFrameError", "KVInfo",
     "KVReceiver", "KVSender", "KVTransferFailed", "KVTransferTimeout", "KVValueError", "NumpyQuantizer",
-    "Quantizer", "ReceiveConfig", "ReceiverCore", "SendConfig", "SendTransfer", "TransferReport",
+    "Quantizer", "RawPieces", "ReceiveConfig", "ReceiverCore", "SendConfig", "SendTransfer", "TransferReport",
     "TransferResult", "TransferStats", "numpy_allocator",
 ]

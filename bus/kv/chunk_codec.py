@@ -6,7 +6,8 @@ returns the CHUNK header and wire payload frames of chunk `index`, writing into 
 `verify_and_decode(chunk, payload, quantizer, dst)` checks the checksum, decompresses and only then
 writes the chunk into `dst`; it raises KVChecksumError / KVFrameError and writes nothing on error.
 It is `decode(chunk, verify(chunk, payload), quantizer, dst)`: a receiver may acknowledge a chunk
-between the two steps.
+between the two steps. A `RawPieces` destination (bus/kv/pieces.py) keeps a verified raw chunk's
+payload as it is instead of copying it; any other mode into one raises KVValueError.
 The checksum (xxh3_64) covers the wire bytes of the payload frames: every flipped bit is caught,
 even one an lz4 decoder would ignore, and nothing corrupt ever reaches a decompressor.
 """
@@ -22,6 +23,7 @@ from bus.kv.compress import COMPRESSION_MODES, AutoCompression, compress_frame, 
 from bus.kv.errors import KVChecksumError, KVValueError
 from bus.kv.frames import Chunk, FrameInfo
 from bus.kv.layout import DEFAULT_CHUNK_BYTES, KVInfo, plan_chunks
+from bus.kv.pieces import RawPieces
 from bus.kv.quant import MODES, Quantizer, max_payload_sizes
 
 
@@ -106,8 +108,14 @@ def verify(chunk: Chunk, payload: list[Any]) -> list[np.ndarray]:
 
 
 def decode(chunk: Chunk, arrays: list[np.ndarray], quantizer: Quantizer, dst: Any) -> int:
-    """Write a verified chunk into dst; returns the wire bytes it carried."""
-    quantizer.decode(arrays, chunk.info, chunk.spec, chunk.mode, chunk.scale_dtype, dst)
+    """Write a verified chunk into dst (a RawPieces keeps a raw chunk's payload instead of copying
+    it); returns the wire bytes it carried."""
+    if isinstance(dst, RawPieces):
+        if chunk.mode != "raw":
+            raise KVValueError(f"a {chunk.mode} chunk cannot be kept as raw pieces")
+        dst.keep(chunk.spec, arrays[0])
+    else:
+        quantizer.decode(arrays, chunk.info, chunk.spec, chunk.mode, chunk.scale_dtype, dst)
     return sum(f.wire_len for f in chunk.frames)
 
 

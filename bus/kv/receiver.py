@@ -8,9 +8,10 @@ Contract:
     async for result in receiver.results():  # or: every result, in completion order
     receiver.cancel(transfer_id)             # the request was aborted: drop it, free its buffer
     await receiver.close()
-`allocate(transfer_id, request_id, info) -> dst | None` returns the engine's preallocated buffer for
-the KV (numpy, or torch through the torch quantizer), None when it has no room (the transfer is
-refused). A result is ok only when the whole transfer verified; failed results were released via
+`allocate(transfer_id, request_id, info, mode) -> dst | None` returns the engine's preallocated buffer
+for the KV (numpy, or torch through the torch quantizer), or for a `raw` transfer a
+`bus.kv.pieces.RawPieces(info)` that keeps the verified frames without copying them; None when it
+has no room (the transfer is refused). A result is ok only when the whole transfer verified; failed results were released via
 `release(transfer_id, dst)` and carry the reason (timeout, retries exhausted, refused, aborted).
 `on_result(result)` (optional) is called for every result as well. All protocol logic lives in
 recv_core.ReceiverCore.
@@ -50,8 +51,8 @@ _REFUSED = "no destination for this KV"   # recv_core's reason when `allocate` s
 
 
 def numpy_allocator(dtype: str | None = None) -> Allocate:
-    """An allocator of fresh numpy arrays in `dtype` (default: the sender's dtype)."""
-    def allocate(transfer_id: str, request_id: str, info: KVInfo) -> np.ndarray:
+    """An allocator of fresh numpy arrays in `dtype` (default: the sender's dtype), whatever the mode."""
+    def allocate(transfer_id: str, request_id: str, info: KVInfo, mode: str) -> np.ndarray:
         return np.empty(info.shape, DTYPES[dtype or info.dtype])
     return allocate
 

@@ -3,7 +3,8 @@
 Contract: `ReceiverCore(quantizer, allocate, release, config)`; the shell feeds every inbound message
 as `on_frames(peer, frames, now)` and sends the returned `(peer, frames)` replies, calls `poll(now)`
 periodically, and drains `pop_results()`: one `TransferResult` per transfer, ok (verified, every
-chunk written into the destination `allocate(...)` returned) or failed (the destination was handed
+chunk written into the destination `allocate(transfer_id, request_id, info, mode)` returned: a
+buffer, or for a `raw` transfer a bus.kv.pieces.RawPieces that keeps the verified frames) or failed (the destination was handed
 back to `release(...)` and must not be used). Nothing undecodable or unverified is ever written
 into a destination; a result is ok only once every chunk verified, the chunks cover the KV exactly
 once and the whole-transfer digest matches.
@@ -37,7 +38,7 @@ from bus.kv.layout import KVInfo
 from bus.kv.quant import Quantizer
 from bus.kv.stats import TransferResult, TransferStats
 
-Allocate = Callable[[str, str, KVInfo], Any]   # (transfer_id, request_id, source info) -> dst | None
+Allocate = Callable[[str, str, KVInfo, str], Any]   # (transfer_id, request_id, source info, mode) -> dst | None
 Release = Callable[[str, Any], None]           # (transfer_id, dst) -> None
 Reply = tuple[bytes, list[Any]]
 
@@ -155,7 +156,7 @@ class ReceiverCore:
     def _open(self, peer: bytes, chunk: Chunk, now: float) -> _Inbound | None:
         info = chunk.info
         try:
-            dst = self.allocate(chunk.transfer_id, chunk.request_id, info)
+            dst = self.allocate(chunk.transfer_id, chunk.request_id, info, chunk.mode)
         except Exception:  # the engine's allocator failing must not kill the data plane
             dst = None
         stats = TransferStats(chunk.transfer_id, chunk.request_id, chunk.mode, "", chunk.num_chunks,

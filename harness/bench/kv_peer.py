@@ -1,7 +1,8 @@
 """The decode-side process of the KV benchmark and integration tests.
 
 Run as `python -m harness.bench.kv_peer [--torch] [--faults SEED]`: binds a KV data endpoint (a
-`KVReceiver` writing into one preallocated destination per dtype, as an engine's KV pool would)
+`KVReceiver` writing into one preallocated destination per dtype, as an engine's KV pool would;
+`raw` transfers are kept as their verified frames, RawPieces, as a decode node keeps them)
 and a bare pyzmq ROUTER that acknowledges every message (the baseline), prints one JSON line
 {"kv": endpoint, "bare": endpoint} and serves until stdin closes. With PDBUS_BENCH_CURVE_KEYS in
 the environment (bench-kv --curve) a second receiver speaks CURVE: {"kv_curve": endpoint} too. Every KV result is printed as a
@@ -21,14 +22,16 @@ import xxhash
 import zmq
 import zmq.asyncio
 
-from bus.kv import FaultInjector, KVReceiver, ReceiveConfig
+from bus.kv import FaultInjector, KVReceiver, RawPieces, ReceiveConfig
 from bus.kv.layout import DTYPES
 
 
 def make_allocator(use_torch: bool):
     pool: dict[tuple, object] = {}
 
-    def allocate(transfer_id, request_id, info):
+    def allocate(transfer_id, request_id, info, mode):
+        if mode == "raw":   # as a decode node does: the verified frames are the KV (bus/kv/pieces.py)
+            return RawPieces(info)
         key = (info.shape, info.dtype)
         if key not in pool:
             if use_torch:
@@ -43,6 +46,8 @@ def make_allocator(use_torch: bool):
 
 
 def digest(kv) -> int:
+    if isinstance(kv, RawPieces):
+        kv = kv.to_numpy()
     if hasattr(kv, "numpy"):
         import torch
         kv = kv.view(torch.int16).numpy() if kv.dtype == torch.bfloat16 else kv.numpy()

@@ -170,12 +170,14 @@ def auto_overhead(kv_fp32: np.ndarray, torch_quantizer: TorchQuantizer, chunk_by
 
 
 def destination_cost(kv_fp32: np.ndarray, torch_quantizer: TorchQuantizer, chunk_bytes: int,
-                     rounds: int = 15) -> list[tuple[str, float, float]]:
+                     rounds: int = 15) -> list[tuple[str, float, float, float | None]]:
     """Receiver CPU of whole transfers (verify + decode of every chunk) into a new tensor per
-    transfer vs a buffer of the decode node's pool (nodes/kv_buffers.py), interleaved, best of
-    `rounds`: (source and mode, new ms, pooled ms). A new tensor of more than 32 MiB comes from
-    fresh pages: glibc serves it with mmap."""
+    transfer vs a buffer of the decode node's pool (nodes/kv_buffers.py), and for raw also kept
+    as its frames (bus/kv/pieces.py, what a decode node does), interleaved, best of `rounds`:
+    (source and mode, new ms, pooled ms, kept ms or None). A new tensor of more than 32 MiB comes
+    from fresh pages: glibc serves it with mmap."""
     from bus.kv.chunk_codec import ChunkEncoder, decode, verify
+    from bus.kv.pieces import RawPieces
     from nodes.kv_buffers import KVBufferPool
 
     pool = KVBufferPool()
@@ -194,15 +196,19 @@ def destination_cost(kv_fp32: np.ndarray, torch_quantizer: TorchQuantizer, chunk
                 for header, wire in chunks:
                     decode(header, verify(header, wire), torch_quantizer, dst)
 
+            kinds = ("new", "pooled", "kept") if mode == "raw" else ("new", "pooled")
             best = {}
             for round_ in range(rounds + 1):   # round 0 warms up (and fills the pool)
-                for kind in ("new", "pooled") if round_ % 2 else ("pooled", "new"):
-                    dst = torch.empty_like(kv) if kind == "new" else pool.take(tuple(kv.shape), kv.dtype)
+                for kind in kinds[round_ % len(kinds):] + kinds[:round_ % len(kinds)]:
+                    dst = (torch.empty_like(kv) if kind == "new" else RawPieces(encoder.info) if kind == "kept"
+                           else pool.take(tuple(kv.shape), kv.dtype))
                     started = time.perf_counter()
                     receive(dst)
                     seconds = time.perf_counter() - started
-                    pool.give(dst)
+                    if kind == "pooled":
+                        pool.give(dst)
                     if round_:
                         best[kind] = min(best.get(kind, seconds), seconds)
-            rows.append((f"{name} {mode}", best["new"] * 1e3, best["pooled"] * 1e3))
+            kept = best["kept"] * 1e3 if "kept" in best else None
+            rows.append((f"{name} {mode}", best["new"] * 1e3, best["pooled"] * 1e3, kept))
     return rows

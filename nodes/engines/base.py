@@ -37,6 +37,8 @@ Decode side (a `pdbus decode` node):
     copies_imported_kv: bool               True when add_request has copied `request.kv` by the
                                             time it returns (the caller may reuse that memory);
                                             False (the default) when the engine reads it later.
+                                            Only such engines are handed `request.kv` as
+                                            bus.kv.RawPieces (a raw transfer's verified frames).
 
 Colocated (`both`): the decode-side methods with requests that carry no KV; `step()` then
 interleaves chunked prefills with decode steps (the vLLM scheduling policy).

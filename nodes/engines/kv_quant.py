@@ -25,6 +25,7 @@ import torch
 from bus.kv import int8_decode, int8_kernels
 from bus.kv.errors import KVValueError
 from bus.kv.layout import ChunkSpec, KVInfo, plan_chunks
+from bus.kv.pieces import RawPieces
 from bus.kv.quant import EncodedPayload, NumpyQuantizer
 
 # Received payloads are read-only ZeroMQ frames; the decoder only reads the tensors it views them as.
@@ -265,6 +266,25 @@ class TorchQuantizer:
             self.fast_int8 = False
             return False
         return True
+
+def copy_pieces(pieces: RawPieces, dst: torch.Tensor) -> None:
+    """Write a raw transfer's verified pieces into dst [layers, 2, kv_heads, >= tokens, head_dim] of
+    any float dtype and device (converted as copy_ converts). Each layer of dst must hold its
+    (2, kv_heads) planes contiguously, as a slot of the slot cache does; a piece is copied layer by
+    layer, straight from the received frame (bus/kv/pieces.py says why)."""
+    info = pieces.info
+    per_layer = 2 * info.shape[2]
+    for spec, values in pieces.pieces():
+        source = torch.from_numpy(values.view(np.int16)).view(torch.bfloat16) if info.dtype == "bfloat16" \
+            else torch.from_numpy(values)
+        plane = spec.plane_start
+        while plane < spec.plane_stop:
+            layer, first = divmod(plane, per_layer)
+            stop = min(spec.plane_stop, (layer + 1) * per_layer)
+            planes = dst[layer].view(per_layer, dst.shape[3], dst.shape[4])
+            planes[first:first + stop - plane, spec.tokens].copy_(source[plane - spec.plane_start:stop - spec.plane_start])
+            plane = stop
+
 
 def _tensor(buffer: np.ndarray, nbytes: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(buffer[:nbytes]).view(dtype)

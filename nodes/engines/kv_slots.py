@@ -36,7 +36,9 @@ from typing import Any
 
 import torch
 
+from bus.kv.pieces import RawPieces
 from nodes.engines import hugepages
+from nodes.engines.kv_quant import copy_pieces
 from nodes.engines.model_config import LlamaConfig
 from nodes.engines.session_tail import SessionTail
 
@@ -183,7 +185,10 @@ class SlotCache:
         assert self.tensor is not None
         return self.tensor[:, slot]
 
-    def write(self, slot: int, kv: torch.Tensor) -> None:
+    def write(self, slot: int, kv: torch.Tensor | RawPieces) -> None:
+        if isinstance(kv, RawPieces):   # a raw transfer's frames, copied here once (bus/kv/pieces.py)
+            copy_pieces(kv, self.view(slot))
+            return
         num_tokens = kv.shape[3]
         self.view(slot)[:, :, :, :num_tokens] = kv.to(device=self._device, dtype=self._dtype)
 

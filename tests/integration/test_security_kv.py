@@ -27,7 +27,7 @@ async def receiver(keys):
     key_pairs, key_dir = keys
     planned = {"planned-transfer": "r1"}   # what the decode node planned: transfer id -> request id
 
-    def allocate(transfer_id, request_id, info):
+    def allocate(transfer_id, request_id, info, mode):
         if planned.get(transfer_id) != request_id:
             return None
         return np.empty(info.shape, DTYPES[info.dtype])

@@ -9,7 +9,7 @@ import time
 import pytest
 import torch
 
-from bus.kv import TransferResult
+from bus.kv import RawPieces, TransferResult
 from bus.kv.layout import KVInfo
 from bus.kv.stats import TransferStats
 from bus.messages import Cancel, Direct, Request
@@ -18,6 +18,7 @@ from nodes.decode import DecodeWork, KvArrived
 from nodes.engines.base import PrefillRequest, SamplingParams
 from nodes.runtime import LoopThread
 from tests.nodes.cluster_fakes import FakeEndpoint, tiny_engine, tiny_settings
+from tests.nodes.engines.engine_helpers import raw_pieces
 
 GREEDY = wire.sampling_to_wire(SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]
@@ -185,7 +186,7 @@ def arrive(work, endpoint, request_id, prompt, *, ready=True):
     the node allocated, the verified result is posted, then (optionally) kv_ready."""
     transfer_id = endpoint.of("partial", request_id)[0]["transfer_id"]
     kv, first_token_id = prefilled(prompt)
-    dst = work._allocate(transfer_id, request_id, KVInfo(tuple(kv.shape), "float32"))
+    dst = work._allocate(transfer_id, request_id, KVInfo(tuple(kv.shape), "float32"), "int8")
     dst.copy_(kv)
     stats = TransferStats(transfer_id, request_id, raw_bytes=kv.nbytes)
     work.on_message(KvArrived(TransferResult(transfer_id, request_id, True, dst, 0, "", stats)))
@@ -229,10 +230,31 @@ def test_received_kv_goes_back_when_nobody_will_decode_from_it(kv_thread):
     assert work.buffers.num_taken == 0
     work.on_message(request("r2"))
     transfer_id = endpoint.of("partial", "r2")[0]["transfer_id"]
-    dst = work._allocate(transfer_id, "r2", KVInfo((2, 2, 2, len(PROMPT), 16), "float32"))
+    dst = work._allocate(transfer_id, "r2", KVInfo((2, 2, 2, len(PROMPT), 16), "float32"), "int8")
     work.jobs.pop("r2")                                   # the request is gone when its KV arrives
     work.on_message(KvArrived(TransferResult(transfer_id, "r2", True, dst, 0, "", TransferStats(transfer_id, "r2"))))
     assert work.buffers.num_taken == 0
+
+
+def test_raw_kv_is_kept_as_its_frames_copied_once_by_the_engine_and_then_let_go(kv_thread):
+    work, endpoint, _ = make_work(kv_thread)
+    local, local_endpoint, _ = make_work(kv_thread)
+    local.on_message(request("l1", prefill="local"))
+    run_until_idle(local)
+    work.on_message(request("r1"))
+    transfer_id = endpoint.of("partial", "r1")[0]["transfer_id"]
+    kv, first_token_id = prefilled(PROMPT)
+    pieces = work._allocate(transfer_id, "r1", KVInfo(tuple(kv.shape), "float32"), "raw")
+    assert isinstance(pieces, RawPieces) and work.buffers.num_allocated == 0   # no receive buffer
+    for spec, payload in raw_pieces(kv, 1024).pieces():
+        pieces.keep(spec, payload)
+    stats = TransferStats(transfer_id, "r1", raw_bytes=kv.nbytes)
+    work.on_message(KvArrived(TransferResult(transfer_id, "r1", True, pieces, 0, "", stats)))
+    work.on_message(Direct("prefill-0", wire.kv_ready_body("r1", transfer_id, first_token_id)))
+    assert work.jobs["r1"].running and pieces.num_pieces == 0   # the engine copied them; the frames are let go
+    run_until_idle(work)
+    assert streamed(endpoint, "r1") == streamed(local_endpoint, "l1")[1:]
+    assert work.buffers.num_allocated == 0
 
 
 def test_a_quiet_node_gives_the_buffers_it_kept_for_reuse_back_but_the_last_small_one(kv_thread):
@@ -256,7 +278,7 @@ def test_a_failed_receive_hands_its_buffer_back(kv_thread):
     work.on_message(request("r1"))
     transfer_id = endpoint.of("partial", "r1")[0]["transfer_id"]
     kv, _ = prefilled(PROMPT)
-    dst = work._allocate(transfer_id, "r1", KVInfo(tuple(kv.shape), "float32"))
+    dst = work._allocate(transfer_id, "r1", KVInfo(tuple(kv.shape), "float32"), "int8")
     work.receiver.core.release(transfer_id, dst)          # what ReceiverCore does when it fails closed
     assert work.buffers.num_taken == 0 and work.buffers.num_free == 1
 
@@ -265,7 +287,7 @@ def test_a_kv_shape_the_model_does_not_have_gets_no_buffer(kv_thread):
     work, endpoint, _ = make_work(kv_thread)
     work.on_message(request("r1"))
     transfer_id = endpoint.of("partial", "r1")[0]["transfer_id"]
-    assert work._allocate(transfer_id, "r1", KVInfo((1, 2, 1, len(PROMPT), 4), "float32")) is None
+    assert work._allocate(transfer_id, "r1", KVInfo((1, 2, 1, len(PROMPT), 4), "float32"), "raw") is None
     assert work.buffers.num_taken == 0
 
 

@@ -34,14 +34,15 @@ class Pair:
     """A SendTransfer and a ReceiverCore joined by an in-memory network the test can tamper with."""
 
     def __init__(self, kv, clock, *, mode="int8", compression="none", chunk_bytes=2048, window=3,
-                 send_config=None, receive_config=None, allocate=None, transfer_id="t1", request_id="r1"):
+                 send_config=None, receive_config=None, allocate=None, transfer_id="t1", request_id="r1",
+                 dtype=None):
         self.clock = clock
         self.released = []
         self.quantizer = NumpyQuantizer()
         self.allocate_calls = 0
         self.dst_dtype = None
 
-        def default_allocate(transfer_id, request_id, info):
+        def default_allocate(transfer_id, request_id, info, mode):
             self.allocate_calls += 1
             return np.full(info.shape, np.nan if info.dtype != "bfloat16" else 0, DTYPES[self.dst_dtype or info.dtype])
 
@@ -50,7 +51,7 @@ class Pair:
                                      receive_config or ReceiveConfig(transfer_timeout=5.0))
         encoder = ChunkEncoder(kv, self.quantizer, transfer_id=transfer_id, request_id=request_id, mode=mode,
                                compression=compression, chunk_bytes=chunk_bytes,
-                               auto=AutoCompression(1.25e9))
+                               auto=AutoCompression(1.25e9), dtype=dtype)
         self.sender = SendTransfer(encoder, send_config or SendConfig(window=window, ack_timeout=0.5), clock())
         self.wire: list[list] = []      # sent by the sender, not yet delivered
         self.replies: list[list] = []   # sent by the receiver, not yet delivered

@@ -5,6 +5,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from bus.kv import RawPieces
+from bus.kv.layout import as_planes, plan_chunks
 from nodes.engines.base import DecodeRequest, EngineConfig, SamplingParams, TokenEvent
 from nodes.engines.engine import LlamaEngine
 from nodes.engines.llama import ForwardBatch, LlamaRunner, PrefillSpan
@@ -15,6 +17,17 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 def make_engine(model, **settings) -> LlamaEngine:
     settings.setdefault("dtype", "float32")
     return LlamaEngine(model, EngineConfig(**settings))
+
+
+def raw_pieces(kv: torch.Tensor, chunk_bytes: int) -> RawPieces:
+    """`kv` as a raw transfer's receiver keeps it: one payload per chunk of the sender's plan."""
+    from nodes.engines.kv_quant import TorchQuantizer
+    info = TorchQuantizer().kv_info(kv)
+    values = kv.view(torch.int16).numpy() if kv.dtype == torch.bfloat16 else kv.numpy()
+    pieces = RawPieces(info)
+    for spec in plan_chunks(info, chunk_bytes):
+        pieces.keep(spec, np.ascontiguousarray(as_planes(values, info)[spec.planes, spec.tokens]).view(np.uint8).reshape(-1))
+    return pieces
 
 
 def drain(engine: LlamaEngine, max_steps: int = 10_000) -> dict[str, list[TokenEvent]]:

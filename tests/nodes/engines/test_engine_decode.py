@@ -12,6 +12,7 @@ from tests.nodes.engines.engine_helpers import (
     full_logits,
     generate,
     make_engine,
+    raw_pieces,
     reference_greedy,
     tokens_of,
 )
@@ -55,6 +56,21 @@ def test_prefill_export_then_decode_import_equals_one_engine(tiny_model):
         assert decoded == generate(colocated, prompt)
     assert decode_side.stats.num_prefilled_tokens == 0          # importing recomputed nothing
     assert decode_side.stats.num_imported_tokens == sum(len(encode(tiny_model, t)) for t in PROMPTS)
+
+
+def test_kv_imported_as_raw_pieces_decodes_as_the_dense_kv(tiny_model):
+    """What a decode node hands the engine after a raw transfer (the verified frames, RawPieces)
+    gives the tokens of the same KV imported as one tensor."""
+    prefill_side, dense_side, pieces_side = (make_engine(tiny_model) for _ in range(3))
+    for i, text in enumerate(PROMPTS):
+        prompt = encode(tiny_model, text)
+        (result,) = prefill_side.prefill([PrefillRequest(f"p{i}", prompt, GREEDY)])
+        outputs = []
+        for engine, kv in ((dense_side, result.kv.clone()), (pieces_side, raw_pieces(result.kv, 256))):
+            assert engine.add_request(DecodeRequest(f"p{i}", prompt, GREEDY, kv=kv, first_token_id=result.first_token_id)).ok
+            outputs.append(tokens_of(drain(engine)[f"p{i}"]))
+        assert outputs[0] == outputs[1]
+    assert pieces_side.stats.num_prefilled_tokens == 0
 
 
 def test_prefill_batches_many_prompts_like_one_at_a_time(tiny_model):

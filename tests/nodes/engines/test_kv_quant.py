@@ -115,7 +115,7 @@ def test_non_finite_and_unsupported_tensors_are_refused(quantizer):
 
 @pytest.mark.integration
 async def test_torch_sender_numpy_receiver_and_back(compiled):
-    receiver = KVReceiver(lambda tid, rid, info: torch.zeros(info.shape, dtype=torch.bfloat16), quantizer=compiled)
+    receiver = KVReceiver(lambda tid, rid, info, mode: torch.zeros(info.shape, dtype=torch.bfloat16), quantizer=compiled)
     endpoint = await receiver.start()
     sender = KVSender(quantizer=compiled, chunk_bytes=8192)
     kv = torch.from_numpy(synthetic_kv(tokens=100))

@@ -11,6 +11,7 @@ import torch
 
 from nodes.engines.kv_slots import SlotCache, relayout
 from nodes.engines.model_config import LlamaConfig
+from tests.nodes.engines.engine_helpers import raw_pieces
 
 CONFIG = LlamaConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2, num_heads=4,
                      num_kv_heads=2, head_dim=8, rms_norm_eps=1e-5, rope_theta=10000.0,
@@ -186,3 +187,20 @@ def test_release_frees_it():
     slots.ensure(1, 10)
     slots.release()
     assert slots.tensor is None and slots.num_bytes == 0 and slots.num_store_tokens == 0
+
+
+@pytest.mark.parametrize("source_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("chunk_bytes", [4 * 8 * 4, 3 * 40 * 8 * 4, 1 << 20])   # token splits, plane runs, all
+def test_raw_pieces_write_what_the_dense_kv_writes(source_dtype, chunk_bytes):
+    """A raw transfer's pieces land in a slot exactly where (and as) the dense KV would, also when
+    chunks split a plane's tokens or run across layers, and converted to the cache's dtype."""
+    kv = torch.randn(2, 2, 2, 40, 8).to(source_dtype)
+    dense, from_pieces = cache(), cache()
+    for slots in (dense, from_pieces):
+        slots.ensure(2, 64)
+        torch.manual_seed(1)   # the same neighbours in both: a piece must not touch them
+        fill(slots, 64)
+    dense.write(1, kv)
+    from_pieces.write(1, raw_pieces(kv, chunk_bytes))
+    assert torch.equal(dense.tensor, from_pieces.tensor)
+    assert torch.equal(from_pieces.read(1, 40), kv.float())
