@@ -13,7 +13,8 @@ for the KV (numpy, or torch through the torch quantizer), or for a `raw` transfe
 `bus.kv.pieces.RawPieces(info)` that keeps the verified frames without copying them; None when it
 has no room (the transfer is refused). A result is ok only when the whole transfer verified; failed results were released via
 `release(transfer_id, dst)` and carry the reason (timeout, retries exhausted, refused, aborted).
-`on_result(result)` (optional) is called for every result as well. All protocol logic lives in
+`on_result(result)` (optional) is called for every result as well; with it, a result nobody awaits
+through `result()` or `results()` is not kept for a later `result()` call (it would hold its KV). All protocol logic lives in
 recv_core.ReceiverCore.
 `advertise` is the address senders must dial when it is not the bound one (NAT, containers, a
 proxy in front of the node, a 0.0.0.0 bind); the port of a `:0` bind is only known after binding,
@@ -151,6 +152,8 @@ class KVReceiver:
         waiter = self._waiters.pop(result.transfer_id, None)
         if waiter is not None and not waiter.done():
             waiter.set_result(result)
+            return
+        if self.on_result is not None:   # the callback owns the results: keeping them would hold their KV
             return
         self._unclaimed[result.transfer_id] = result
         while len(self._unclaimed) > self.core.config.remember_finished:

@@ -218,3 +218,39 @@ async def test_the_receiver_logs_every_finished_transfer_and_every_undecodable_m
     assert events["kv_undecodable"]["count"] >= 1
     done = events["kv_received"]
     assert (done["transfer_id"], done["ok"], done["rejected"], done["checksum_failures"]) == ("t1", True, 0, 0)
+
+
+async def test_a_raw_transfer_kept_as_pieces_arrives_bit_exact_and_a_callback_owns_its_results():
+    """The decode node's setup: raw KV kept as its verified frames, results taken by on_result.
+    The receiver keeps no reference to a result the callback took (it would hold the KV frames)."""
+    import gc
+    import weakref
+
+    from bus.kv import RawPieces
+    results, refs = [], []
+
+    def allocate(transfer_id, request_id, info, mode):
+        pieces = RawPieces(info)
+        refs.append(weakref.ref(pieces))
+        return pieces
+
+    receiver = KVReceiver(allocate, config=ReceiveConfig(transfer_timeout=5.0), on_result=results.append)
+    endpoint = await receiver.start()
+    sender = KVSender(chunk_bytes=4096, config=SendConfig(ack_timeout=0.3, transfer_timeout=5.0))
+    try:
+        kv = synthetic_kv(tokens=64)
+        assert (await sender.send(endpoint, "t1", "r1", kv, mode="raw", compression="none")).ok
+        for _ in range(50):
+            if results:
+                break
+            await asyncio.sleep(0.01)
+        [result] = results
+        assert result.ok and isinstance(result.kv, RawPieces) and result.kv.num_pieces > 1
+        assert result.kv.to_numpy().tobytes() == kv.tobytes()
+        results.clear()
+        del result
+        gc.collect()
+        assert refs[0]() is None
+    finally:
+        await sender.close()
+        await receiver.close()
