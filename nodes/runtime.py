@@ -34,7 +34,7 @@ import uvloop
 from bus.endpoint import Endpoint
 from bus.log import get_logger
 from bus.messages import Cancel, Direct, Error, Request
-from nodes.heap import DECODE_MMAP_THRESHOLD, HeapTrimmer, freeze_startup_objects, use_mmap_above
+from nodes.heap import HeapTrimmer, configure_decode_heap, freeze_startup_objects
 from nodes.node_settings import NodeSettings
 
 IDLE_POLL_S = 0.1
@@ -211,7 +211,7 @@ def run_node(settings: NodeSettings, make_works: Callable[[LoopThread], list[Wor
     log = get_logger("node", node_id=endpoint.node_id, role=settings.role)
     freeze_startup_objects()   # the weights live as long as the process (nodes.heap)
     if settings.role == "decode":
-        use_mmap_above(DECODE_MMAP_THRESHOLD)   # imported KV and sessions go back to the OS when freed
+        configure_decode_heap()   # nodes.heap: what KV memory goes back to the OS, and when
     with endpoint:
         log.info("node_started", data_endpoint=data_endpoint, model=settings.model, dtype=engine_dtype(works),
                  curve=bool(settings.security), kv_quant=settings.kv_quant, capacity=endpoint.core.capacity)

@@ -2,7 +2,8 @@
 
 Run as `python -m harness.bench.kv_peer [--torch] [--faults SEED]`: binds a KV data endpoint (a
 `KVReceiver` writing into one preallocated destination per dtype, as an engine's KV pool would;
-`raw` transfers are kept as their verified frames, RawPieces, as a decode node keeps them)
+`raw` transfers are kept as their verified frames, RawPieces, as a decode node keeps them; and its
+heap is set up as a decode node's, nodes.heap.configure_decode_heap)
 and a bare pyzmq ROUTER that acknowledges every message (the baseline), prints one JSON line
 {"kv": endpoint, "bare": endpoint} and serves until stdin closes. With PDBUS_BENCH_CURVE_KEYS in
 the environment (bench-kv --curve) a second receiver speaks CURVE: {"kv_curve": endpoint} too. Every KV result is printed as a
@@ -61,6 +62,8 @@ async def serve_bare(socket: zmq.asyncio.Socket) -> None:
 
 
 async def main(args: argparse.Namespace) -> None:
+    from nodes.heap import configure_decode_heap
+    configure_decode_heap()   # the heap of a decode node: received frames are reused, not faulted in afresh
     quantizer = None
     if args.torch:
         import torch

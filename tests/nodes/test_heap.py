@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from nodes.heap import HeapTrimmer, _glibc_trim, use_mmap_above
+from nodes.heap import HeapTrimmer, _glibc_trim, keep_freed_heap, use_mmap_above
 
 
 def trimmer(idle_after_s: float = 0.2):
@@ -69,6 +69,35 @@ def test_mmap_threshold_is_set_through_mallopt():
     assert use_mmap_above(4 << 20, mallopt=lambda param, value: calls.append((param, value)) or 1)
     assert calls == [(-3, 4 << 20)]                       # M_MMAP_THRESHOLD
     assert not use_mmap_above(1, mallopt=lambda param, value: 0)   # refused
+
+
+def test_trim_threshold_is_set_through_mallopt():
+    calls = []
+    assert keep_freed_heap(256 << 20, mallopt=lambda param, value: calls.append((param, value)) or 1)
+    assert calls == [(-1, 256 << 20)]                     # M_TRIM_THRESHOLD
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_a_decode_heap_keeps_freed_frames_until_the_trim():
+    """In a child process: with a decode node's heap, 3 MiB blocks (below the mmap threshold, as
+    received KV frames are) freed together stay resident for reuse, and the idle trim gives them back."""
+    import subprocess
+    code = (
+        "import ctypes, re\n"
+        "from nodes.heap import configure_decode_heap, _glibc_trim\n"
+        "libc = ctypes.CDLL(None); libc.malloc.restype = ctypes.c_void_p; libc.free.argtypes = [ctypes.c_void_p]\n"
+        "rss = lambda: int(re.search(r'VmRSS:\\s+(\\d+)', open('/proc/self/status').read()).group(1))\n"
+        "configure_decode_heap()\n"
+        "before = rss()\n"
+        "blocks = [libc.malloc(3 << 20) for _ in range(10)]\n"
+        "for b in blocks: ctypes.memset(b, 1, 3 << 20)\n"
+        "for b in blocks: libc.free(b)\n"
+        "kept = rss()\n"
+        "_glibc_trim()()\n"
+        "after = rss()\n"
+        "assert kept - before > 24 << 10 and after - before < 4 << 10, (before, kept, after)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
