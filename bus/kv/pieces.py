@@ -14,7 +14,8 @@ out an incomplete one.
 Why: a raw chunk's payload already is the engine's bytes. Copying it into a receive buffer and then
 again into the engine's slot cache touched every byte twice on the decode node, which shares its
 cores with the decode steps; now the engine's import is the only copy (nodes/engines/kv_slots.py
-writes pieces into a slot). `make bench-kv`'s end-to-end raw rows measure this path.
+writes pieces into a slot). `make bench-kv`'s end-to-end raw rows take this path, and its
+"Destination" table times the receiver's side of it against a copy into a pooled buffer.
 """
 
 from __future__ import annotations
@@ -50,10 +51,9 @@ class RawPieces:
         return len(self._pieces)
 
     def keep(self, spec: ChunkSpec, payload: Any) -> None:
-        expected = spec.num_rows * self.info.head_dim * self.info.itemsize
-        if len(memoryview(payload).cast("B")) != expected:
-            raise KVValueError(f"raw chunk {spec.index} holds {len(memoryview(payload).cast('B'))} bytes, "
-                               f"its range needs {expected}")
+        num_bytes, expected = len(memoryview(payload).cast("B")), spec.num_rows * self.info.head_dim * self.info.itemsize
+        if num_bytes != expected:
+            raise KVValueError(f"raw chunk {spec.index} holds {num_bytes} bytes, its range needs {expected}")
         self._pieces.append((spec, payload))
 
     def pieces(self) -> Iterator[tuple[ChunkSpec, np.ndarray]]:

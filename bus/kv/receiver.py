@@ -8,14 +8,14 @@ Contract:
     async for result in receiver.results():  # or: every result, in completion order
     receiver.cancel(transfer_id)             # the request was aborted: drop it, free its buffer
     await receiver.close()
-`allocate(transfer_id, request_id, info, mode) -> dst | None` returns the engine's preallocated buffer
-for the KV (numpy, or torch through the torch quantizer), or for a `raw` transfer a
+`allocate(transfer_id, request_id, info, mode) -> dst | None` returns the engine's preallocated
+buffer for the KV (numpy, or torch through the torch quantizer), or for a `raw` transfer a
 `bus.kv.pieces.RawPieces(info)` that keeps the verified frames without copying them; None when it
-has no room (the transfer is refused). A result is ok only when the whole transfer verified; failed results were released via
-`release(transfer_id, dst)` and carry the reason (timeout, retries exhausted, refused, aborted).
-`on_result(result)` (optional) is called for every result as well; with it, a result nobody awaits
-through `result()` or `results()` is not kept for a later `result()` call (it would hold its KV). All protocol logic lives in
-recv_core.ReceiverCore.
+has no room (the transfer is refused). A result is ok only when the whole transfer verified;
+failed results were released via `release(transfer_id, dst)` and carry the reason (timeout,
+retries exhausted, refused, aborted). `on_result(result)` (optional) is called for every result
+as well; with it, a result nobody awaits through `result()` or `results()` is not kept for a later
+`result()` call (it would hold its KV). All protocol logic lives in recv_core.ReceiverCore.
 `advertise` is the address senders must dial when it is not the bound one (NAT, containers, a
 proxy in front of the node, a 0.0.0.0 bind); the port of a `:0` bind is only known after binding,
 so an advertised endpoint names its own port.

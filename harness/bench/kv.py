@@ -6,7 +6,8 @@ of held-out text from SmolLM2-135M (cached under .models/), then measures in one
 per-stage GB/s (kv_stages), compression ratios per mode, and end to end (encode -> send over
 loopback TCP to another process -> receive -> verify -> decode into a preallocated buffer -> DONE
 back; raw transfers are kept as their verified frames, as a decode node keeps them, and the
-engine's copy into its slot cache, made either way, is not timed), on loopback and through a 10 Gbit/s shaped link, beside a bare pyzmq send of the same bytes.
+engine's copy into its slot cache, made either way, is not timed), on loopback and through a
+10 Gbit/s shaped link, beside a bare pyzmq send of the same bytes.
 Every target of issue 3 is printed as a ratio of two figures measured side by side in this run.
 `--curve`: also the cost of CurveZMQ on the data plane: the same transfers to a plain and to a CURVE
 receiver in the same peer process, interleaved, as CURVE/plain time ratios (`--curve-only` skips
