@@ -4,12 +4,17 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from bus.kv import RawPieces
-from bus.kv.errors import KVValueError
-from bus.kv.frames import CHUNK
+from bus.kv.chunk_codec import verify_and_decode
+from bus.kv.errors import KVError, KVValueError
+from bus.kv.frames import CHUNK, decode_message, encode_message
 from bus.kv.layout import ChunkSpec, KVInfo, f32_to_bf16_bits
+from bus.kv.quant import NumpyQuantizer
 from bus.kv.send_core import SendState
+from tests.bus.kv.test_frames import KV, encoded_chunk
 from tests.bus.kv.test_transfer import corrupt_first
 
 
@@ -75,3 +80,43 @@ def test_release_lets_go_of_the_frames():
     assert pieces.num_pieces == 1
     pieces.release()
     assert pieces.num_pieces == 0 and list(pieces.pieces()) == []
+
+
+# ---- corruption of a raw chunk is always detected, and nothing of it is kept ----
+
+RAW_FRAMES = [bytes(f) for f in encode_message(*encoded_chunk("raw", "none", index=1))]
+
+
+def keep_raw(frames) -> RawPieces:
+    """What a decode node's receiver does with a raw chunk: parse, verify, keep."""
+    message, payload = decode_message(frames)
+    pieces = RawPieces(message.info)
+    try:
+        verify_and_decode(message, payload, NumpyQuantizer(), pieces)
+    except KVError:
+        assert pieces.num_pieces == 0   # bad KV is never kept
+        raise
+    return pieces
+
+
+def test_an_untouched_raw_chunk_is_kept_as_sent():
+    pieces = keep_raw(RAW_FRAMES)
+    [(spec, values)] = list(pieces.pieces())
+    assert values.tobytes() == KV.reshape(-1, *KV.shape[3:])[spec.planes, spec.tokens].tobytes()
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.data())
+def test_any_bit_flip_or_cut_of_a_raw_chunk_is_detected(data):
+    frames = [bytearray(f) for f in RAW_FRAMES]
+    which = data.draw(st.integers(0, len(frames) - 1))
+    if data.draw(st.booleans()):
+        for position, bit in data.draw(st.lists(st.tuples(st.integers(0, len(frames[which]) - 1), st.integers(0, 7)),
+                                                min_size=1, max_size=4, unique=True)):
+            frames[which][position] ^= 1 << bit
+    else:
+        del frames[which][data.draw(st.integers(0, len(frames[which]) - 1)):]
+    if [bytes(f) for f in frames] == RAW_FRAMES:
+        return  # flips cancelled out
+    with pytest.raises(KVError):
+        keep_raw([bytes(f) for f in frames])
