@@ -41,14 +41,14 @@ from bus.kv.errors import KVTransferTimeout
 from bus.kv.faults import FaultInjector
 from bus.kv.layout import DTYPES, KVInfo
 from bus.kv.quant import NumpyQuantizer, Quantizer
-from bus.kv.recv_core import Allocate, ReceiveConfig, ReceiverCore, Release, Reply
+from bus.kv.recv_core import NO_DESTINATION, Allocate, ReceiveConfig, ReceiverCore, Release, Reply
 from bus.kv.stats import TransferResult
 from bus.log import get_logger
 from bus.security import Gatekeeper, Principal, SecurityConfig, apply_server, with_server_key
 
 log = get_logger("kv.receiver")
 POLL_INTERVAL = 0.1
-_REFUSED = "no destination for this KV"   # recv_core's reason when `allocate` said no
+
 
 
 def numpy_allocator(dtype: str | None = None) -> Allocate:
@@ -137,7 +137,7 @@ class KVReceiver:
         return counts
 
     def _deliver(self, result: TransferResult) -> None:
-        if result.reason == _REFUSED:
+        if result.reason == NO_DESTINATION:
             self.num_refused += 1
         log.log(20 if result.ok else 30, "kv_received" if result.ok else "kv_receive_failed",
                 transfer_id=result.transfer_id, request_id=result.request_id, ok=result.ok, reason=result.reason,

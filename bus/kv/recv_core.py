@@ -41,6 +41,7 @@ from bus.kv.stats import TransferResult, TransferStats
 Allocate = Callable[[str, str, KVInfo, str], Any]   # (transfer_id, request_id, source info, mode) -> dst | None
 Release = Callable[[str, Any], None]           # (transfer_id, dst) -> None
 Reply = tuple[bytes, list[Any]]
+NO_DESTINATION = "no destination for this KV"   # the reason when `allocate` returned None
 
 
 @dataclass(frozen=True, slots=True)
@@ -125,9 +126,11 @@ class ReceiverCore:
     def _on_chunk(self, peer: bytes, chunk: Chunk, payload: list[Any], now: float) -> list[Reply]:
         if chunk.transfer_id in self._finished:
             return [self._late_reply(peer, chunk.transfer_id, chunk.index)]
-        inbound = self._transfers.get(chunk.transfer_id) or self._open(peer, chunk, now)
+        inbound = self._transfers.get(chunk.transfer_id)
         if inbound is None:
-            return [self._done_reply(peer, chunk.transfer_id, False, "no destination for this KV", None)]
+            inbound = self._open(peer, chunk, now)
+            if isinstance(inbound, str):   # refused: the reason
+                return [self._done_reply(peer, chunk.transfer_id, False, inbound, None)]
         if inbound.peer != peer or chunk.transfer_key() != inbound.key:
             inbound.stats.rejected += 1
             return self._nack(chunk.transfer_id, inbound, chunk.index, "header does not match the transfer", now)
@@ -153,17 +156,19 @@ class ReceiverCore:
         self._decodes.append((inbound, chunk, arrays))
         return [(peer, encode_message(Ack(chunk.transfer_id, chunk.index)))]
 
-    def _open(self, peer: bytes, chunk: Chunk, now: float) -> _Inbound | None:
+    def _open(self, peer: bytes, chunk: Chunk, now: float) -> _Inbound | str:
+        """The new transfer's state, or why it has no destination (its failed result is out)."""
         info = chunk.info
+        reason = NO_DESTINATION
         try:
             dst = self.allocate(chunk.transfer_id, chunk.request_id, info, chunk.mode)
-        except Exception:  # the engine's allocator failing must not kill the data plane
-            dst = None
+        except Exception as exc:  # the engine's allocator failing must not kill the data plane
+            dst, reason = None, f"the allocator failed: {type(exc).__name__}: {exc}"[:200]
         stats = TransferStats(chunk.transfer_id, chunk.request_id, chunk.mode, "", chunk.num_chunks,
                               info.nbytes, started_at=now)
         if dst is None:
-            self._finish(chunk.transfer_id, None, False, "no destination for this KV", stats, now, 0)
-            return None
+            self._finish(chunk.transfer_id, None, False, reason, stats, now, 0)
+            return reason
         inbound = _Inbound(peer, chunk.transfer_key(), info, dst, chunk.token_offset,
                            np.zeros(chunk.num_chunks, bool), np.zeros(chunk.num_chunks, np.uint64),
                            np.zeros((info.num_planes, info.num_tokens), bool), stats)

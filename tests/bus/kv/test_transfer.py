@@ -216,12 +216,13 @@ def test_no_destination_refuses_the_transfer(make_pair, kv):
     assert not pair.results[0].ok
 
 
-def test_an_allocator_that_raises_refuses_too(make_pair, kv):
+def test_an_allocator_that_raises_refuses_too_and_both_sides_are_told_why(make_pair, kv):
     def broken(*args):
         raise MemoryError("engine full")
     pair = make_pair(kv, allocate=broken)
     pair.run()
-    assert pair.sender.state is SendState.FAILED
+    assert pair.sender.state is SendState.FAILED and "allocator failed: MemoryError: engine full" in pair.sender.reason
+    assert not pair.results[0].ok and pair.results[0].reason == "the allocator failed: MemoryError: engine full"
 
 
 def test_an_abort_frees_the_receivers_buffer(make_pair, kv):
