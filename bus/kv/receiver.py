@@ -50,7 +50,6 @@ log = get_logger("kv.receiver")
 POLL_INTERVAL = 0.1
 
 
-
 def numpy_allocator(dtype: str | None = None) -> Allocate:
     """An allocator of fresh numpy arrays in `dtype` (default: the sender's dtype), whatever the mode."""
     def allocate(transfer_id: str, request_id: str, info: KVInfo, mode: str) -> np.ndarray:
