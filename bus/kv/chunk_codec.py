@@ -22,7 +22,7 @@ import xxhash
 from bus.kv.compress import COMPRESSION_MODES, AutoCompression, compress_frame, decompress_frame
 from bus.kv.errors import KVChecksumError, KVValueError
 from bus.kv.frames import Chunk, FrameInfo
-from bus.kv.layout import DEFAULT_CHUNK_BYTES, KVInfo, plan_chunks
+from bus.kv.layout import DEFAULT_CHUNK_BYTES, KVInfo, chunk_bytes_for, plan_chunks
 from bus.kv.pieces import RawPieces
 from bus.kv.quant import MODES, Quantizer, max_payload_sizes
 
@@ -53,7 +53,7 @@ class ChunkEncoder:
             raise KVValueError("compression='auto' needs an AutoCompression (the link speed)")
         self.kv, self.quantizer = kv, quantizer
         self.info: KVInfo = quantizer.kv_info(kv, dtype)
-        self.specs = plan_chunks(self.info, chunk_bytes)
+        self.specs = plan_chunks(self.info, chunk_bytes_for(self.info, mode, chunk_bytes))
         self.transfer_id, self.request_id, self.token_offset = transfer_id, request_id, token_offset
         self.mode, self.compression, self.auto = mode, compression, auto
         self.checksums = np.zeros(len(self.specs), np.uint64)

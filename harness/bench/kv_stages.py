@@ -17,7 +17,7 @@ import torch
 import xxhash
 
 from bus.kv.compress import compress_frame, decompress_frame
-from bus.kv.layout import plan_chunks
+from bus.kv.layout import chunk_bytes_for, plan_chunks
 from bus.kv.quant import NumpyQuantizer, max_payload_sizes
 from nodes.engines.kv_quant import TorchQuantizer
 
@@ -47,7 +47,7 @@ def _sources(kv_fp32: np.ndarray) -> dict[str, torch.Tensor]:
 
 def _chunks(quantizer, kv, mode, chunk_bytes):
     info = quantizer.kv_info(kv)
-    specs = plan_chunks(info, chunk_bytes)
+    specs = plan_chunks(info, chunk_bytes_for(info, mode, chunk_bytes))   # as the sender plans them
     outs = [np.empty(n, np.uint8) for n in max_payload_sizes(mode, max(s.num_rows for s in specs), info)]
     return info, specs, outs
 

@@ -6,7 +6,15 @@ import numpy as np
 import pytest
 
 from bus.kv.errors import KVValueError
-from bus.kv.layout import KVInfo, bf16_bits_to_f32, f32_to_bf16_bits, numpy_kv_info, plan_chunks
+from bus.kv.layout import (
+    DEFAULT_CHUNK_BYTES,
+    KVInfo,
+    bf16_bits_to_f32,
+    chunk_bytes_for,
+    f32_to_bf16_bits,
+    numpy_kv_info,
+    plan_chunks,
+)
 
 
 def coverage(info: KVInfo, specs) -> np.ndarray:
@@ -71,3 +79,12 @@ def test_bf16_relative_error_is_at_most_half_an_ulp():
     values = np.random.default_rng(1).normal(size=10_000).astype(np.float32) * 100
     back = bf16_bits_to_f32(f32_to_bf16_bits(values))
     assert (np.abs(back - values) <= np.abs(values) * 2.0**-8).all()
+
+
+def test_quantized_chunks_are_sized_by_values_raw_ones_by_bytes():
+    fp32, bf16 = KVInfo((30, 2, 3, 1024, 64), "float32"), KVInfo((30, 2, 3, 1024, 64), "bfloat16")
+    assert chunk_bytes_for(fp32, "raw") == chunk_bytes_for(bf16, "raw") == DEFAULT_CHUNK_BYTES
+    for mode in ("int8", "int8_sym", "bf16"):
+        assert chunk_bytes_for(fp32, mode) == 2 * DEFAULT_CHUNK_BYTES   # as many values as 4 MiB of bf16
+        assert chunk_bytes_for(bf16, mode) == DEFAULT_CHUNK_BYTES
+    assert len(plan_chunks(fp32, chunk_bytes_for(fp32, "int8"))) == len(plan_chunks(bf16, chunk_bytes_for(bf16, "int8")))
