@@ -223,7 +223,8 @@ def main() -> int:
     sources = {"fp32": torch.from_numpy(kv), "bf16": torch.from_numpy(kv).to(torch.bfloat16)}
     raw_bytes = {name: s.numel() * s.element_size() for name, s in sources.items()}
     print(f"# bench-kv: SmolLM2-135M KV of a {args.tokens}-token prompt, {kv.shape}, "
-          f"{raw_bytes['fp32'] / MiB:.1f} MiB fp32; chunks of {chunk_bytes / MiB:.2f} MiB; best of {args.repeats}")
+          f"{raw_bytes['fp32'] / MiB:.1f} MiB fp32; chunks of {chunk_bytes / MiB:.2f} MiB (quantized modes: "
+          f"the values of that much bf16, bus.kv.layout.chunk_bytes_for); best of {args.repeats}")
     quantizer = TorchQuantizer()
     started = time.perf_counter()
     quantizer.warmup()
