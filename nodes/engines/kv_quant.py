@@ -267,6 +267,7 @@ class TorchQuantizer:
             return False
         return True
 
+
 def copy_pieces(pieces: RawPieces, dst: torch.Tensor) -> None:
     """Write a raw transfer's verified pieces into dst [layers, 2, kv_heads, >= tokens, head_dim] of
     any float dtype and device (converted as copy_ converts). Each layer of dst must hold its
@@ -275,8 +276,7 @@ def copy_pieces(pieces: RawPieces, dst: torch.Tensor) -> None:
     info = pieces.info
     per_layer = 2 * info.shape[2]
     for spec, values in pieces.pieces():
-        source = torch.from_numpy(values.view(np.int16)).view(torch.bfloat16) if info.dtype == "bfloat16" \
-            else torch.from_numpy(values)
+        source = torch.from_numpy(values.view(np.uint8)).view(NAMES_TO_TORCH[info.dtype])   # as decode() views payloads
         plane = spec.plane_start
         while plane < spec.plane_stop:
             layer, first = divmod(plane, per_layer)
