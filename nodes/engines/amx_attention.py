@@ -59,7 +59,7 @@ def can_attend(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
 
 if amx_tiles.AVAILABLE and attention_rows.AVAILABLE:
     from nodes.engines.amx_tiles import CONFIG, configure, release, tile_dot, tile_load, tile_store, tile_zero
-    from nodes.engines.attention_rows import scaled_row, softmax_row
+    from nodes.engines.attention_rows import CAUSAL_ROWS, causal_softmax_rows, scaled_row
     from nodes.engines.bf16_kernels import _inline, _njit_numpy_errors
 
     # Tiles: 0-3 output accumulators (16 dims each), 4-5 queries (dims 0-31, 32-63) then weights,
@@ -138,11 +138,10 @@ if amx_tiles.AVAILABLE and attention_rows.AVAILABLE:
                         _score1()
                         _store_scores(scores, 0, b * KEYS, score_stride)
                     width = (visible + PAIR_KEYS - 1) // PAIR_KEYS * PAIR_KEYS
-                    for i in range(KEYS):
-                        if i < rows:
-                            totals[i] = softmax_row(scores, weights, i, start + q0 + i + 1, width, scale)
-                        else:
-                            weights[i, :width] = 0
+                    # Row i sees start + q0 + i + 1 keys; rows past the span (a last block of
+                    # fewer than 16 queries, zeros) see the block's keys, and their outputs are dropped.
+                    for i0 in range(0, KEYS, CAUSAL_ROWS):
+                        causal_softmax_rows(scores, weights, i0, start + q0 + 1, visible, width, scale, totals)
                     _zero0()
                     _zero1()
                     _zero2()

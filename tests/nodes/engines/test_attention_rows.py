@@ -24,6 +24,13 @@ if attention_rows.AVAILABLE:
         return totals
 
     @numba.njit
+    def causal_rows(scores, weights, first, last, width, scale):
+        totals = np.empty(scores.shape[0], np.float32)
+        for i0 in range(0, scores.shape[0], attention_rows.CAUSAL_ROWS):
+            attention_rows.causal_softmax_rows(scores, weights, i0, first, last, width, scale, totals)
+        return totals
+
+    @numba.njit
     def scale_rows(acc, factors, out, column):
         for i in range(acc.shape[0]):
             attention_rows.scaled_row(acc, i, factors[i], out, i, column)
@@ -58,6 +65,22 @@ def test_softmax_rows_match_float64_and_ignore_lanes_past_the_visible_keys(width
     np.testing.assert_allclose(totals, want_totals, rtol=1e-5)
     for i, n in enumerate(visible):
         assert not got[i, n:].any()
+
+
+@pytest.mark.parametrize(("first", "last", "width"), [(1, 16, 32), (17, 29, 32), (40, 55, 64), (500, 515, 544)])
+def test_causal_rows_at_once_match_one_row_at_a_time(first, last, width):
+    """Rows i0..i0 + 3 seeing min(first + i, last) keys, lanes past them as in a causal block
+    (stale values, NaN): the same weights as softmax_row, the sums to float32 precision."""
+    rng = np.random.default_rng(first)
+    scores = (rng.normal(size=(16, width + 16)) * 30).astype(np.float32)
+    visible = np.minimum(first + np.arange(16), last)
+    for i, n in enumerate(visible):
+        scores[i, n:] = np.nan
+    one_weights, all_weights = (np.full((16, width), 0xFFFF, np.uint16) for _ in range(2))
+    one_totals = softmax_rows(scores.copy(), one_weights, visible, width, np.float32(0.125))
+    all_totals = causal_rows(scores.copy(), all_weights, first, last, width, np.float32(0.125))
+    assert np.array_equal(all_weights, one_weights)
+    np.testing.assert_allclose(all_totals, one_totals, rtol=1e-6)
 
 
 def test_weights_may_be_written_over_their_own_scores():
