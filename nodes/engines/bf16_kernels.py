@@ -100,7 +100,12 @@ if AVAILABLE:
         for k in range(x.shape[1]):
             v = _to_f32(x[m, k])
             squares += v * v
-        return _round(np.float32(1.0) / np.sqrt(squares / np.float32(x.shape[1]) + np.float32(eps)))
+        return _scale_of_squares(squares, x.shape[1], eps)
+
+    @_inline
+    def _scale_of_squares(squares, width, eps):  # pragma: no cover - runs compiled
+        """The bf16 RMSNorm scale of a row from the float32 sum of its squares."""
+        return _round(np.float32(1.0) / np.sqrt(squares / np.float32(width) + np.float32(eps)))
 
     @_inline
     def _normed(x, m, k, norm_w, scale):  # pragma: no cover - runs compiled

@@ -6,26 +6,30 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nodes.engines import bf16_kernels, bf16_prefill
+from nodes.engines import bf16_kernels, bf16_prefill, prefill_rows
 from nodes.engines.bf16_gemv import bits
 from nodes.engines.llama import ForwardBatch, LlamaRunner, PrefillSpan, apply_rope, rms_norm
 
 pytestmark = pytest.mark.skipif(not bf16_kernels.AVAILABLE, reason="numba is not installed")
 
 
-def test_rms_norm_is_bit_identical_to_the_torch_branch():
+# 576 and head_dim 64 take the vector rows of prefill_rows.py where this CPU has them; 72 and 16 (a
+# half head of 8) the scalar loops.
+@pytest.mark.parametrize("width", [576, 72])
+def test_rms_norm_is_bit_identical_to_the_torch_branch(width):
     g = torch.Generator().manual_seed(0)
-    x = (torch.randn(300, 576, generator=g) * 3).to(torch.bfloat16)
-    weight = torch.randn(576, generator=g).to(torch.bfloat16)
+    x = (torch.randn(300, width, generator=g) * 3).to(torch.bfloat16)
+    weight = torch.randn(width, generator=g).to(torch.bfloat16)
     out = torch.empty_like(x)
     bf16_prefill.rms_norm(bits(x), bits(weight), 1e-5, bits(out))
     assert torch.equal(out, rms_norm(x, weight, 1e-5))
 
 
+@pytest.mark.parametrize("head_dim", [64, 16])
 @pytest.mark.parametrize("start", [0, 7])
-def test_rope_and_cache_match_apply_rope_and_the_cache_copies(start):
+def test_rope_and_cache_match_apply_rope_and_the_cache_copies(start, head_dim):
     g = torch.Generator().manual_seed(start)
-    heads, kv_heads, head_dim, tokens = 9, 3, 64, 33
+    heads, kv_heads, tokens = 9, 3, 33
     qkv = torch.randn(tokens, (heads + 2 * kv_heads) * head_dim, generator=g).to(torch.bfloat16)
     cos = torch.randn(64, head_dim, generator=g).to(torch.bfloat16)
     sin = torch.randn(64, head_dim, generator=g).to(torch.bfloat16)
@@ -44,6 +48,12 @@ def test_rope_and_cache_match_apply_rope_and_the_cache_copies(start):
     untouched = torch.ones_like(cache, dtype=torch.bool)
     untouched[2, :, :, span] = False
     assert torch.equal(cache[untouched], before[untouched])   # other layers and positions kept
+
+
+def test_the_vector_rows_take_the_real_model_widths_where_the_cpu_has_them():
+    if prefill_rows.AVAILABLE:
+        assert prefill_rows.can_take(576) and prefill_rows.can_take(32)
+    assert not prefill_rows.can_take(72) and not prefill_rows.can_take(8)
 
 
 def test_a_chunked_prefill_through_the_kernels_matches_the_torch_ops(tiny_model):
