@@ -5,9 +5,9 @@ Contract: where `AVAILABLE` (numba and llvmlite importable), these functions emi
 intrinsic's codegen: `item(context, builder, array_type, array, indices)` is a pointer to one
 element, `at(builder, pointer, offset, vector_type)` a pointer `offset` elements further cast to a
 vector pointer (loads and stores through it are unaligned), `load_bf16(builder, pointer, offset)`
-16 bf16 values (uint16 bits) widened to float32, `splat(builder, scalar)` a scalar in all 16
-lanes, `call(builder, name, return_type, *args)` a call of an LLVM intrinsic by name. Only
-numba-compiled code runs what they emit.
+16 bf16 values (uint16 bits) widened to float32 (`widen_bf16(builder, bits)` widens 16 already
+loaded), `splat(builder, scalar)` a scalar in all 16 lanes, `call(builder, name, return_type,
+*args)` a call of an LLVM intrinsic by name. Only numba-compiled code runs what they emit.
 """
 
 from __future__ import annotations
@@ -45,11 +45,13 @@ if AVAILABLE:
         element = builder.gep(pointer, [index], inbounds=True)
         return builder.bitcast(element, ir.PointerType(vector_type))
 
+    def widen_bf16(builder, bits):
+        """16 bf16 values (uint16 bits) as float32: their bits are its upper half."""
+        return builder.bitcast(builder.shl(builder.zext(bits, VI32), ir.Constant(VI32, [16] * LANES)), VF)
+
     def load_bf16(builder, pointer, offset):
-        """16 bf16 values from pointer + offset, widened to float32 (their bits are its upper half)."""
-        raw = builder.load(at(builder, pointer, offset, VI16), align=2)
-        wide = builder.shl(builder.zext(raw, VI32), ir.Constant(VI32, [16] * LANES))
-        return builder.bitcast(wide, VF)
+        """16 bf16 values from pointer + offset, widened to float32."""
+        return widen_bf16(builder, builder.load(at(builder, pointer, offset, VI16), align=2))
 
     def splat(builder, scalar):
         vector = builder.insert_element(ir.Constant(ir.VectorType(scalar.type, LANES), ir.Undefined), scalar,

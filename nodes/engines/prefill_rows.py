@@ -36,18 +36,12 @@ if AVAILABLE:
     from numba.core import cgutils
     from numba.extending import intrinsic
 
-    from bus.numba_vectors import F32, VF, VI16, at, call, index, item, load_bf16, splat
+    from bus.numba_vectors import F32, VF, VI16, at, call, index, item, load_bf16, splat, widen_bf16
     from nodes.engines.attention_rows import to_bf16
-
-    def _widen(builder, bits):
-        """bf16 bits (16 lanes) -> float32: the bits are its upper half."""
-        wide = builder.shl(builder.zext(bits, ir.VectorType(ir.IntType(32), LANES)),
-                           ir.Constant(ir.VectorType(ir.IntType(32), LANES), [16] * LANES))
-        return builder.bitcast(wide, VF)
 
     def _round(builder, value):
         """float32 -> the nearest bf16 value, as float32 (round to nearest even)."""
-        return _widen(builder, to_bf16(builder, value))
+        return widen_bf16(builder, to_bf16(builder, value))
 
     def _row(context, builder, array_type, array, row):
         return item(context, builder, array_type, array, [row, index(context, 0)])
