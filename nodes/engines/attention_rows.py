@@ -184,14 +184,13 @@ if AVAILABLE:
     def causal_softmax_rows(typingctx, scores, weights, i0, first_visible, last_visible, width, scale, totals):
         def codegen(context, builder, signature, args):
             scores_array, weights_array, row0, first, last, width_value, scale_value, totals_array = args
+            indices = [builder.add(row0, ir.Constant(row0.type, r)) for r in range(CAUSAL_ROWS)]
             rows = []
-            for r in range(CAUSAL_ROWS):
-                row = builder.add(row0, ir.Constant(row0.type, r))
+            for row in indices:
                 wanted = builder.add(first, row)
                 visible = builder.select(builder.icmp_signed("<", wanted, last), wanted, last)
                 rows.append((*_row_pointers(context, builder, signature, scores_array, weights_array, row), visible))
-            for r, total in enumerate(_softmax(builder, rows, width_value, scale_value)):
-                row = builder.add(row0, ir.Constant(row0.type, r))
+            for row, total in zip(indices, _softmax(builder, rows, width_value, scale_value), strict=True):
                 builder.store(total, item(context, builder, signature.args[7], totals_array, [row]))
             return context.get_dummy_value()
         return types.none(scores, weights, i0, first_visible, last_visible, width, scale, totals), codegen

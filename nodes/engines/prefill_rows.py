@@ -50,8 +50,11 @@ if AVAILABLE:
         """Offsets 0, 16, .. of a row `width` wide (a run-time value)."""
         return cgutils.for_range_slice(builder, ir.Constant(width.type, 0), width, ir.Constant(width.type, LANES))
 
+    def _shape(context, builder, array_type, array):
+        return cgutils.unpack_tuple(builder, context.make_array(array_type)(context, builder, array).shape)
+
     def _width(context, builder, array_type, array):
-        return cgutils.unpack_tuple(builder, context.make_array(array_type)(context, builder, array).shape)[1]
+        return _shape(context, builder, array_type, array)[1]
 
     @intrinsic
     def sum_of_squares(typingctx, x, m):
@@ -103,9 +106,9 @@ if AVAILABLE:
             source = _row(context, builder, qkv_type, qkv_array, t_value)
             cos_row = _row(context, builder, signature.args[2], cos_array, pos_value)
             sin_row = _row(context, builder, signature.args[3], sin_array, pos_value)
-            q_shape = cgutils.unpack_tuple(builder, context.make_array(q_type)(context, builder, q_array).shape)
-            c_shape = cgutils.unpack_tuple(builder, context.make_array(cache_type)(context, builder, cache_array).shape)
-            num_heads, num_kv_heads, head_dim = q_shape[0], c_shape[1], c_shape[3]
+            cache_shape = _shape(context, builder, cache_type, cache_array)
+            num_heads = _shape(context, builder, q_type, q_array)[0]
+            num_kv_heads, head_dim = cache_shape[1], cache_shape[3]
             half = builder.udiv(head_dim, ir.Constant(intp, 2))
             zero, one = ir.Constant(intp, 0), ir.Constant(intp, 1)
 
