@@ -7,7 +7,8 @@ per-stage GB/s (kv_stages), compression ratios per mode, and end to end (encode 
 loopback TCP to another process -> receive -> verify -> decode into a preallocated buffer -> DONE
 back; raw transfers are kept as their verified frames, as a decode node keeps them, and the
 engine's copy into its slot cache, made either way, is not timed), on loopback and through a
-10 Gbit/s shaped link, beside a bare pyzmq send of the same bytes.
+10 Gbit/s shaped link, beside a bare pyzmq send of the same bytes and (loopback) a plain pyzmq
+send of the same chunks with checksums and answers (harness/bench/kv_baselines.py).
 Every target of issue 3 is printed as a ratio of two figures measured side by side in this run.
 `--curve`: also the cost of CurveZMQ on the data plane: the same transfers to a plain and to a CURVE
 receiver in the same peer process, interleaved, as CURVE/plain time ratios (`--curve-only` skips
@@ -35,6 +36,7 @@ import zmq.asyncio  # noqa: E402
 
 from bus.kv import KVSender, SendConfig  # noqa: E402
 from bus.kv.link import LinkShaper, gbit  # noqa: E402
+from harness.bench.kv_baselines import bare_send_seconds, chunked_send_seconds, raw_chunks  # noqa: E402
 from harness.bench.kv_model import real_kv_fp32  # noqa: E402
 from harness.bench.kv_stages import (  # noqa: E402
     auto_overhead,
@@ -60,24 +62,18 @@ def start_peer(curve_keys: dict | None = None) -> tuple[subprocess.Popen, dict]:
     return peer, json.loads(peer.stdout.readline())
 
 
-async def bare_send_seconds(socket: zmq.asyncio.Socket, frames: list) -> float:
-    """One zero-copy multipart send of the same bytes and the peer's one-frame answer."""
-    started = time.perf_counter()
-    await socket.send_multipart(frames, copy=False)
-    await socket.recv_multipart()
-    return time.perf_counter() - started
-
-
 async def run_end_to_end(endpoints: dict, sources: dict, quantizer: TorchQuantizer, chunk_bytes: int,
                          repeats: int, link: float | None, loopback_rate: float, cases=CASES, bare_too=None) -> dict:
     rate = link or loopback_rate
     sender = KVSender(quantizer=quantizer, chunk_bytes=chunk_bytes, link_bytes_per_s=rate,
                       config=SendConfig(window=4, ack_timeout=5.0, transfer_timeout=60.0))
     context = zmq.asyncio.Context.instance()
-    bare = context.socket(zmq.DEALER)
+    bare, checked = context.socket(zmq.DEALER), context.socket(zmq.DEALER)
     bare.connect(endpoints["bare"])
+    checked.connect(endpoints["checked"])
     bare_frames = {name: np.array_split(source.view(torch.uint8).numpy().reshape(-1), 30)
                    for name, source in sources.items()}
+    chunks = {name: raw_chunks(source, chunk_bytes) for name, source in sources.items()}
     # The bare baseline is a loopback figure: one multipart message cannot be pipelined through the
     # shaped link model, so it would pay the link and then loopback in full.
     bare_too = link is None if bare_too is None else bare_too
@@ -86,8 +82,10 @@ async def run_end_to_end(endpoints: dict, sources: dict, quantizer: TorchQuantiz
     for round_ in range(repeats + 1):  # round 0 warms up sockets, pages and caches
         for name, frames in (bare_frames.items() if bare_too else ()):
             seconds = await bare_send_seconds(bare, frames)
+            chunked = await chunked_send_seconds(checked, chunks[name], sender.config.window)
             if round_:
                 times.setdefault(f"{name} bare pyzmq", []).append(seconds)
+                times.setdefault(f"{name} chunked pyzmq", []).append(chunked)
         # Rotate the order every round, and reverse it every other round: the first case after a
         # switch of source finds it out of cache (the fp32 and bf16 sources and destinations exceed
         # this machine's caches), so a fixed order charged that to the same case (bf16 raw+none)
@@ -105,6 +103,7 @@ async def run_end_to_end(endpoints: dict, sources: dict, quantizer: TorchQuantiz
                 ratios[key] = report.stats.ratio
     await sender.close()
     bare.close(linger=0)
+    checked.close(linger=0)
     # Best of N (as timeit does): on this shared machine, noise only ever adds time. The per-round
     # times go along for paired comparisons (`paired_ratio`).
     return {key: (min(values), ratios.get(key, 1.0), statistics.median(values), values)
@@ -154,6 +153,19 @@ def print_targets(loop: dict, shaped: dict) -> None:
     print("\n### Targets (ratios of best-of-N times from this run; auto / none: the median of per-round ratios)"
           "\n\n| target | measured | goal | |\n|---|---:|---|---|")
     print("\n".join(rows))
+
+
+def print_chunking_floor(loop: dict) -> None:
+    """Not a target: how much of the gap to a bare send chunking, answering and checksumming cost
+    by themselves (harness/bench/kv_baselines.py), and how much pdbus's own code adds to them."""
+    print("\n### Chunked, acknowledged and checksummed, in plain pyzmq (loopback; not a target)\n\n"
+          "Same chunks as `raw`, xxh3_64 on both sides, the same window, no pdbus code.\n\n"
+          "| source | bare ms | chunked pyzmq ms | raw+none ms | chunked / bare throughput "
+          "| raw+none / chunked throughput |\n|---|---:|---:|---:|---:|---:|")
+    for name in ("fp32", "bf16"):
+        bare, chunked, raw = (loop[f"{name} {case}"][0] for case in ("bare pyzmq", "chunked pyzmq", "raw+none"))
+        print(f"| {name} | {bare * 1e3:.1f} | {chunked * 1e3:.1f} | {raw * 1e3:.1f} | {bare / chunked:.2f} "
+              f"| {chunked / raw:.2f} |")
 
 
 async def curve_cost(endpoints: dict, sources: dict, quantizer: TorchQuantizer, chunk_bytes: int,
@@ -255,6 +267,7 @@ def main() -> int:
     print_end_to_end("loopback TCP, two processes", loop_results, raw_bytes)
     print_end_to_end("10 Gbit/s shaped link (token bucket in the sender)", shaped, raw_bytes)
     print_targets(loop_results, shaped)
+    print_chunking_floor(loop_results)
     if args.sweep:
         sweep(sources, quantizer, args.repeats, loopback_rate)
     print("\n### `auto` vs `none`: sender CPU per transfer, interleaved, best of 40 (same wire bytes when auto stores)\n")

@@ -4,8 +4,9 @@ Run as `python -m harness.bench.kv_peer [--torch] [--faults SEED]`: binds a KV d
 `KVReceiver` writing into one preallocated destination per dtype, as an engine's KV pool would;
 `raw` transfers are kept as their verified frames, RawPieces, as a decode node keeps them; and its
 heap is set up as a decode node's, nodes.heap.configure_decode_heap)
-and a bare pyzmq ROUTER that acknowledges every message (the baseline), prints one JSON line
-{"kv": endpoint, "bare": endpoint} and serves until stdin closes. With PDBUS_BENCH_CURVE_KEYS in
+and two plain pyzmq ROUTERs for the baselines (harness/bench/kv_baselines.py: "bare" answers every
+message, "checked" verifies each chunk's checksum first), prints one JSON line
+{"kv": endpoint, "bare": endpoint, "checked": endpoint} and serves until stdin closes. With PDBUS_BENCH_CURVE_KEYS in
 the environment (bench-kv --curve) a second receiver speaks CURVE: {"kv_curve": endpoint} too. Every KV result is printed as a
 JSON line too (ok, transfer id, a checksum of the destination for raw round-trip checks).
 """
@@ -25,6 +26,7 @@ import zmq.asyncio
 
 from bus.kv import FaultInjector, KVReceiver, RawPieces, ReceiveConfig
 from bus.kv.layout import DTYPES
+from harness.bench.kv_baselines import serve_bare, serve_checked
 
 
 def make_allocator(use_torch: bool):
@@ -53,12 +55,6 @@ def digest(kv) -> int:
         import torch
         kv = kv.view(torch.int16).numpy() if kv.dtype == torch.bfloat16 else kv.numpy()
     return xxhash.xxh3_64_intdigest(np.ascontiguousarray(kv).view(np.uint8))
-
-
-async def serve_bare(socket: zmq.asyncio.Socket) -> None:
-    while True:
-        frames = await socket.recv_multipart(copy=False)
-        await socket.send_multipart([frames[0], b"ok"])
 
 
 async def main(args: argparse.Namespace) -> None:
@@ -92,16 +88,22 @@ async def main(args: argparse.Namespace) -> None:
                                     config=ReceiveConfig(transfer_timeout=args.timeout), security=security)
         endpoints["kv_curve"] = await curve_receiver.start()
     context = zmq.asyncio.Context.instance()
-    bare = context.socket(zmq.ROUTER)
-    bare.bind("tcp://127.0.0.1:0")
-    bare_task = asyncio.get_running_loop().create_task(serve_bare(bare))
-    print(json.dumps({**endpoints, "bare": bare.getsockopt_string(zmq.LAST_ENDPOINT)}), flush=True)
+    baselines = {"bare": serve_bare, "checked": serve_checked}
+    sockets, tasks = {}, []
+    for name, serve in baselines.items():
+        sockets[name] = context.socket(zmq.ROUTER)
+        sockets[name].bind("tcp://127.0.0.1:0")
+        tasks.append(asyncio.get_running_loop().create_task(serve(sockets[name])))
+        endpoints[name] = sockets[name].getsockopt_string(zmq.LAST_ENDPOINT)
+    print(json.dumps(endpoints), flush=True)
     await asyncio.get_running_loop().run_in_executor(None, sys.stdin.read)   # until stdin closes
-    bare_task.cancel()
+    for task in tasks:
+        task.cancel()
     await receiver.close()
     if curve_receiver is not None:
         await curve_receiver.close()
-    bare.close(linger=0)
+    for socket in sockets.values():
+        socket.close(linger=0)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,93 @@
+"""bench-kv's plain-pyzmq baselines: the chunks a raw transfer would send, and a peer that checks them."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+
+import numpy as np
+import pytest
+import torch
+import xxhash
+import zmq
+import zmq.asyncio
+
+from bus.kv.layout import KVInfo, chunk_bytes_for, plan_chunks
+from harness.bench.kv_baselines import (
+    ChecksumMismatch,
+    bare_send_seconds,
+    chunked_send_seconds,
+    raw_chunks,
+    serve_bare,
+    serve_checked,
+)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_raw_chunks_are_the_raw_plans_chunks_and_cover_the_bytes_once(dtype):
+    source = torch.randn(4, 2, 3, 64, 16).to(dtype)
+    chunk_bytes = 3 * 64 * 16 * source.element_size()   # three planes a chunk
+    chunks = raw_chunks(source, chunk_bytes)
+    info = KVInfo(tuple(source.shape), str(dtype).removeprefix("torch."))
+    plan = plan_chunks(info, chunk_bytes_for(info, "raw", chunk_bytes))
+    assert len(chunks) == len(plan) == 8
+    assert np.concatenate(chunks).tobytes() == source.view(torch.uint8).numpy().tobytes()
+
+
+def test_raw_chunks_refuse_a_plan_that_splits_planes():
+    source = torch.zeros(1, 2, 1, 64, 16)
+    with pytest.raises(ValueError, match="whole planes"):
+        raw_chunks(source, 256)
+
+
+@pytest.fixture
+async def peers():
+    context = zmq.asyncio.Context.instance()
+    servers, clients, tasks = [], {}, []
+    for name, serve in (("bare", serve_bare), ("checked", serve_checked)):
+        server = context.socket(zmq.ROUTER)
+        server.bind("tcp://127.0.0.1:0")
+        tasks.append(asyncio.get_running_loop().create_task(serve(server)))
+        clients[name] = context.socket(zmq.DEALER)
+        clients[name].connect(server.getsockopt_string(zmq.LAST_ENDPOINT))
+        servers.append(server)
+    yield clients
+    for task in tasks:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    for socket in [*servers, *clients.values()]:
+        socket.close(linger=0)
+
+
+async def test_both_baselines_move_the_bytes_over_tcp(peers):
+    chunks = raw_chunks(torch.randn(4, 2, 3, 64, 16), 3 * 64 * 16 * 4)
+    assert await bare_send_seconds(peers["bare"], chunks) > 0
+    assert await chunked_send_seconds(peers["checked"], chunks, window=3) > 0
+
+
+async def test_the_checked_peer_answers_bad_to_a_chunk_that_does_not_match(peers):
+    socket = peers["checked"]
+    payload = np.arange(4096, dtype=np.uint8)
+    await socket.send_multipart([xxhash.xxh3_64_digest(payload[1:]), payload])
+    assert (await socket.recv_multipart())[-1] == b"bad"
+    await socket.send_multipart([b"only one frame"])
+    assert (await socket.recv_multipart())[-1] == b"bad"
+
+
+async def test_a_peer_that_found_a_mismatch_fails_the_chunked_baseline():
+    context = zmq.asyncio.Context.instance()
+    server, client = context.socket(zmq.ROUTER), context.socket(zmq.DEALER)
+    server.bind("tcp://127.0.0.1:0")
+    client.connect(server.getsockopt_string(zmq.LAST_ENDPOINT))
+
+    async def answer_bad():
+        frames = await server.recv_multipart()
+        await server.send_multipart([frames[0], b"bad"])
+
+    task = asyncio.get_running_loop().create_task(answer_bad())
+    with pytest.raises(ChecksumMismatch):
+        await chunked_send_seconds(client, [np.ones(64, np.uint8)], window=1)
+    await task
+    server.close(linger=0)
+    client.close(linger=0)
