@@ -36,7 +36,7 @@ import zmq.asyncio  # noqa: E402
 
 from bus.kv import KVSender, SendConfig  # noqa: E402
 from bus.kv.link import LinkShaper, gbit  # noqa: E402
-from harness.bench.kv_baselines import bare_send_seconds, chunked_send_seconds, raw_chunks  # noqa: E402
+from harness.bench.kv_baselines import bare_send_seconds, print_chunking_floor, run_chunking_floor  # noqa: E402
 from harness.bench.kv_model import real_kv_fp32  # noqa: E402
 from harness.bench.kv_stages import (  # noqa: E402
     auto_overhead,
@@ -148,57 +148,6 @@ def print_targets(loop: dict, shaped: dict) -> None:
     print("\n### Targets (ratios of best-of-N times from this run; auto / none: the median of per-round ratios)"
           "\n\n| target | measured | goal | |\n|---|---:|---|---|")
     print("\n".join(rows))
-
-
-FLOOR_CASES = ["bare pyzmq", "chunked pyzmq", "raw+none"]
-
-
-async def run_chunking_floor(endpoints: dict, sources: dict, quantizer: TorchQuantizer, chunk_bytes: int,
-                             repeats: int) -> dict:
-    """Best-of-N seconds of a bare send, the chunked plain-pyzmq baseline and raw+none, per source,
-    the three back to back in every round (in turn first). A pass of its own, after the main ones:
-    run inside their rounds, the baseline's checksum pass left the source in cache for whichever
-    case came next, and moved raw+none and the auto / none pairs by more than the targets' margins."""
-    sender = KVSender(quantizer=quantizer, chunk_bytes=chunk_bytes,
-                      config=SendConfig(window=4, ack_timeout=5.0, transfer_timeout=60.0))
-    context = zmq.asyncio.Context.instance()
-    bare, checked = context.socket(zmq.DEALER), context.socket(zmq.DEALER)
-    bare.connect(endpoints["bare"])
-    checked.connect(endpoints["checked"])
-    times: dict[tuple[str, str], list[float]] = {}
-    for name, source in sources.items():
-        frames = np.array_split(source.view(torch.uint8).numpy().reshape(-1), 30)
-        chunks = raw_chunks(source, chunk_bytes)
-        for round_ in range(repeats + 1):   # round 0 warms up
-            for case in FLOOR_CASES[round_ % 3:] + FLOOR_CASES[:round_ % 3]:
-                started = time.perf_counter()
-                if case == "bare pyzmq":
-                    await bare_send_seconds(bare, frames)
-                elif case == "chunked pyzmq":
-                    await chunked_send_seconds(checked, chunks, sender.config.window)
-                else:
-                    await sender.send(endpoints["kv"], f"floor-{name}-{round_}", "bench", source, mode="raw",
-                                      compression="none")
-                if round_:
-                    times.setdefault((name, case), []).append(time.perf_counter() - started)
-    await sender.close()
-    bare.close(linger=0)
-    checked.close(linger=0)
-    return {key: min(values) for key, values in times.items()}
-
-
-def print_chunking_floor(floor: dict) -> None:
-    """Not a target: how much of the gap to a bare send chunking, answering and checksumming cost
-    by themselves (harness/bench/kv_baselines.py), and how much pdbus's own code adds to them."""
-    print("\n### Chunked, acknowledged and checksummed, in plain pyzmq (loopback; not a target)\n\n"
-          "Same chunks as `raw`, xxh3_64 on both sides, the same window, no pdbus code; a pass of its own, "
-          "the three cases back to back in every round, best of N.\n\n"
-          "| source | bare ms | chunked pyzmq ms | raw+none ms | chunked / bare throughput "
-          "| raw+none / chunked throughput | raw+none / bare throughput |\n|---|---:|---:|---:|---:|---:|---:|")
-    for name in ("fp32", "bf16"):
-        bare, chunked, raw = (floor[name, case] for case in ("bare pyzmq", "chunked pyzmq", "raw+none"))
-        print(f"| {name} | {bare * 1e3:.1f} | {chunked * 1e3:.1f} | {raw * 1e3:.1f} | {bare / chunked:.2f} "
-              f"| {chunked / raw:.2f} | {bare / raw:.2f} |")
 
 
 async def curve_cost(endpoints: dict, sources: dict, quantizer: TorchQuantizer, chunk_bytes: int,

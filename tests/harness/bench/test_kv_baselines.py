@@ -12,15 +12,19 @@ import xxhash
 import zmq
 import zmq.asyncio
 
+from bus.kv import KVReceiver, RawPieces, ReceiveConfig
 from bus.kv.layout import KVInfo, chunk_bytes_for, plan_chunks
 from harness.bench.kv_baselines import (
     ChecksumMismatch,
     bare_send_seconds,
     chunked_send_seconds,
+    print_chunking_floor,
     raw_chunks,
+    run_chunking_floor,
     serve_bare,
     serve_checked,
 )
+from nodes.engines.kv_quant import TorchQuantizer
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -40,24 +44,37 @@ def test_raw_chunks_refuse_a_plan_that_splits_planes():
         raw_chunks(source, 256)
 
 
-@pytest.fixture
-async def peers():
+async def _servers():
     context = zmq.asyncio.Context.instance()
-    servers, clients, tasks = [], {}, []
+    servers, endpoints, tasks = [], {}, []
     for name, serve in (("bare", serve_bare), ("checked", serve_checked)):
         server = context.socket(zmq.ROUTER)
         server.bind("tcp://127.0.0.1:0")
         tasks.append(asyncio.get_running_loop().create_task(serve(server)))
-        clients[name] = context.socket(zmq.DEALER)
-        clients[name].connect(server.getsockopt_string(zmq.LAST_ENDPOINT))
+        endpoints[name] = server.getsockopt_string(zmq.LAST_ENDPOINT)
         servers.append(server)
+    return servers, endpoints, tasks
+
+
+@pytest.fixture
+async def peers():
+    servers, endpoints, tasks = await _servers()
+    clients = {name: zmq.asyncio.Context.instance().socket(zmq.DEALER) for name in endpoints}
+    for name, client in clients.items():
+        client.connect(endpoints[name])
     yield clients
+    await _stop(servers, tasks)
+    for client in clients.values():
+        client.close(linger=0)
+
+
+async def _stop(servers, tasks) -> None:
     for task in tasks:
         task.cancel()
         with contextlib.suppress(asyncio.CancelledError):
             await task
-    for socket in [*servers, *clients.values()]:
-        socket.close(linger=0)
+    for server in servers:
+        server.close(linger=0)
 
 
 async def test_both_baselines_move_the_bytes_over_tcp(peers):
@@ -91,3 +108,21 @@ async def test_a_peer_that_found_a_mismatch_fails_the_chunked_baseline():
     await task
     server.close(linger=0)
     client.close(linger=0)
+
+
+async def test_the_floor_pass_times_every_case_and_pdbus_delivers_each_raw_transfer(capsys):
+    received = []
+    receiver = KVReceiver(lambda transfer_id, request_id, info, mode: RawPieces(info), quantizer=TorchQuantizer(),
+                          on_result=received.append, config=ReceiveConfig(transfer_timeout=5.0))
+    servers, endpoints, tasks = await _servers()
+    endpoints["kv"] = await receiver.start()
+    sources = {"fp32": torch.randn(4, 2, 3, 64, 16), "bf16": torch.randn(4, 2, 3, 64, 16).to(torch.bfloat16)}
+    floor = await run_chunking_floor(endpoints, sources, TorchQuantizer(), 3 * 64 * 16 * 4, repeats=2)
+    await _stop(servers, tasks)
+    await receiver.close()
+    assert set(floor) == {(name, case) for name in sources for case in ("bare pyzmq", "chunked pyzmq", "raw+none")}
+    assert all(seconds > 0 for seconds in floor.values())
+    assert len(received) == 2 * 3 and all(result.ok for result in received)   # warm-up round too
+    print_chunking_floor(floor)
+    table = capsys.readouterr().out
+    assert "| fp32 |" in table and "| bf16 |" in table
