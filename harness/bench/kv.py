@@ -36,7 +36,12 @@ import zmq.asyncio  # noqa: E402
 
 from bus.kv import KVSender, SendConfig  # noqa: E402
 from bus.kv.link import LinkShaper, gbit  # noqa: E402
-from harness.bench.kv_baselines import bare_send_seconds, print_chunking_floor, run_chunking_floor  # noqa: E402
+from harness.bench.kv_baselines import (  # noqa: E402
+    bare_send_seconds,
+    flat_bytes,
+    print_chunking_floor,
+    run_chunking_floor,
+)
 from harness.bench.kv_model import real_kv_fp32  # noqa: E402
 from harness.bench.kv_stages import (  # noqa: E402
     auto_overhead,
@@ -70,8 +75,7 @@ async def run_end_to_end(endpoints: dict, sources: dict, quantizer: TorchQuantiz
     context = zmq.asyncio.Context.instance()
     bare = context.socket(zmq.DEALER)
     bare.connect(endpoints["bare"])
-    bare_frames = {name: np.array_split(source.view(torch.uint8).numpy().reshape(-1), 30)
-                   for name, source in sources.items()}
+    bare_frames = {name: np.array_split(flat_bytes(source), 30) for name, source in sources.items()}
     # The bare baseline is a loopback figure: one multipart message cannot be pipelined through the
     # shaped link model, so it would pay the link and then loopback in full.
     bare_too = link is None if bare_too is None else bare_too

@@ -133,7 +133,7 @@ async def run_chunking_floor(endpoints: dict, sources: dict, quantizer: Quantize
 
 def print_chunking_floor(floor: dict) -> None:
     """Not a target: how much of the gap to a bare send chunking, answering and checksumming cost
-    by themselves (harness/bench/kv_baselines.py), and how much pdbus's own code adds to them."""
+    by themselves, and how much pdbus's own code adds to them."""
     print("\n### Chunked, acknowledged and checksummed, in plain pyzmq (loopback; not a target)\n\n"
           "Same chunks as `raw`, xxh3_64 on both sides, the same window, no pdbus code; a pass of its own, "
           "the three cases back to back in every round, best of N.\n\n"
