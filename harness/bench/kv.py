@@ -7,8 +7,9 @@ per-stage GB/s (kv_stages), compression ratios per mode, and end to end (encode 
 loopback TCP to another process -> receive -> verify -> decode into a preallocated buffer -> DONE
 back; raw transfers are kept as their verified frames, as a decode node keeps them, and the
 engine's copy into its slot cache, made either way, is not timed), on loopback and through a
-10 Gbit/s shaped link, beside a bare pyzmq send of the same bytes and (loopback) a plain pyzmq
-send of the same chunks with checksums and answers (harness/bench/kv_baselines.py).
+10 Gbit/s shaped link, beside a bare pyzmq send of the same bytes and a plain pyzmq send of the
+same chunks with checksums and answers, on loopback and (with int8-sized chunks too) through the
+shaped link (harness/bench/kv_baselines.py).
 Every target of issue 3 is printed as a ratio of two figures measured side by side in this run.
 `--curve`: also the cost of CurveZMQ on the data plane: the same transfers to a plain and to a CURVE
 receiver in the same peer process, interleaved, as CURVE/plain time ratios (`--curve-only` skips
@@ -40,7 +41,9 @@ from harness.bench.kv_baselines import (  # noqa: E402
     bare_send_seconds,
     flat_bytes,
     print_chunking_floor,
+    print_link_floor,
     run_chunking_floor,
+    run_link_floor,
 )
 from harness.bench.kv_model import real_kv_fp32  # noqa: E402
 from harness.bench.kv_stages import (  # noqa: E402
@@ -247,6 +250,7 @@ def main() -> int:
         loop_results = asyncio.run(run_end_to_end(endpoints, sources, quantizer, chunk_bytes, args.repeats, None, loopback_rate))
         shaped = asyncio.run(run_end_to_end(endpoints, sources, quantizer, chunk_bytes, args.repeats, gbit(10), gbit(10)))
         floor = asyncio.run(run_chunking_floor(endpoints, sources, quantizer, chunk_bytes, args.repeats))
+        link_floor = asyncio.run(run_link_floor(endpoints, sources, chunk_bytes, args.repeats, gbit(10)))
     finally:
         peer.stdin.close()
         peer.wait(timeout=30)
@@ -255,6 +259,7 @@ def main() -> int:
     print_end_to_end("10 Gbit/s shaped link (token bucket in the sender)", shaped, raw_bytes)
     print_targets(loop_results, shaped)
     print_chunking_floor(floor)
+    print_link_floor(link_floor, shaped, "10 Gbit/s")
     if args.sweep:
         sweep(sources, quantizer, args.repeats, loopback_rate)
     print("\n### `auto` vs `none`: sender CPU per transfer, interleaved, best of 40 (same wire bytes when auto stores)\n")

@@ -6,31 +6,42 @@ Contract:
 - `chunked_send_seconds(socket, chunks, window)`: the same bytes as the messages a `raw` transfer
   sends (one per chunk), each with its xxh3_64 computed by the sender, at most `window`
   unanswered, each verified by the peer before it answers (`serve_checked`). Raises
-  `ChecksumMismatch` if the peer found a chunk that does not match its checksum.
-`raw_chunks(source, chunk_bytes)` splits a KV tensor's bytes as a `raw` transfer's chunk plan does.
+  `ChecksumMismatch` if the peer found a chunk that does not match its checksum. With a
+  `shaper` (bus.kv.link) each chunk waits for its place on the virtual wire, as KVSender's do.
+`raw_chunks(source, chunk_bytes)` splits a KV tensor's bytes as a `raw` transfer's chunk plan does;
+`int8_wire_chunks(source, chunk_bytes)` are random bytes in the sizes an `int8` transfer sends.
 `run_chunking_floor(endpoints, sources, quantizer, chunk_bytes, repeats)` times bare, chunked and
 pdbus's raw+none back to back in every round (its own pass: see its docstring), and
-`print_chunking_floor` prints them as bench-kv's table.
+`print_chunking_floor` prints them as bench-kv's table. `run_link_floor(...)` /
+`print_link_floor(...)` do the same for a shaped link: the chunked baseline with raw's chunks and
+with int8-sized ones, beside pdbus's raw+none and int8+auto through the same link.
 
 Why the second one: the target "raw+none reaches 80 % of a bare send" compares a protocol that
 chunks, acknowledges and checksums (the issue asks for all three) with one message. The chunked
 baseline does exactly those three things and nothing else, so "raw+none / chunked" says how much of
 the gap pdbus's own code adds, and "chunked / bare" how much the three cost by themselves on this
 machine, where the two processes' main threads and their two I/O threads share two cores.
+Why the link floor: on the shaped link the int8 targets are ratios of two times that each include
+the wire; sending int8-sized chunks that need no encoding and no decoding says how large that
+ratio can get on this link model at all, and so how much of it the codec's own time costs.
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
+from collections import deque
 from typing import TYPE_CHECKING
 
 import numpy as np
 import xxhash
+import zmq
 import zmq.asyncio
 
 from bus.kv import KVSender, SendConfig
 from bus.kv.layout import KVInfo, chunk_bytes_for, plan_chunks
-from bus.kv.quant import Quantizer
+from bus.kv.link import LinkShaper
+from bus.kv.quant import Quantizer, payload_sizes
 
 if TYPE_CHECKING:   # torch only where a sender splits a tensor: the peer process does without it
     import torch
@@ -44,6 +55,15 @@ def flat_bytes(source: torch.Tensor) -> np.ndarray:
     """The tensor's bytes as one uint8 numpy view (no copy of a contiguous tensor)."""
     import torch
     return source.contiguous().view(torch.uint8).numpy().reshape(-1)
+
+
+def int8_wire_chunks(source: torch.Tensor, chunk_bytes: int) -> list[np.ndarray]:
+    """Random bytes as many as each chunk of an `int8` transfer of the source puts on the wire
+    (codes and float16 params; headers left out): that transfer's traffic, with nothing encoded."""
+    info = KVInfo(tuple(source.shape), str(source.dtype).removeprefix("torch."))
+    rng = np.random.default_rng(0)
+    return [rng.integers(0, 256, sum(payload_sizes("int8", spec, info, "f16")), dtype=np.uint8)
+            for spec in plan_chunks(info, chunk_bytes_for(info, "int8", chunk_bytes))]
 
 
 def raw_chunks(source: torch.Tensor, chunk_bytes: int) -> list[np.ndarray]:
@@ -65,14 +85,27 @@ async def bare_send_seconds(socket: zmq.asyncio.Socket, frames: list) -> float:
     return time.perf_counter() - started
 
 
-async def chunked_send_seconds(socket: zmq.asyncio.Socket, chunks: list[np.ndarray], window: int) -> float:
+async def chunked_send_seconds(socket: zmq.asyncio.Socket, chunks: list[np.ndarray], window: int,
+                               shaper: LinkShaper | None = None) -> float:
+    loop = asyncio.get_running_loop()
     started = time.perf_counter()
-    num_sent = num_answered = 0
+    queued: deque[tuple[float, np.ndarray]] = deque()   # (release time, chunk), admitted by the window
+    num_admitted = num_answered = 0
     while num_answered < len(chunks):
-        while num_sent < len(chunks) and num_sent - num_answered < window:
-            chunk = chunks[num_sent]
-            await socket.send_multipart([xxhash.xxh3_64_digest(chunk), chunk], copy=False)
-            num_sent += 1
+        while num_admitted < len(chunks) and num_admitted - num_answered < window:
+            # As KVSender's link does: a chunk's place on the virtual wire is booked when it is
+            # admitted, so a late wake-up delays that chunk and not the ones behind it.
+            chunk = chunks[num_admitted]
+            queued.append((shaper.release_time(chunk.nbytes, loop.time()) if shaper else 0.0, chunk))
+            num_admitted += 1
+        if queued:
+            release, chunk = queued.popleft()
+            digest = xxhash.xxh3_64_digest(chunk)
+            if release > loop.time():
+                await asyncio.sleep(release - loop.time())
+            await socket.send_multipart([digest, chunk], copy=False)
+            if not await socket.poll(0, zmq.POLLIN):
+                continue
         answer = await socket.recv_multipart()
         if answer[-1] != b"ok":
             raise ChecksumMismatch("the chunked baseline's peer found a chunk that does not match its checksum")
@@ -143,3 +176,38 @@ def print_chunking_floor(floor: dict) -> None:
         bare, chunked, raw = (floor[name, case] for case in ("bare pyzmq", "chunked pyzmq", "raw+none"))
         print(f"| {name} | {bare * 1e3:.1f} | {chunked * 1e3:.1f} | {raw * 1e3:.1f} | {bare / chunked:.2f} "
               f"| {chunked / raw:.2f} | {bare / raw:.2f} |")
+
+
+async def run_link_floor(endpoints: dict, sources: dict, chunk_bytes: int, repeats: int, link: float) -> dict:
+    """Best-of-N seconds of the chunked baseline through a shaped link of `link` bytes/s, with the
+    raw transfer's chunks and with random bytes the size of the int8 transfer's: per source, the
+    two back to back in every round (in turn first). Their ratio is the most a transfer that sends
+    int8's bytes instead of raw's can gain on this link model, encoding and decoding for free."""
+    context = zmq.asyncio.Context.instance()
+    checked = context.socket(zmq.DEALER)
+    checked.connect(endpoints["checked"])
+    times: dict[tuple[str, str], list[float]] = {}
+    for name, source in sources.items():
+        chunks = {"raw-sized": raw_chunks(source, chunk_bytes), "int8-sized": int8_wire_chunks(source, chunk_bytes)}
+        for round_ in range(repeats + 1):   # round 0 warms up
+            for case in (list(chunks) if round_ % 2 else list(chunks)[::-1]):
+                seconds = await chunked_send_seconds(checked, chunks[case], 4, LinkShaper(link))
+                if round_:
+                    times.setdefault((name, case), []).append(seconds)
+    checked.close(linger=0)
+    return {key: min(values) for key, values in times.items()}
+
+
+def print_link_floor(floor: dict, shaped: dict, title: str) -> None:
+    """Not a target: what the shaped link alone allows (run_link_floor) beside pdbus's raw+none and
+    int8+auto through the same link (`shaped`, bench-kv's best-of-N results)."""
+    print(f"\n### The {title} link alone, in plain pyzmq (not a target)\n\n"
+          "The chunked baseline through the same shaper, window and timer as KVSender: raw's chunks, and random "
+          "bytes the size of int8's (nothing encoded or decoded); best of N.\n\n"
+          "| source | raw-sized ms | int8-sized ms | the most int8 can gain | pdbus raw+none ms "
+          "| pdbus int8+auto ms | pdbus gain |\n|---|---:|---:|---:|---:|---:|---:|")
+    for name in dict.fromkeys(name for name, _ in floor):
+        raw, int8 = floor[name, "raw-sized"], floor[name, "int8-sized"]
+        pdbus_raw, pdbus_int8 = shaped[f"{name} raw+none"][0], shaped[f"{name} int8+auto"][0]
+        print(f"| {name} | {raw * 1e3:.1f} | {int8 * 1e3:.1f} | {raw / int8:.2f}x | {pdbus_raw * 1e3:.1f} "
+              f"| {pdbus_int8 * 1e3:.1f} | {pdbus_raw / pdbus_int8:.2f}x |")

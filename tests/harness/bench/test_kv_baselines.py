@@ -12,15 +12,19 @@ import xxhash
 import zmq
 import zmq.asyncio
 
-from bus.kv import KVReceiver, RawPieces, ReceiveConfig
+from bus.kv import KVReceiver, KVSender, RawPieces, ReceiveConfig
 from bus.kv.layout import KVInfo, chunk_bytes_for, plan_chunks
+from bus.kv.link import LinkShaper
 from harness.bench.kv_baselines import (
     ChecksumMismatch,
     bare_send_seconds,
     chunked_send_seconds,
+    int8_wire_chunks,
     print_chunking_floor,
+    print_link_floor,
     raw_chunks,
     run_chunking_floor,
+    run_link_floor,
     serve_bare,
     serve_checked,
 )
@@ -126,3 +130,35 @@ async def test_the_floor_pass_times_every_case_and_pdbus_delivers_each_raw_trans
     print_chunking_floor(floor)
     table = capsys.readouterr().out
     assert "| fp32 |" in table and "| bf16 |" in table
+
+
+async def test_int8_sized_chunks_weigh_what_an_int8_transfer_puts_on_the_wire():
+    source = torch.randn(4, 2, 3, 64, 16)
+    chunk_bytes = 3 * 64 * 16 * 2
+    sizes = [chunk.nbytes for chunk in int8_wire_chunks(source, chunk_bytes)]
+    receiver = KVReceiver(quantizer=TorchQuantizer(), config=ReceiveConfig(transfer_timeout=5.0))
+    endpoint = await receiver.start()
+    sender = KVSender(quantizer=TorchQuantizer(), chunk_bytes=chunk_bytes)
+    report = await sender.send(endpoint, "t", "r", source, mode="int8", compression="none")
+    await sender.close()
+    await receiver.close()
+    assert len(sizes) == report.stats.num_chunks
+    assert report.stats.wire_bytes == sum(sizes)   # payloads only, as both count them
+
+
+async def test_a_shaped_chunked_send_is_never_faster_than_its_link(peers):
+    chunks = [np.ones(50_000, np.uint8) for _ in range(6)]
+    rate = 20e6   # 300 kB at 20 MB/s: 15 ms of wire
+    seconds = await chunked_send_seconds(peers["checked"], chunks, window=2, shaper=LinkShaper(rate))
+    assert seconds >= 6 * 50_000 / rate
+
+
+async def test_the_link_floor_times_both_chunk_sizes_and_prints_beside_pdbus(capsys):
+    servers, endpoints, tasks = await _servers()
+    sources = {"fp32": torch.randn(2, 2, 3, 64, 16)}
+    floor = await run_link_floor(endpoints, sources, 3 * 64 * 16 * 4, repeats=1, link=200e6)
+    await _stop(servers, tasks)
+    assert set(floor) == {("fp32", "raw-sized"), ("fp32", "int8-sized")}
+    assert floor["fp32", "raw-sized"] > floor["fp32", "int8-sized"] > 0   # fewer bytes through the same link
+    print_link_floor(floor, {"fp32 raw+none": (0.004,), "fp32 int8+auto": (0.002,)}, "test")
+    assert "| fp32 |" in capsys.readouterr().out
