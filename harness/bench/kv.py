@@ -38,6 +38,7 @@ import zmq.asyncio  # noqa: E402
 from bus.kv import KVSender, SendConfig  # noqa: E402
 from bus.kv.link import LinkShaper, gbit  # noqa: E402
 from harness.bench.kv_baselines import (  # noqa: E402
+    WINDOW,
     bare_send_seconds,
     flat_bytes,
     print_chunking_floor,
@@ -74,7 +75,7 @@ async def run_end_to_end(endpoints: dict, sources: dict, quantizer: TorchQuantiz
                          repeats: int, link: float | None, loopback_rate: float, cases=CASES, bare_too=None) -> dict:
     rate = link or loopback_rate
     sender = KVSender(quantizer=quantizer, chunk_bytes=chunk_bytes, link_bytes_per_s=rate,
-                      config=SendConfig(window=4, ack_timeout=5.0, transfer_timeout=60.0))
+                      config=SendConfig(window=WINDOW, ack_timeout=5.0, transfer_timeout=60.0))
     context = zmq.asyncio.Context.instance()
     bare = context.socket(zmq.DEALER)
     bare.connect(endpoints["bare"])
@@ -160,7 +161,7 @@ def print_targets(loop: dict, shaped: dict) -> None:
 async def curve_cost(endpoints: dict, sources: dict, quantizer: TorchQuantizer, chunk_bytes: int,
                      repeats: int, security: object) -> dict[str, tuple[float, float]]:
     """Best-of-N seconds per case, plain vs CURVE, the two interleaved in every round."""
-    config = SendConfig(window=4, ack_timeout=5.0, transfer_timeout=60.0)
+    config = SendConfig(window=WINDOW, ack_timeout=5.0, transfer_timeout=60.0)
     senders = {"plain": (KVSender(quantizer=quantizer, chunk_bytes=chunk_bytes, config=config), endpoints["kv"]),
                "curve": (KVSender(quantizer=quantizer, chunk_bytes=chunk_bytes, config=config, security=security),
                          endpoints["kv_curve"])}

@@ -47,6 +47,9 @@ if TYPE_CHECKING:   # torch only where a sender splits a tensor: the peer proces
     import torch
 
 
+WINDOW = 4   # unanswered chunks, as bench-kv's KVSenders are configured
+
+
 class ChecksumMismatch(RuntimeError):
     """The peer of the chunked baseline found a chunk that does not match its checksum."""
 
@@ -57,10 +60,14 @@ def flat_bytes(source: torch.Tensor) -> np.ndarray:
     return source.contiguous().view(torch.uint8).numpy().reshape(-1)
 
 
+def _info(source: torch.Tensor) -> KVInfo:
+    return KVInfo(tuple(source.shape), str(source.dtype).removeprefix("torch."))
+
+
 def int8_wire_chunks(source: torch.Tensor, chunk_bytes: int) -> list[np.ndarray]:
     """Random bytes as many as each chunk of an `int8` transfer of the source puts on the wire
     (codes and float16 params; headers left out): that transfer's traffic, with nothing encoded."""
-    info = KVInfo(tuple(source.shape), str(source.dtype).removeprefix("torch."))
+    info = _info(source)
     rng = np.random.default_rng(0)
     return [rng.integers(0, 256, sum(payload_sizes("int8", spec, info, "f16")), dtype=np.uint8)
             for spec in plan_chunks(info, chunk_bytes_for(info, "int8", chunk_bytes))]
@@ -68,7 +75,7 @@ def int8_wire_chunks(source: torch.Tensor, chunk_bytes: int) -> list[np.ndarray]
 
 def raw_chunks(source: torch.Tensor, chunk_bytes: int) -> list[np.ndarray]:
     """Views of the source's bytes, one per chunk of a `raw` transfer of it (whole planes)."""
-    info = KVInfo(tuple(source.shape), str(source.dtype).removeprefix("torch."))
+    info = _info(source)
     flat = flat_bytes(source)
     plane_bytes = info.num_tokens * info.head_dim * info.itemsize
     specs = plan_chunks(info, chunk_bytes_for(info, "raw", chunk_bytes))
@@ -137,7 +144,7 @@ async def run_chunking_floor(endpoints: dict, sources: dict, quantizer: Quantize
     run inside their rounds, the baseline's checksum pass left the source in cache for whichever
     case came next, and moved raw+none and the auto / none pairs by more than the targets' margins."""
     sender = KVSender(quantizer=quantizer, chunk_bytes=chunk_bytes,
-                      config=SendConfig(window=4, ack_timeout=5.0, transfer_timeout=60.0))
+                      config=SendConfig(window=WINDOW, ack_timeout=5.0, transfer_timeout=60.0))
     context = zmq.asyncio.Context.instance()
     bare, checked = context.socket(zmq.DEALER), context.socket(zmq.DEALER)
     bare.connect(endpoints["bare"])
@@ -152,7 +159,7 @@ async def run_chunking_floor(endpoints: dict, sources: dict, quantizer: Quantize
                 if case == "bare pyzmq":
                     await bare_send_seconds(bare, frames)
                 elif case == "chunked pyzmq":
-                    await chunked_send_seconds(checked, chunks, sender.config.window)
+                    await chunked_send_seconds(checked, chunks, WINDOW)
                 else:
                     await sender.send(endpoints["kv"], f"floor-{name}-{round_}", "bench", source, mode="raw",
                                       compression="none")
@@ -191,7 +198,7 @@ async def run_link_floor(endpoints: dict, sources: dict, chunk_bytes: int, repea
         chunks = {"raw-sized": raw_chunks(source, chunk_bytes), "int8-sized": int8_wire_chunks(source, chunk_bytes)}
         for round_ in range(repeats + 1):   # round 0 warms up
             for case in (list(chunks) if round_ % 2 else list(chunks)[::-1]):
-                seconds = await chunked_send_seconds(checked, chunks[case], 4, LinkShaper(link))
+                seconds = await chunked_send_seconds(checked, chunks[case], WINDOW, LinkShaper(link))
                 if round_:
                     times.setdefault((name, case), []).append(seconds)
     checked.close(linger=0)
