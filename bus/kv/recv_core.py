@@ -5,9 +5,9 @@ as `on_frames(peer, frames, now)` and sends the returned `(peer, frames)` replie
 periodically, and drains `pop_results()`: one `TransferResult` per transfer, ok (verified, every
 chunk written into the destination `allocate(transfer_id, request_id, info, mode)` returned: a
 buffer, or for a `raw` transfer a bus.kv.pieces.RawPieces that keeps the verified frames) or
-failed (the destination was handed back to `release(...)` and must not be used). Nothing undecodable or unverified is ever written
-into a destination; a result is ok only once every chunk verified, the chunks cover the KV exactly
-once and the whole-transfer digest matches.
+failed (the destination was handed back to `release(...)` and must not be used). Nothing
+undecodable or unverified is ever written into a destination; a result is ok only once every
+chunk verified, the chunks cover the KV exactly once and the whole-transfer digest matches.
 
 `on_frames(..., defer_decode=True)` acknowledges a chunk once it verified (checksum, decompression,
 header) and queues its decode: the shell sends the ACK first, then calls `run_decodes(now)` and

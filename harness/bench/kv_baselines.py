@@ -61,7 +61,8 @@ def flat_bytes(source: torch.Tensor) -> np.ndarray:
 
 
 def _info(source: torch.Tensor) -> KVInfo:
-    return KVInfo(tuple(source.shape), str(source.dtype).removeprefix("torch."))
+    from nodes.engines.kv_quant import TORCH_DTYPES  # imports torch: only a sender splits tensors
+    return KVInfo(tuple(source.shape), TORCH_DTYPES[source.dtype])
 
 
 def int8_wire_chunks(source: torch.Tensor, chunk_bytes: int) -> list[np.ndarray]:
