@@ -8,10 +8,12 @@ Contract:
   unanswered, each verified by the peer before it answers (`serve_checked`). Raises
   `ChecksumMismatch` if the peer found a chunk that does not match its checksum. With a
   `shaper` (bus.kv.link) each chunk waits for its place on the virtual wire, as KVSender's do.
+  With `checksum=False` a message is the chunk alone, for a peer that answers each unread
+  (`serve_bare`): the same chunking and window without the two checksum passes.
 `raw_chunks(source, chunk_bytes)` splits a KV tensor's bytes as a `raw` transfer's chunk plan does;
 `int8_wire_chunks(source, chunk_bytes)` are random bytes in the sizes an `int8` transfer sends.
-`run_chunking_floor(endpoints, sources, quantizer, chunk_bytes, repeats)` times bare, chunked and
-pdbus's raw+none back to back in every round (its own pass: see its docstring), and
+`run_chunking_floor(endpoints, sources, quantizer, chunk_bytes, repeats)` times bare, chunked (with
+and without checksums) and pdbus's raw+none back to back in every round (its own pass: see its docstring), and
 `print_chunking_floor` prints them as bench-kv's table. `run_link_floor(...)` /
 `print_link_floor(...)` do the same for a shaped link: the chunked baseline with raw's chunks and
 with int8-sized ones, beside pdbus's raw+none and int8+auto through the same link.
@@ -20,7 +22,11 @@ Why the second one: the target "raw+none reaches 80 % of a bare send" compares a
 chunks, acknowledges and checksums (the issue asks for all three) with one message. The chunked
 baseline does exactly those three things and nothing else, so "raw+none / chunked" says how much of
 the gap pdbus's own code adds, and "chunked / bare" how much the three cost by themselves on this
-machine, where the two processes' main threads and their two I/O threads share two cores.
+machine, where the two processes' main threads and their two I/O threads share two cores. The same
+baseline without checksums splits that cost between chunking with acknowledgements and checksums:
+an ad-hoc run in plain pyzmq put a bf16 cache's six chunks, answered in a window of four, no slower
+than one bare message, and the same chunks with xxh3_64 on both sides at 1.4-1.5x their time (the
+copies of loopback TCP already keep both cores busy, so every pass over the bytes adds its time).
 Why the link floor: on the shaped link the int8 targets are ratios of two times that each include
 the wire; sending int8-sized chunks that need no encoding and no decoding says how large that
 ratio can get on this link model at all, and so how much of it the codec's own time costs.
@@ -94,7 +100,7 @@ async def bare_send_seconds(socket: zmq.asyncio.Socket, frames: list) -> float:
 
 
 async def chunked_send_seconds(socket: zmq.asyncio.Socket, chunks: list[np.ndarray], window: int,
-                               shaper: LinkShaper | None = None) -> float:
+                               shaper: LinkShaper | None = None, checksum: bool = True) -> float:
     loop = asyncio.get_running_loop()
     started = time.perf_counter()
     queued: deque[tuple[float, np.ndarray]] = deque()   # (release time, chunk), admitted by the window
@@ -108,10 +114,10 @@ async def chunked_send_seconds(socket: zmq.asyncio.Socket, chunks: list[np.ndarr
             num_admitted += 1
         if queued:
             release, chunk = queued.popleft()
-            digest = xxhash.xxh3_64_digest(chunk)
+            frames = [xxhash.xxh3_64_digest(chunk), chunk] if checksum else [chunk]
             if release > loop.time():
                 await asyncio.sleep(release - loop.time())
-            await socket.send_multipart([digest, chunk], copy=False)
+            await socket.send_multipart(frames, copy=False)
             if not await socket.poll(0, zmq.POLLIN):
                 continue
         answer = await socket.recv_multipart()
@@ -135,13 +141,13 @@ async def serve_checked(socket: zmq.asyncio.Socket) -> None:
         await socket.send_multipart([frames[0], b"ok" if matches else b"bad"])
 
 
-FLOOR_CASES = ["bare pyzmq", "chunked pyzmq", "raw+none"]
+FLOOR_CASES = ["bare pyzmq", "chunked, no checksum", "chunked pyzmq", "raw+none"]
 
 
 async def run_chunking_floor(endpoints: dict, sources: dict, quantizer: Quantizer, chunk_bytes: int,
                              repeats: int) -> dict:
-    """Best-of-N seconds of a bare send, the chunked plain-pyzmq baseline and raw+none, per source,
-    the three back to back in every round (in turn first). A pass of its own, after the main ones:
+    """Best-of-N seconds of a bare send, the chunked plain-pyzmq baseline without and with checksums
+    and raw+none, per source, the four back to back in every round (in turn first). A pass of its own, after the main ones:
     run inside their rounds, the baseline's checksum pass left the source in cache for whichever
     case came next, and moved raw+none and the auto / none pairs by more than the targets' margins."""
     sender = KVSender(quantizer=quantizer, chunk_bytes=chunk_bytes,
@@ -155,10 +161,13 @@ async def run_chunking_floor(endpoints: dict, sources: dict, quantizer: Quantize
         frames = np.array_split(flat_bytes(source), 30)   # as bench-kv's bare send splits them
         chunks = raw_chunks(source, chunk_bytes)
         for round_ in range(repeats + 1):   # round 0 warms up
-            for case in FLOOR_CASES[round_ % 3:] + FLOOR_CASES[:round_ % 3]:
+            turn = round_ % len(FLOOR_CASES)
+            for case in FLOOR_CASES[turn:] + FLOOR_CASES[:turn]:
                 started = time.perf_counter()
                 if case == "bare pyzmq":
                     await bare_send_seconds(bare, frames)
+                elif case == "chunked, no checksum":
+                    await chunked_send_seconds(bare, chunks, WINDOW, checksum=False)
                 elif case == "chunked pyzmq":
                     await chunked_send_seconds(checked, chunks, WINDOW)
                 else:
@@ -176,14 +185,16 @@ def print_chunking_floor(floor: dict) -> None:
     """Not a target: how much of the gap to a bare send chunking, answering and checksumming cost
     by themselves, and how much pdbus's own code adds to them."""
     print("\n### Chunked, acknowledged and checksummed, in plain pyzmq (loopback; not a target)\n\n"
-          "Same chunks as `raw`, xxh3_64 on both sides, the same window, no pdbus code; a pass of its own, "
-          "the three cases back to back in every round, best of N.\n\n"
-          "| source | bare ms | chunked pyzmq ms | raw+none ms | chunked / bare throughput "
-          "| raw+none / chunked throughput | raw+none / bare throughput |\n|---|---:|---:|---:|---:|---:|---:|")
+          "Same chunks as `raw`, the same window, no pdbus code, without checksums and with xxh3_64 on both "
+          "sides; a pass of its own, the four cases back to back in every round, best of N. Throughput "
+          "ratios.\n\n"
+          "| source | bare ms | chunked, no checksum ms | chunked + xxh3 ms | raw+none ms | no checksum / bare "
+          "| chunked + xxh3 / bare | raw+none / chunked + xxh3 | raw+none / bare |\n"
+          "|---|---:|---:|---:|---:|---:|---:|---:|---:|")
     for name in dict.fromkeys(name for name, _ in floor):
-        bare, chunked, raw = (floor[name, case] for case in ("bare pyzmq", "chunked pyzmq", "raw+none"))
-        print(f"| {name} | {bare * 1e3:.1f} | {chunked * 1e3:.1f} | {raw * 1e3:.1f} | {bare / chunked:.2f} "
-              f"| {chunked / raw:.2f} | {bare / raw:.2f} |")
+        bare, unchecked, chunked, raw = (floor[name, case] for case in FLOOR_CASES)
+        print(f"| {name} | {bare * 1e3:.1f} | {unchecked * 1e3:.1f} | {chunked * 1e3:.1f} | {raw * 1e3:.1f} "
+              f"| {bare / unchecked:.2f} | {bare / chunked:.2f} | {chunked / raw:.2f} | {bare / raw:.2f} |")
 
 
 async def run_link_floor(endpoints: dict, sources: dict, chunk_bytes: int, repeats: int, link: float) -> dict:

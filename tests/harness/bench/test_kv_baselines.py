@@ -85,6 +85,14 @@ async def test_both_baselines_move_the_bytes_over_tcp(peers):
     chunks = raw_chunks(torch.randn(4, 2, 3, 64, 16), 3 * 64 * 16 * 4)
     assert await bare_send_seconds(peers["bare"], chunks) > 0
     assert await chunked_send_seconds(peers["checked"], chunks, window=3) > 0
+    assert await chunked_send_seconds(peers["bare"], chunks, window=3, checksum=False) > 0
+
+
+async def test_an_unchecked_chunk_travels_alone_and_a_checking_peer_refuses_it(peers):
+    """Without checksums a message is the chunk alone: the checking peer has nothing to verify and
+    answers "bad", so the baseline cannot pass an unchecked send off as a checked one."""
+    with pytest.raises(ChecksumMismatch):
+        await chunked_send_seconds(peers["checked"], [np.ones(64, np.uint8)], window=1, checksum=False)
 
 
 async def test_the_checked_peer_answers_bad_to_a_chunk_that_does_not_match(peers):
@@ -124,12 +132,13 @@ async def test_the_floor_pass_times_every_case_and_pdbus_delivers_each_raw_trans
     floor = await run_chunking_floor(endpoints, sources, TorchQuantizer(), 3 * 64 * 16 * 4, repeats=2)
     await _stop(servers, tasks)
     await receiver.close()
-    assert set(floor) == {(name, case) for name in sources for case in ("bare pyzmq", "chunked pyzmq", "raw+none")}
+    assert set(floor) == {(name, case) for name in sources
+                          for case in ("bare pyzmq", "chunked, no checksum", "chunked pyzmq", "raw+none")}
     assert all(seconds > 0 for seconds in floor.values())
     assert len(received) == 2 * 3 and all(result.ok for result in received)   # warm-up round too
     print_chunking_floor(floor)
     table = capsys.readouterr().out
-    assert "| fp32 |" in table and "| bf16 |" in table
+    assert "| fp32 |" in table and "| bf16 |" in table and "chunked, no checksum ms" in table
 
 
 async def test_int8_sized_chunks_weigh_what_an_int8_transfer_puts_on_the_wire():
