@@ -20,12 +20,17 @@ ask for it: a prefill's large temporaries, mapped and faulted in afresh each tim
 `keep_freed_heap(num_bytes)` (M_TRIM_THRESHOLD) lets free() hand the heap's top back to the OS only
 beyond `num_bytes`, so memory freed while a node is busy is reused by its next allocations and goes
 back when the node goes quiet (the trimmer above). Why: a decode node receives a transfer's KV as
-ZeroMQ's own buffers (a raw transfer keeps them, bus/kv/pieces.py) of 3-4 MiB each, below the mmap
-threshold; with glibc's default trim threshold (fixed at 128 KiB once M_MMAP_THRESHOLD is set) the
-frames of one transfer, freed together, were trimmed and the next transfer's frames faulted in
-afresh on ZeroMQ's I/O thread. An ad-hoc A/B of receiver processes (raw fp32 KV, 1024 tokens, the
-process's whole CPU time per transfer): 33 ms copying into a pooled buffer, 34 ms keeping the frames
-with the default threshold, 21 ms keeping them with this at 256 MiB.
+ZeroMQ's own buffers (a raw transfer keeps them, bus/kv/pieces.py) of up to a chunk each; with
+glibc's default trim threshold (fixed at 128 KiB once M_MMAP_THRESHOLD is set) the frames of one
+transfer, freed together, were trimmed and the next transfer's frames faulted in afresh on
+ZeroMQ's I/O thread. An ad-hoc A/B of receiver processes (raw fp32 KV, 1024 tokens, the process's
+whole CPU time per transfer): 33 ms copying into a pooled buffer, 34 ms keeping the frames with the
+default threshold, 21 ms keeping them with this at 256 MiB.
+The mmap threshold therefore sits above the largest frame a chunk sends (DECODE_MMAP_THRESHOLD). At
+4 MiB it did not: a full 4 MiB chunk (every chunk of a 1024-token `raw` or `bf16` transfer) is a
+4 MiB payload plus ZeroMQ's few bytes of header, so glibc mapped each one afresh and the I/O thread
+faulted in 1024 pages for it (ad hoc: six such messages took 20 ms with 6152 page faults; with the
+threshold at 8 MiB, 11 ms and 2 faults).
 `configure_decode_heap()` sets both for a decode node (and for bench-kv's receiving process).
 `freeze_startup_objects()`, called once a process has loaded what it keeps for life (weights,
 tokenizer), moves those objects out of the garbage collector's reach (as vLLM does after loading):
@@ -40,8 +45,12 @@ import gc
 import time
 from collections.abc import Callable
 
+from bus.kv.layout import DEFAULT_CHUNK_BYTES
+
 IDLE_AFTER_S = 0.2
-DECODE_MMAP_THRESHOLD = 4 << 20
+# Above a whole chunk's payload frame (DEFAULT_CHUNK_BYTES, plus ZeroMQ's header) and below the
+# imported KV and sessions that should go back to the OS (12-24 MB for a 512-token prompt).
+DECODE_MMAP_THRESHOLD = DEFAULT_CHUNK_BYTES + (1 << 20)
 DECODE_TRIM_THRESHOLD = 256 << 20
 _M_TRIM_THRESHOLD = -1      # malloc.h
 _M_MMAP_THRESHOLD = -3

@@ -101,6 +101,37 @@ def test_a_decode_heap_keeps_freed_frames_until_the_trim():
 
 
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
+def test_a_decode_heap_reuses_the_frames_of_whole_chunks_received_over_zeromq():
+    """In a child process, over real sockets: a transfer's full-size chunks (a payload of
+    DEFAULT_CHUNK_BYTES each, as every chunk of a 1024-token raw transfer is), received and freed
+    together, are received again into the same memory. With the mmap threshold at exactly 4 MiB
+    glibc mapped each frame afresh, and ZeroMQ's I/O thread faulted in every page of it."""
+    import subprocess
+    code = (
+        "import resource, numpy as np, zmq\n"
+        "from bus.kv.layout import DEFAULT_CHUNK_BYTES\n"
+        "from nodes.heap import configure_decode_heap\n"
+        "configure_decode_heap()\n"
+        "context = zmq.Context()\n"
+        "server, client = context.socket(zmq.ROUTER), context.socket(zmq.DEALER)\n"
+        "client.connect('tcp://127.0.0.1:%d' % server.bind_to_random_port('tcp://127.0.0.1'))\n"
+        "payload = np.ones(DEFAULT_CHUNK_BYTES, np.uint8)\n"
+        "faults = []\n"
+        "for _ in range(3):\n"
+        "    before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt\n"
+        "    kept = []\n"
+        "    for _ in range(6):\n"
+        "        client.send_multipart([b'header', payload], copy=False)\n"
+        "        kept.append(server.recv_multipart(copy=False))\n"
+        "    del kept\n"
+        "    faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)\n"
+        "pages = 6 * DEFAULT_CHUNK_BYTES // 4096\n"
+        "assert faults[-1] < pages // 10, (faults, pages)\n"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_a_freed_block_above_the_threshold_goes_back_to_the_os():
     """In a child process (the setting is process-wide): after the threshold, a 16 MiB buffer
     freed leaves the resident size where it was before it was touched."""
