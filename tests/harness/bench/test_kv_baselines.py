@@ -16,6 +16,8 @@ from bus.kv import KVReceiver, KVSender, RawPieces, ReceiveConfig
 from bus.kv.layout import KVInfo, chunk_bytes_for, plan_chunks
 from bus.kv.link import LinkShaper
 from harness.bench.kv_baselines import (
+    FLOOR_CASES,
+    FLOOR_LABELS,
     ChecksumMismatch,
     bare_send_seconds,
     chunked_send_seconds,
@@ -132,13 +134,14 @@ async def test_the_floor_pass_times_every_case_and_pdbus_delivers_each_raw_trans
     floor = await run_chunking_floor(endpoints, sources, TorchQuantizer(), 3 * 64 * 16 * 4, repeats=2)
     await _stop(servers, tasks)
     await receiver.close()
-    assert set(floor) == {(name, case) for name in sources
-                          for case in ("bare pyzmq", "chunked, no checksum", "chunked pyzmq", "raw+none")}
+    assert set(floor) == {(name, case) for name in sources for case in FLOOR_CASES}
+    assert FLOOR_CASES == ["bare pyzmq", "bare, chunk frames", "chunked, no checksum", "chunked pyzmq", "raw+none"]
     assert all(seconds > 0 for seconds in floor.values())
     assert len(received) == 2 * 3 and all(result.ok for result in received)   # warm-up round too
     print_chunking_floor(floor)
     table = capsys.readouterr().out
-    assert "| fp32 |" in table and "| bf16 |" in table and "chunked, no checksum ms" in table
+    assert "| fp32 |" in table and "| bf16 |" in table
+    assert all(label in table for label in FLOOR_LABELS.values())
 
 
 async def test_int8_sized_chunks_weigh_what_an_int8_transfer_puts_on_the_wire():
