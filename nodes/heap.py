@@ -27,10 +27,12 @@ ZeroMQ's I/O thread. An ad-hoc A/B of receiver processes (raw fp32 KV, 1024 toke
 whole CPU time per transfer): 33 ms copying into a pooled buffer, 34 ms keeping the frames with the
 default threshold, 21 ms keeping them with this at 256 MiB.
 The mmap threshold therefore sits above the largest frame a chunk sends (DECODE_MMAP_THRESHOLD). At
-4 MiB it did not: a full 4 MiB chunk (every chunk of a 1024-token `raw` or `bf16` transfer) is a
-4 MiB payload plus ZeroMQ's few bytes of header, so glibc mapped each one afresh and the I/O thread
-faulted in 1024 pages for it (ad hoc: six such messages took 20 ms with 6152 page faults; with the
-threshold at 8 MiB, 11 ms and 2 faults).
+4 MiB it did not: a chunk of exactly 4 MiB is a 4 MiB payload plus ZeroMQ's few bytes of header, so
+glibc mapped each one afresh and the I/O thread faulted in 1024 pages for it (ad hoc: six such
+messages took 20 ms with 6152 page faults; with the threshold at 8 MiB, 11 ms and 2 faults). Such
+chunks are those of a plane split by tokens (a long prompt: 16k tokens of SmolLM2 in float32) and
+of models whose layer of KV is 4 MiB (8 KV heads of 128 dims, 1024 tokens, bf16); SmolLM2's
+1024-token chunks are whole layers of 3-3.75 MiB, below either threshold.
 `configure_decode_heap()` sets both for a decode node (and for bench-kv's receiving process).
 `freeze_startup_objects()`, called once a process has loaded what it keeps for life (weights,
 tokenizer), moves those objects out of the garbage collector's reach (as vLLM does after loading):

@@ -103,8 +103,8 @@ def test_a_decode_heap_keeps_freed_frames_until_the_trim():
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="glibc's mallopt")
 def test_a_decode_heap_reuses_the_frames_of_whole_chunks_received_over_zeromq():
     """In a child process, over real sockets: a transfer's full-size chunks (a payload of
-    DEFAULT_CHUNK_BYTES each, as every chunk of a 1024-token raw transfer is), received and freed
-    together, are received again into the same memory. With the mmap threshold at exactly 4 MiB
+    DEFAULT_CHUNK_BYTES each, as a plane split by tokens sends), received and freed together, are
+    received again into the same memory. With the mmap threshold at exactly 4 MiB
     glibc mapped each frame afresh, and ZeroMQ's I/O thread faulted in every page of it."""
     import subprocess
     code = (
