@@ -10,6 +10,9 @@ between the two steps. A `RawPieces` destination (bus/kv/pieces.py) keeps a veri
 payload as it is instead of copying it; any other mode into one raises KVValueError.
 The checksum (xxh3_64) covers the wire bytes of the payload frames: every flipped bit is caught,
 even one an lz4 decoder would ignore, and nothing corrupt ever reaches a decompressor.
+A raw or bf16 chunk is encoded into one buffer and sent as the frames of quant.frame_specs_of
+(views, no copy); each frame is compressed on its own, `auto` deciding for all of them as one kind,
+and decoded (or kept) as the rows it holds.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ from bus.kv.errors import KVChecksumError, KVValueError
 from bus.kv.frames import Chunk, FrameInfo
 from bus.kv.layout import DEFAULT_CHUNK_BYTES, KVInfo, chunk_bytes_for, plan_chunks
 from bus.kv.pieces import RawPieces
-from bus.kv.quant import MODES, Quantizer, max_payload_sizes
+from bus.kv.quant import FRAMED_MODES, MODES, Quantizer, frame_specs_of, max_payload_sizes, payload_sizes
 
 
 def payload_checksum(frames: list[Any]) -> int:
@@ -70,9 +73,11 @@ class ChunkEncoder:
         spec = self.specs[index]
         payload = self.quantizer.encode(self.kv, self.info, spec, self.mode, outs)
         frames = [memoryview(f).cast("B") for f in payload.frames]
+        if self.mode in FRAMED_MODES:
+            frames = _cut(frames[0], payload_sizes(self.mode, spec, self.info))
         infos, wire = [], []
         for slot, frame in enumerate(frames):
-            codec, shuffle = self._choose(slot, frame)
+            codec, shuffle = self._choose(0 if self.mode in FRAMED_MODES else slot, frame)
             data = compress_frame(frame, codec, shuffle)
             infos.append(FrameInfo(codec, shuffle, len(frame), len(memoryview(data).cast("B"))))
             wire.append(data)
@@ -99,6 +104,15 @@ class ChunkEncoder:
         return transfer_digest(self.checksums)
 
 
+def _cut(frame: memoryview, sizes: list[int]) -> list[memoryview]:
+    """Consecutive views of `frame` of the given sizes (which add up to its length)."""
+    views, start = [], 0
+    for size in sizes:
+        views.append(frame[start:start + size])
+        start += size
+    return views
+
+
 def verify(chunk: Chunk, payload: list[Any]) -> list[np.ndarray]:
     """Check one received chunk's checksum and decompress it: its raw payload frames, ready to decode."""
     if payload_checksum(payload) != chunk.checksum:
@@ -110,12 +124,17 @@ def verify(chunk: Chunk, payload: list[Any]) -> list[np.ndarray]:
 def decode(chunk: Chunk, arrays: list[np.ndarray], quantizer: Quantizer, dst: Any) -> int:
     """Write a verified chunk into dst (a RawPieces keeps a raw chunk's payload instead of copying
     it); returns the wire bytes it carried."""
-    if isinstance(dst, RawPieces):
-        if chunk.mode != "raw":
-            raise KVValueError(f"a {chunk.mode} chunk cannot be kept as raw pieces")
-        dst.keep(chunk.spec, arrays[0])
-    else:
+    if isinstance(dst, RawPieces) and chunk.mode != "raw":
+        raise KVValueError(f"a {chunk.mode} chunk cannot be kept as raw pieces")
+    if chunk.mode not in FRAMED_MODES:
         quantizer.decode(arrays, chunk.info, chunk.spec, chunk.mode, chunk.scale_dtype, dst)
+        return sum(f.wire_len for f in chunk.frames)
+    # One frame at a time, as the rows it holds (the header's sizes were checked against these).
+    for part, array in zip(frame_specs_of(chunk.mode, chunk.spec, chunk.info), arrays, strict=True):
+        if isinstance(dst, RawPieces):
+            dst.keep(part, array)
+        else:
+            quantizer.decode([array], chunk.info, part, chunk.mode, chunk.scale_dtype, dst)
     return sum(f.wire_len for f in chunk.frames)
 
 

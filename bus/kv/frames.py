@@ -25,7 +25,7 @@ from bus.kv.layout import DTYPES, ChunkSpec, KVInfo
 from bus.kv.quant import MODES, SCALE_DTYPES, payload_sizes
 
 MAGIC = b"PDKV"
-VERSION = 1
+VERSION = 2   # 2: raw and bf16 payloads travel as frames of whole planes (layout.frame_specs)
 CHUNK, END, ABORT, ACK, NACK, DONE = 1, 2, 3, 17, 18, 19
 _PREFIX = len(MAGIC) + 2
 _TRAILER = 8

@@ -1,8 +1,8 @@
 """Quantization modes and the numpy quantizer (the reference path; no torch in bus/).
 
 Modes (chosen per cluster; the header of every chunk names its mode):
-- `raw`      the engine's own dtype, bit-exact; one payload frame.
-- `bf16`     bfloat16 bits (round to nearest even); one frame; rel. error <= 2**-8.
+- `raw`      the engine's own dtype, bit-exact; frames of whole planes (layout.frame_specs).
+- `bf16`     bfloat16 bits (round to nearest even); frames as raw's; rel. error <= 2**-8.
 - `int8`     the default: per-token asymmetric, one (lo, hi) pair per head_dim row. Frame 0 holds
              uint8 codes, frame 1 the params: lo[rows] then hi[rows], as float16 when the row range
              fits (rounded outward, so the encoder quantizes with exactly the params the decoder
@@ -15,6 +15,9 @@ Contract: a `Quantizer` (this module's `NumpyQuantizer`, or the compiled torch o
 nodes/engines/kv_quant.py) encodes one chunk of a KV source into payload buffers and decodes
 verified payload buffers into a chunk of a preallocated destination of the engine's dtype.
 Payload sizes are fixed by (mode, chunk, dtype, scale_dtype) and checked before decoding.
+A quantizer encodes a raw or bf16 chunk as one buffer and decodes one frame at a time:
+`payload_sizes` are the frames on the wire (`frame_specs_of` says which rows each holds),
+`max_payload_sizes` the buffers a quantizer writes.
 """
 
 from __future__ import annotations
@@ -32,12 +35,14 @@ from bus.kv.layout import (
     as_planes,
     bf16_bits_to_f32,
     f32_to_bf16_bits,
+    frame_specs,
     numpy_kv_info,
 )
 
 MODES = ("raw", "bf16", "int8", "int8_sym")
 SCALE_DTYPES = {"f16": np.dtype(np.float16), "f32": np.dtype(np.float32)}
 PARAMS_PER_ROW = {"int8": 2, "int8_sym": 1}
+FRAMED_MODES = ("raw", "bf16")   # one value per element: their payload travels as frame_specs' frames
 
 
 @dataclass(frozen=True, slots=True)
@@ -48,13 +53,20 @@ class EncodedPayload:
     scale_dtype: str = ""
 
 
-def payload_sizes(mode: str, spec: ChunkSpec, info: KVInfo, scale_dtype: str = "") -> list[int]:
-    """Byte length of each payload frame of a chunk; raises KVFrameError on a bad combination."""
+def value_bytes(mode: str, info: KVInfo) -> int:
+    """Bytes a value takes in a raw or bf16 payload."""
+    return info.itemsize if mode == "raw" else 2
+
+
+def frame_specs_of(mode: str, spec: ChunkSpec, info: KVInfo) -> list[ChunkSpec]:
+    """The rows each payload frame of a raw or bf16 chunk holds, in frame order."""
+    return frame_specs(spec, info, value_bytes(mode, info))
+
+
+def _buffer_sizes(mode: str, spec: ChunkSpec, info: KVInfo, scale_dtype: str) -> list[int]:
     values = spec.num_rows * info.head_dim
-    if mode == "raw":
-        return [values * info.itemsize]
-    if mode == "bf16":
-        return [values * 2]
+    if mode in FRAMED_MODES:
+        return [values * value_bytes(mode, info)]
     if mode in PARAMS_PER_ROW:
         if scale_dtype not in SCALE_DTYPES:
             raise KVFrameError(f"mode {mode} needs scale_dtype f16|f32, got {scale_dtype!r}")
@@ -62,10 +74,20 @@ def payload_sizes(mode: str, spec: ChunkSpec, info: KVInfo, scale_dtype: str = "
     raise KVFrameError(f"unknown quantization mode {mode!r}")
 
 
+def payload_sizes(mode: str, spec: ChunkSpec, info: KVInfo, scale_dtype: str = "") -> list[int]:
+    """Byte length of each payload frame of a chunk on the wire; raises KVFrameError on a bad
+    combination."""
+    if mode in FRAMED_MODES:
+        size = value_bytes(mode, info) * info.head_dim
+        return [part.num_rows * size for part in frame_specs_of(mode, spec, info)]
+    return _buffer_sizes(mode, spec, info, scale_dtype)
+
+
 def max_payload_sizes(mode: str, max_rows: int, info: KVInfo) -> list[int]:
-    """Capacity of each payload buffer a sender must preallocate for chunks of <= max_rows rows."""
+    """Capacity of each payload buffer a sender must preallocate for chunks of <= max_rows rows
+    (a raw or bf16 chunk is encoded into one buffer, then cut into its frames)."""
     spec = ChunkSpec(0, 0, max_rows, 0, 1)
-    return payload_sizes(mode, spec, info, "f32" if mode in PARAMS_PER_ROW else "")
+    return _buffer_sizes(mode, spec, info, "f32" if mode in PARAMS_PER_ROW else "")
 
 
 class Quantizer(Protocol):

@@ -4,13 +4,14 @@ Contract:
 - `bare_send_seconds(socket, frames)`: one zero-copy multipart message of all the bytes and the
   peer's one-frame answer (`serve_bare`). The fastest this machine moves them over loopback TCP.
 - `chunked_send_seconds(socket, chunks, window)`: the same bytes as the messages a `raw` transfer
-  sends (one per chunk), each with its xxh3_64 computed by the sender, at most `window`
+  sends (one per chunk; a chunk is an array, or its frames), each with its xxh3_64 computed by the sender, at most `window`
   unanswered, each verified by the peer before it answers (`serve_checked`). Raises
   `ChecksumMismatch` if the peer found a chunk that does not match its checksum. With a
   `shaper` (bus.kv.link) each chunk waits for its place on the virtual wire, as KVSender's do.
   With `checksum=False` a message is the chunk alone, for a peer that answers each unread
   (`serve_bare`): the same chunking and window without the two checksum passes.
-`raw_chunks(source, chunk_bytes)` splits a KV tensor's bytes as a `raw` transfer's chunk plan does;
+`raw_chunks(source, chunk_bytes)` splits a KV tensor's bytes as a `raw` transfer's chunk plan does,
+`raw_chunk_frames` further into the frames each chunk travels as (frames of whole planes, <= 1 MiB);
 `int8_wire_chunks(source, chunk_bytes)` are random bytes in the sizes an `int8` transfer sends.
 `run_chunking_floor(endpoints, sources, quantizer, chunk_bytes, repeats)` times FLOOR_CASES (bare,
 bare in the chunks' frames, chunked without and with checksums, pdbus's raw+none) back to back in
@@ -21,15 +22,17 @@ with int8-sized ones, beside pdbus's raw+none and int8+auto through the same lin
 
 Why the second one: the target "raw+none reaches 80 % of a bare send" compares a protocol that
 chunks, acknowledges and checksums (the issue asks for all three) with one message. The floor pass
-adds those one at a time, each case the one before it plus one thing: the bare message (its
-frames as bench-kv's bare send cuts them, 30 of them); the same message cut into the chunks'
-frames; those frames as one message each, answered in the window; a checksum on both sides; and
-pdbus's raw+none. The step from one to the next says what that thing costs on this machine, where
-the two processes' main threads and their two I/O threads share two cores, and the last step how
-much pdbus's own code adds. Ad hoc, in plain pyzmq, the frame size alone moved a bf16 cache's
-bare send by a fifth (4 MiB frames against 0.75 MiB ones); acknowledgements within a window of
-four cost little; xxh3_64 on both sides cost a third (loopback TCP's copies already keep both cores
-busy, so every pass over the bytes adds its time).
+takes it one step at a time: the bare message (its frames as bench-kv's bare send cuts them, 30 of
+them); the same message cut into the chunks, a frame each (as protocol version 1 sent them), and
+into the chunks' frames of at most 1 MiB (as version 2 does); those frames as one message a chunk,
+answered in the window; a checksum on both sides; and pdbus's raw+none. From the third case on,
+each adds one thing to the one before, so the step says what that thing costs on this machine,
+where the two processes' main threads and their two I/O threads share two cores, and the last step
+how much pdbus's own code adds. Ad hoc, in plain pyzmq: the frame size alone moved a bf16 cache's
+bare send by a fifth (3.75 MiB frames against 0.75 MiB ones), which is why version 2 cuts chunks
+into frames; acknowledgements within a window of four cost little; xxh3_64 on both sides cost a
+third (loopback TCP's copies already keep both cores busy, so every pass over the bytes adds its
+time).
 Why the link floor: on the shaped link the int8 targets are ratios of two times that each include
 the wire; sending int8-sized chunks that need no encoding and no decoding says how large that
 ratio can get on this link model at all, and so how much of it the codec's own time costs.
@@ -94,6 +97,28 @@ def raw_chunks(source: torch.Tensor, chunk_bytes: int) -> list[np.ndarray]:
     return [flat[spec.planes.start * plane_bytes:spec.planes.stop * plane_bytes] for spec in specs]
 
 
+def raw_chunk_frames(source: torch.Tensor, chunk_bytes: int) -> list[list[np.ndarray]]:
+    """raw_chunks, each cut into the payload frames a `raw` transfer sends it as (quant.payload_sizes)."""
+    info = _info(source)
+    specs = plan_chunks(info, chunk_bytes_for(info, "raw", chunk_bytes))
+    cut = []
+    for spec, chunk in zip(specs, raw_chunks(source, chunk_bytes), strict=True):
+        bounds = np.cumsum([0, *payload_sizes("raw", spec, info)])
+        cut.append([chunk[start:stop] for start, stop in zip(bounds[:-1], bounds[1:], strict=True)])
+    return cut
+
+
+def _frames_of(chunk: np.ndarray | list[np.ndarray]) -> list[np.ndarray]:
+    return [chunk] if isinstance(chunk, np.ndarray) else list(chunk)
+
+
+def _checksum(frames: list) -> bytes:
+    hasher = xxhash.xxh3_64()
+    for frame in frames:
+        hasher.update(frame)
+    return hasher.digest()
+
+
 async def bare_send_seconds(socket: zmq.asyncio.Socket, frames: list) -> float:
     """One zero-copy multipart send of the same bytes and the peer's one-frame answer."""
     started = time.perf_counter()
@@ -102,22 +127,23 @@ async def bare_send_seconds(socket: zmq.asyncio.Socket, frames: list) -> float:
     return time.perf_counter() - started
 
 
-async def chunked_send_seconds(socket: zmq.asyncio.Socket, chunks: list[np.ndarray], window: int,
+async def chunked_send_seconds(socket: zmq.asyncio.Socket, chunks: list, window: int,
                                shaper: LinkShaper | None = None, checksum: bool = True) -> float:
     loop = asyncio.get_running_loop()
     started = time.perf_counter()
-    queued: deque[tuple[float, np.ndarray]] = deque()   # (release time, chunk), admitted by the window
+    queued: deque[tuple[float, list]] = deque()   # (release time, chunk's frames), admitted by the window
     num_admitted = num_answered = 0
     while num_answered < len(chunks):
         while num_admitted < len(chunks) and num_admitted - num_answered < window:
             # As KVSender's link does: a chunk's place on the virtual wire is booked when it is
             # admitted, so a late wake-up delays that chunk and not the ones behind it.
-            chunk = chunks[num_admitted]
-            queued.append((shaper.release_time(chunk.nbytes, loop.time()) if shaper else 0.0, chunk))
+            chunk = _frames_of(chunks[num_admitted])
+            nbytes = sum(frame.nbytes for frame in chunk)
+            queued.append((shaper.release_time(nbytes, loop.time()) if shaper else 0.0, chunk))
             num_admitted += 1
         if queued:
             release, chunk = queued.popleft()
-            frames = [xxhash.xxh3_64_digest(chunk), chunk] if checksum else [chunk]
+            frames = [_checksum(chunk), *chunk] if checksum else chunk
             if release > loop.time():
                 await asyncio.sleep(release - loop.time())
             await socket.send_multipart(frames, copy=False)
@@ -137,16 +163,18 @@ async def serve_bare(socket: zmq.asyncio.Socket) -> None:
 
 
 async def serve_checked(socket: zmq.asyncio.Socket) -> None:
-    """Answer each [checksum, payload] message "ok" once its payload matches, else "bad"."""
+    """Answer each [checksum, payload frames...] message "ok" once its payload matches, else "bad"."""
     while True:
         frames = await socket.recv_multipart(copy=False)
-        matches = len(frames) == 3 and xxhash.xxh3_64_digest(frames[2].buffer) == frames[1].bytes
+        matches = len(frames) >= 3 and _checksum([f.buffer for f in frames[2:]]) == frames[1].bytes
         await socket.send_multipart([frames[0], b"ok" if matches else b"bad"])
 
 
-# Each case is the one before it plus one thing (the module docstring).
-FLOOR_CASES = ["bare pyzmq", "bare, chunk frames", "chunked, no checksum", "chunked pyzmq", "raw+none"]
-FLOOR_LABELS = {"bare pyzmq": "bare (30 frames)", "bare, chunk frames": "in the chunks' frames",
+# From the third on, each case is the one before it plus one thing (the module docstring).
+FLOOR_CASES = ["bare pyzmq", "bare, a frame a chunk", "bare, chunk frames", "chunked, no checksum", "chunked pyzmq",
+               "raw+none"]
+FLOOR_LABELS = {"bare pyzmq": "bare (30 frames)", "bare, a frame a chunk": "a frame a chunk (protocol 1)",
+                "bare, chunk frames": "the chunks' frames (protocol 2)",
                 "chunked, no checksum": "a message a chunk, answered", "chunked pyzmq": "+ xxh3_64 both sides",
                 "raw+none": "pdbus raw+none"}
 
@@ -166,15 +194,17 @@ async def run_chunking_floor(endpoints: dict, sources: dict, quantizer: Quantize
     times: dict[tuple[str, str], list[float]] = {}
     for name, source in sources.items():
         frames = np.array_split(flat_bytes(source), 30)   # as bench-kv's bare send splits them
-        chunks = raw_chunks(source, chunk_bytes)
+        whole, chunks = raw_chunks(source, chunk_bytes), raw_chunk_frames(source, chunk_bytes)
         for round_ in range(repeats + 1):   # round 0 warms up
             turn = round_ % len(FLOOR_CASES)
             for case in FLOOR_CASES[turn:] + FLOOR_CASES[:turn]:
                 started = time.perf_counter()
                 if case == "bare pyzmq":
                     await bare_send_seconds(bare, frames)
+                elif case == "bare, a frame a chunk":
+                    await bare_send_seconds(bare, whole)
                 elif case == "bare, chunk frames":
-                    await bare_send_seconds(bare, chunks)
+                    await bare_send_seconds(bare, [frame for chunk in chunks for frame in chunk])
                 elif case == "chunked, no checksum":
                     await chunked_send_seconds(bare, chunks, WINDOW, checksum=False)
                 elif case == "chunked pyzmq":
@@ -194,9 +224,10 @@ def print_chunking_floor(floor: dict) -> None:
     """Not a target: what chunking, answering and checksumming cost by themselves, one step at a
     time, and how much pdbus's own code adds to them (FLOOR_CASES)."""
     print("\n### From a bare send to raw+none, one step at a time, in plain pyzmq (loopback; not a target)\n\n"
-          "Each column adds one thing to the one before it: the chunks' frames, a message a chunk answered "
-          "within the same window, xxh3_64 on both sides, then pdbus itself. A pass of its own, the cases back to "
-          "back in every round, best of N; ms, and in brackets the throughput against the bare send.\n")
+          "The same bytes as one message cut three ways (30 frames; a frame a chunk, as protocol 1 sent them; the "
+          "chunks' frames of protocol 2), then each column adds one thing to the one before: a message a chunk "
+          "answered within the same window, xxh3_64 on both sides, pdbus itself. A pass of its own, the cases back "
+          "to back in every round, best of N; ms, and in brackets the throughput against the bare send.\n")
     print("| source | " + " | ".join(FLOOR_LABELS[case] for case in FLOOR_CASES) + " |\n|---|"
           + "---:|" * len(FLOOR_CASES))
     for name in dict.fromkeys(name for name, _ in floor):
@@ -215,7 +246,7 @@ async def run_link_floor(endpoints: dict, sources: dict, chunk_bytes: int, repea
     checked.connect(endpoints["checked"])
     times: dict[tuple[str, str], list[float]] = {}
     for name, source in sources.items():
-        chunks = {"raw-sized": raw_chunks(source, chunk_bytes), "int8-sized": int8_wire_chunks(source, chunk_bytes)}
+        chunks = {"raw-sized": raw_chunk_frames(source, chunk_bytes), "int8-sized": int8_wire_chunks(source, chunk_bytes)}
         for round_ in range(repeats + 1):   # round 0 warms up
             for case in (list(chunks) if round_ % 2 else list(chunks)[::-1]):
                 seconds = await chunked_send_seconds(checked, chunks[case], WINDOW, LinkShaper(link))

@@ -9,7 +9,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from bus.kv import RawPieces
 from bus.kv.chunk_codec import ChunkEncoder, verify_and_decode
+from bus.kv.compress import AutoCompression
 from bus.kv.errors import KVChecksumError, KVError, KVFrameError
 from bus.kv.frames import (
     MAGIC,
@@ -26,6 +28,7 @@ from bus.kv.frames import (
     encode_header,
     encode_message,
 )
+from bus.kv.layout import FRAME_BYTES, f32_to_bf16_bits
 from bus.kv.quant import NumpyQuantizer
 from tests.bus.kv.conftest import synthetic_kv
 
@@ -110,9 +113,12 @@ def test_control_fields_are_validated(kind, fields):
 
 def test_bad_magic_version_and_garbage_are_refused():
     frame = encode_header(Ack("t1", 1))
-    for broken in (b"XXXX" + frame[4:], frame[:4] + b"\x07" + frame[5:], b"", b"PDKV", frame[:-1]):
+    previous_version = frame[:4] + b"\x01" + frame[5:]   # version 1 sent raw chunks as one frame
+    for broken in (b"XXXX" + frame[4:], frame[:4] + b"\x07" + frame[5:], previous_version, b"", b"PDKV", frame[:-1]):
         with pytest.raises(KVFrameError):
             decode_header(broken)
+    with pytest.raises(KVFrameError, match="unsupported KV protocol version 1"):
+        decode_header(previous_version)
     with pytest.raises(KVFrameError):
         decode_header(reencode({"not": "a list"}, 17))
     with pytest.raises(KVFrameError):
@@ -213,3 +219,60 @@ def test_a_failed_chunk_writes_nothing():
     with pytest.raises(KVChecksumError):
         verify_and_decode(header, corrupt, NumpyQuantizer(), dst)
     assert (dst == 7.0).all()
+
+
+# ---- raw and bf16 chunks larger than a frame travel as several frames ----
+
+BIG_KV = np.random.default_rng(3).standard_normal((2, 2, 3, 1024, 64), dtype=np.float32)   # one 3 MiB chunk
+
+
+def big_chunk(mode: str, compression: str = "none", auto=None):
+    source = f32_to_bf16_bits(BIG_KV) if mode == "raw-bf16" else BIG_KV
+    encoder = ChunkEncoder(source, NumpyQuantizer(), transfer_id="t1", request_id="r1", mode=mode.removesuffix("-bf16"),
+                           compression=compression, auto=auto, dtype="bfloat16" if mode == "raw-bf16" else None)
+    outs = [np.empty(n, np.uint8) for n in encoder.buffer_sizes()]
+    assert encoder.num_chunks == 1
+    return source, encoder.encode(0, outs)
+
+
+@pytest.mark.parametrize(("mode", "num_frames"), [("raw", 3), ("raw-bf16", 2), ("bf16", 2)])
+def test_a_chunk_larger_than_a_frame_travels_as_frames_and_decodes_bit_exact(mode, num_frames):
+    source, (header, wire) = big_chunk(mode)
+    assert len(wire) == len(header.frames) == num_frames
+    assert all(f.raw_len <= FRAME_BYTES for f in header.frames)
+    decoded, payload = decode_message([bytes(f) for f in encode_message(header, wire)])
+    dst = np.zeros_like(source)
+    verify_and_decode(decoded, payload, NumpyQuantizer(), dst)
+    expected = source if mode != "bf16" else f32_to_bf16_bits(BIG_KV)
+    assert (dst if mode != "bf16" else f32_to_bf16_bits(dst)).tobytes() == expected.tobytes()
+
+
+def test_a_raw_chunk_is_kept_as_one_piece_a_frame():
+    _, (header, wire) = big_chunk("raw")
+    decoded, payload = decode_message(encode_message(header, wire))
+    pieces = RawPieces(decoded.info)
+    verify_and_decode(decoded, payload, NumpyQuantizer(), pieces)
+    assert pieces.num_pieces == 3 and pieces.to_numpy().tobytes() == BIG_KV.tobytes()
+
+
+def test_a_raw_chunk_sent_as_one_frame_is_refused():
+    """Version 2 cuts raw payloads into frames; one frame of the whole chunk (as version 1 sent
+    it) does not match the sizes the header must carry."""
+    _, (header, wire) = big_chunk("raw")
+    whole = b"".join(bytes(f) for f in wire)
+    merged = replace(header, frames=(FrameInfo("none", 0, len(whole), len(whole)),))
+    with pytest.raises(KVFrameError, match="payload sizes"):
+        decode_message(encode_message(merged, [whole]))
+
+
+def test_auto_decides_once_for_all_frames_of_a_raw_chunk():
+    class Recording(AutoCompression):
+        def choose(self, slot, data, itemsize):
+            self.calls.append((slot, itemsize))
+            return super().choose(slot, data, itemsize)
+
+    auto = Recording(1e9)
+    auto.calls = []
+    _, (header, _) = big_chunk("raw", "auto", auto)
+    assert auto.calls == [(("raw", "float32", 0), 4)] * 3
+    assert len({(f.codec, f.shuffle) for f in header.frames}) == 1

@@ -8,10 +8,12 @@ import pytest
 from bus.kv.errors import KVValueError
 from bus.kv.layout import (
     DEFAULT_CHUNK_BYTES,
+    FRAME_BYTES,
     KVInfo,
     bf16_bits_to_f32,
     chunk_bytes_for,
     f32_to_bf16_bits,
+    frame_specs,
     numpy_kv_info,
     plan_chunks,
 )
@@ -47,6 +49,39 @@ def test_a_plane_larger_than_a_chunk_is_split_by_tokens():
     assert max(s.token_stop - s.token_start for s in specs) == 256
 
 
+def row_numbers(info: KVInfo, spec) -> list[int]:
+    """The chunk's rows as (plane, token) numbers, in the order its payload holds them."""
+    return [p * info.num_tokens + t for p in range(spec.plane_start, spec.plane_stop)
+            for t in range(spec.token_start, spec.token_stop)]
+
+
+@pytest.mark.parametrize("frame_bytes", [1, 64, 1000, 4096, 10**9])
+@pytest.mark.parametrize("chunk_bytes", [100, 4096, 60_000, 10**9])
+@pytest.mark.parametrize("shape", [(3, 2, 2, 40, 16), (1, 2, 1, 1, 8), (2, 2, 3, 17, 64)])
+def test_a_chunks_frames_are_its_rows_in_order_each_within_the_frame_size(shape, chunk_bytes, frame_bytes):
+    info = KVInfo(shape, "float32")
+    row_bytes = info.head_dim * 4
+    for spec in plan_chunks(info, chunk_bytes):
+        frames = frame_specs(spec, info, 4, frame_bytes)
+        assert [row for frame in frames for row in row_numbers(info, frame)] == row_numbers(info, spec)
+        assert {frame.index for frame in frames} == {spec.index}
+        assert all(frame.num_rows * row_bytes <= max(frame_bytes, row_bytes) for frame in frames)
+        assert len(frames) == 1 or spec.num_rows * row_bytes > frame_bytes
+
+
+def test_smollm2_chunks_travel_as_frames_of_whole_planes():
+    """A 1024-token SmolLM2 chunk of whole layers goes as frames of whole planes within 1 MiB."""
+    bf16, fp32 = KVInfo((30, 2, 3, 1024, 64), "bfloat16"), KVInfo((30, 2, 3, 1024, 64), "float32")
+    [first_bf16, *_] = plan_chunks(bf16, DEFAULT_CHUNK_BYTES)
+    [first_fp32, *_] = plan_chunks(fp32, DEFAULT_CHUNK_BYTES)
+    assert FRAME_BYTES == 1 << 20
+    assert [f.plane_stop - f.plane_start for f in frame_specs(first_bf16, bf16, 2)] == [8, 8, 8, 6]   # 128 KiB planes
+    assert [f.plane_stop - f.plane_start for f in frame_specs(first_fp32, fp32, 4)] == [4, 4, 4]      # 256 KiB planes
+    long = KVInfo((1, 2, 1, 16384, 64), "float32")   # a 4 MiB plane: split by tokens, 4096 a frame
+    [spec, *_] = plan_chunks(long, DEFAULT_CHUNK_BYTES)
+    assert [f.token_stop - f.token_start for f in frame_specs(spec, long, 4)] == [4096] * 4
+
+
 @pytest.mark.parametrize("shape", [(3, 3, 2, 4, 8), (3, 2, 2, 4), (0, 2, 1, 1, 1)])
 def test_bad_shapes_are_refused(shape):
     with pytest.raises(KVValueError):
@@ -58,6 +93,8 @@ def test_bad_dtype_and_chunk_size_are_refused():
         KVInfo((1, 2, 1, 1, 1), "int8")
     with pytest.raises(KVValueError):
         plan_chunks(KVInfo((1, 2, 1, 1, 1), "float32"), 0)
+    with pytest.raises(KVValueError):
+        frame_specs(plan_chunks(KVInfo((1, 2, 1, 1, 1), "float32"))[0], KVInfo((1, 2, 1, 1, 1), "float32"), 4, 0)
     with pytest.raises(KVValueError):
         numpy_kv_info(np.zeros((1, 2, 1, 1, 1), np.uint16))   # bf16 must be said explicitly
     with pytest.raises(KVValueError):

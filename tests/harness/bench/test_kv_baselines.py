@@ -24,6 +24,7 @@ from harness.bench.kv_baselines import (
     int8_wire_chunks,
     print_chunking_floor,
     print_link_floor,
+    raw_chunk_frames,
     raw_chunks,
     run_chunking_floor,
     run_link_floor,
@@ -42,6 +43,19 @@ def test_raw_chunks_are_the_raw_plans_chunks_and_cover_the_bytes_once(dtype):
     plan = plan_chunks(info, chunk_bytes_for(info, "raw", chunk_bytes))
     assert len(chunks) == len(plan) == 8
     assert np.concatenate(chunks).tobytes() == source.view(torch.uint8).numpy().tobytes()
+
+
+def test_raw_chunk_frames_are_the_frames_a_raw_transfer_sends():
+    source = torch.randn(30, 2, 3, 1024, 64).to(torch.bfloat16)   # SmolLM2's 1024-token cache
+    whole, cut = raw_chunks(source, 4 << 20), raw_chunk_frames(source, 4 << 20)
+    receiver_view = [[frame.nbytes for frame in frames] for frames in cut]
+    assert receiver_view == [[1 << 20] * 3 + [6 << 17]] * 6   # 8, 8, 8 and 6 planes of 128 KiB
+    assert [np.concatenate(frames).tobytes() for frames in cut] == [chunk.tobytes() for chunk in whole]
+
+
+async def test_the_checked_peer_verifies_a_chunk_sent_as_several_frames(peers):
+    frames = [np.arange(4096, dtype=np.uint8), np.ones(100, np.uint8)]
+    assert await chunked_send_seconds(peers["checked"], [frames], window=1) > 0
 
 
 def test_raw_chunks_refuse_a_plan_that_splits_planes():
@@ -135,7 +149,8 @@ async def test_the_floor_pass_times_every_case_and_pdbus_delivers_each_raw_trans
     await _stop(servers, tasks)
     await receiver.close()
     assert set(floor) == {(name, case) for name in sources for case in FLOOR_CASES}
-    assert FLOOR_CASES == ["bare pyzmq", "bare, chunk frames", "chunked, no checksum", "chunked pyzmq", "raw+none"]
+    assert FLOOR_CASES == ["bare pyzmq", "bare, a frame a chunk", "bare, chunk frames", "chunked, no checksum",
+                           "chunked pyzmq", "raw+none"]
     assert all(seconds > 0 for seconds in floor.values())
     assert len(received) == 2 * 3 and all(result.ok for result in received)   # warm-up round too
     print_chunking_floor(floor)
