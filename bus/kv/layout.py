@@ -34,9 +34,12 @@ DTYPES: dict[str, np.dtype] = {
 # Measured (bench-kv --sweep): bigger chunks amortise the per-chunk cost of the compiled kernels
 # and of the socket; 4 MiB still gives 15 chunks to pipeline for a 1024-token SmolLM2 cache.
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
-# A chunk's bytes move faster over loopback TCP as frames of about 1 MiB than as one frame of 3-4 MiB
-# (ad hoc, plain pyzmq, a 1024-token bf16 cache in six chunks: 10-16 % less time; bench-kv's floor
-# table has the bare send's side of it). The chunk, its checksum and its acknowledgement stay one.
+# A raw or bf16 chunk travels as frames of at most this many bytes; the chunk, its checksum and its
+# acknowledgement stay one. Measured in bench-kv: one bare message of the same bytes moved faster as
+# ~1 MiB frames than as a 3-4 MiB frame a chunk (its floor table), and raw transfers over CURVE,
+# which encrypts frame by frame, took 12-20 % less time than with a frame a chunk (runs of both
+# versions alternated, 2026-12-02 08:05; docs/BENCHMARKS.md). Plain raw+none, bound by the two
+# checksum passes on two cores, did not move beyond noise.
 FRAME_BYTES = 1024 * 1024
 
 

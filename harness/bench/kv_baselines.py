@@ -29,10 +29,10 @@ answered in the window; a checksum on both sides; and pdbus's raw+none. From the
 each adds one thing to the one before, so the step says what that thing costs on this machine,
 where the two processes' main threads and their two I/O threads share two cores, and the last step
 how much pdbus's own code adds. Ad hoc, in plain pyzmq: the frame size alone moved a bf16 cache's
-bare send by a fifth (3.75 MiB frames against 0.75 MiB ones), which is why version 2 cuts chunks
-into frames; acknowledgements within a window of four cost little; xxh3_64 on both sides cost a
-third (loopback TCP's copies already keep both cores busy, so every pass over the bytes adds its
-time).
+bare send by a fifth (3.75 MiB frames against 0.75 MiB ones); acknowledgements within a window of
+four cost little; xxh3_64 on both sides cost a third (loopback TCP's copies already keep both cores
+busy, so every pass over the bytes adds its time). Cutting pdbus's chunks into frames (protocol 2)
+sped up its raw transfers over CURVE, not plain ones: those are bound by the two checksum passes.
 Why the link floor: on the shaped link the int8 targets are ratios of two times that each include
 the wire; sending int8-sized chunks that need no encoding and no decoding says how large that
 ratio can get on this link model at all, and so how much of it the codec's own time costs.
