@@ -128,13 +128,12 @@ def decode(chunk: Chunk, arrays: list[np.ndarray], quantizer: Quantizer, dst: An
         raise KVValueError(f"a {chunk.mode} chunk cannot be kept as raw pieces")
     if chunk.mode not in FRAMED_MODES:
         quantizer.decode(arrays, chunk.info, chunk.spec, chunk.mode, chunk.scale_dtype, dst)
-        return sum(f.wire_len for f in chunk.frames)
-    # One frame at a time, as the rows it holds (the header's sizes were checked against these).
-    for part, array in zip(frame_specs_of(chunk.mode, chunk.spec, chunk.info), arrays, strict=True):
-        if isinstance(dst, RawPieces):
-            dst.keep(part, array)
-        else:
-            quantizer.decode([array], chunk.info, part, chunk.mode, chunk.scale_dtype, dst)
+    else:   # one frame at a time, as the rows it holds (the header's sizes were checked against these)
+        for part, array in zip(frame_specs_of(chunk.mode, chunk.spec, chunk.info), arrays, strict=True):
+            if isinstance(dst, RawPieces):
+                dst.keep(part, array)
+            else:
+                quantizer.decode([array], chunk.info, part, chunk.mode, chunk.scale_dtype, dst)
     return sum(f.wire_len for f in chunk.frames)
 
 
