@@ -46,14 +46,14 @@ from collections import deque
 from typing import TYPE_CHECKING
 
 import numpy as np
-import xxhash
 import zmq
 import zmq.asyncio
 
 from bus.kv import KVSender, SendConfig
+from bus.kv.chunk_codec import payload_checksum
 from bus.kv.layout import KVInfo, chunk_bytes_for, plan_chunks
 from bus.kv.link import LinkShaper
-from bus.kv.quant import Quantizer, payload_sizes
+from bus.kv.quant import Quantizer, frame_specs_of, payload_sizes
 
 if TYPE_CHECKING:   # torch only where a sender splits a tensor: the peer process does without it
     import torch
@@ -98,14 +98,17 @@ def raw_chunks(source: torch.Tensor, chunk_bytes: int) -> list[np.ndarray]:
 
 
 def raw_chunk_frames(source: torch.Tensor, chunk_bytes: int) -> list[list[np.ndarray]]:
-    """raw_chunks, each cut into the payload frames a `raw` transfer sends it as (quant.payload_sizes)."""
+    """Views of the source's bytes as the payload frames of each chunk of a `raw` transfer of it
+    (quant.frame_specs_of: consecutive row ranges), one list a chunk."""
     info = _info(source)
-    specs = plan_chunks(info, chunk_bytes_for(info, "raw", chunk_bytes))
-    cut = []
-    for spec, chunk in zip(specs, raw_chunks(source, chunk_bytes), strict=True):
-        bounds = np.cumsum([0, *payload_sizes("raw", spec, info)])
-        cut.append([chunk[start:stop] for start, stop in zip(bounds[:-1], bounds[1:], strict=True)])
-    return cut
+    flat, row_bytes = flat_bytes(source), info.head_dim * info.itemsize
+
+    def view(part):
+        start = (part.plane_start * info.num_tokens + part.token_start) * row_bytes
+        return flat[start:start + part.num_rows * row_bytes]
+
+    return [[view(part) for part in frame_specs_of("raw", spec, info)]
+            for spec in plan_chunks(info, chunk_bytes_for(info, "raw", chunk_bytes))]
 
 
 def _frames_of(chunk: np.ndarray | list[np.ndarray]) -> list[np.ndarray]:
@@ -113,10 +116,8 @@ def _frames_of(chunk: np.ndarray | list[np.ndarray]) -> list[np.ndarray]:
 
 
 def _checksum(frames: list) -> bytes:
-    hasher = xxhash.xxh3_64()
-    for frame in frames:
-        hasher.update(frame)
-    return hasher.digest()
+    """The chunk's checksum as pdbus computes it (chunk_codec.payload_checksum), as 8 bytes."""
+    return payload_checksum(frames).to_bytes(8, "little")
 
 
 async def bare_send_seconds(socket: zmq.asyncio.Socket, frames: list) -> float:
