@@ -1,11 +1,13 @@
-"""The bf16 decode path's linear layers, on AMX tiles (`amx_linear`) or numba GEMVs (`bf16_kernels`).
+"""The bf16 decode path's linear layers, on AMX tiles (`amx_linear`) or numba GEMVs (`bf16_dot`'s
+vdpbf16ps where the CPU has AVX512-BF16, `bf16_kernels` otherwise).
 
 Contract: `Bf16Gemv.create(config, get)` returns None where the kernels cannot run (no numba, or
 they fail to compile), else an object holding each layer's weights as bf16 bit patterns (numpy
 uint16 views; `get(name)` gives a weight in bf16 on the CPU): packed into AMX tiles where the CPU
-has AMX, the kernel grants it and the AMX kernels compile (`amx`), plain [out, in] rows otherwise.
-Its methods take and return contiguous bf16 torch tensors of `rows` tokens, at most `max_rows`
-(32 on AMX, `MAX_ROWS` on the GEMVs):
+has AMX, the kernel grants it and the AMX kernels compile (`amx`), plain [out, in] rows otherwise
+(`backend` names which: "amx", "dot" or "gemv"). Its methods take and return contiguous bf16 torch
+tensors of `rows` tokens, at most `max_rows` (32 on AMX, `DOT_MAX_ROWS` on vdpbf16ps, `MAX_ROWS` on
+the widening GEMVs):
 `qkv(layer, x)` = RMSNorm + fused q/k/v projection, `decode_attention(...)` = RoPE + KV write +
 attention of pure decode steps (after `set_rope(cos, sin)`), `attn_out(layer, attn, residual)` = residual +
 o-projection, `mlp(layer, x)` = x + SwiGLU(RMSNorm(x)), `logits(x)` = final RMSNorm + LM head.
@@ -32,11 +34,15 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from nodes.engines import amx_attention, amx_linear, amx_tiles, bf16_attention, bf16_prefill, hugepages
+from nodes.engines import amx_attention, amx_linear, amx_tiles, bf16_attention, bf16_dot, bf16_prefill, hugepages
 from nodes.engines import bf16_kernels as kernels
 from nodes.engines.model_config import LlamaConfig
 
 MAX_ROWS = 4   # GEMVs: above this oneDNN's AMX GEMMs win (harness.bench.engine, decode at batch 8)
+# vdpbf16ps GEMVs (bf16_dot): a Zen 4 ran a step's linear layers at 8 / 16 / 24 / 32 rows in 22 / 42 /
+# 60 / 81 ms against F.linear's 47 / 57 / 70 / 74 (ad-hoc timing, cold weights): compute-bound
+# above ~24 rows, where oneDNN's blocked GEMMs keep up.
+DOT_MAX_ROWS = 24
 
 
 def bits(tensor: torch.Tensor) -> np.ndarray:
@@ -56,7 +62,7 @@ class _Layer:
 
 
 class Bf16Gemv:
-    def __init__(self, config: LlamaConfig, get, use_amx: bool = False) -> None:
+    def __init__(self, config: LlamaConfig, get, use_amx: bool = False, use_dot: bool = False) -> None:
         self.eps = float(config.rms_norm_eps)
         matrices = {}
         for i in range(config.num_layers):
@@ -67,7 +73,10 @@ class Bf16Gemv:
                 matrices[i, name] = get(f"{p}.{key}.weight")
         matrices["head"] = get("model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight")
         self.amx = use_amx and all(amx_tiles.can_pack(tuple(m.shape)) for m in matrices.values())
-        self.max_rows = amx_tiles.MAX_ROWS if self.amx else MAX_ROWS
+        self.dot = not self.amx and use_dot and all(bf16_dot.can_run(m.shape[1]) for m in matrices.values())
+        self.backend = "amx" if self.amx else "dot" if self.dot else "gemv"
+        self.max_rows = {"amx": amx_tiles.MAX_ROWS, "dot": DOT_MAX_ROWS, "gemv": MAX_ROWS}[self.backend]
+        self._kernels = bf16_dot if self.dot else kernels
         # Prefill attention on AMX tiles too, for head_dim 64 (SDPA otherwise).
         self.attends = self.amx and amx_attention.can_attend(config.num_heads, config.num_kv_heads, config.head_dim)
         self._workspace: amx_attention.Workspace | None = None
@@ -96,7 +105,8 @@ class Bf16Gemv:
             bf16_prefill.warmup()
         except Exception:   # a failing compiler leaves the oneDNN path, which serves every step
             return None
-        return cls(config, get, use_amx=_amx_compiles())
+        use_amx = _amx_compiles()
+        return cls(config, get, use_amx=use_amx, use_dot=not use_amx and _dot_compiles())
 
     def _layout(self, matrix: np.ndarray) -> torch.Tensor:
         """A matrix as this object stores it: AMX tiles, or plain rows for the GEMVs (int16 bits)."""
@@ -127,14 +137,14 @@ class Bf16Gemv:
             amx_linear.norm_linear(x, norm_w, self.eps, w, self._pad("x", len(x), x.shape[1], np.uint16),
                                    self._pad("acc", len(x), out.shape[1]), out)
         else:
-            kernels.norm_linear(x, norm_w, self.eps, w, out)
+            self._kernels.norm_linear(x, norm_w, self.eps, w, out)
 
     def _linear_add(self, x: np.ndarray, w: np.ndarray, residual: np.ndarray) -> None:
         if self.amx:
             amx_linear.linear_add(x, w, residual, self._pad("x", len(x), x.shape[1], np.uint16),
                                   self._pad("acc", len(x), residual.shape[1]), residual)
         else:
-            kernels.linear_add(x, w, residual, residual)
+            self._kernels.linear_add(x, w, residual, residual)
 
     def _bits(self, tensor: torch.Tensor) -> np.ndarray:
         """`bits(tensor)`, remembered for small tensors seen before (the residual, this object's
@@ -210,7 +220,7 @@ class Bf16Gemv:
                                    self._pad("x", rows, x.shape[1], np.uint16), self._pad("acc", rows, gated.shape[1]),
                                    self._pad("acc_up", rows, gated.shape[1]), gated_bits)
         else:
-            kernels.norm_swiglu(x_bits, w.post_norm, self.eps, w.gate, w.up, gated_bits)
+            self._kernels.norm_swiglu(x_bits, w.post_norm, self.eps, w.gate, w.up, gated_bits)
         self._linear_add(gated_bits, w.down, x_bits)
         return x
 
@@ -228,6 +238,17 @@ def _amx_compiles() -> bool:
         amx_linear.warmup()
         if amx_attention.can_attend(1, 1, amx_attention.HEAD_DIM):
             amx_attention.warmup()
+    except Exception:
+        return False
+    return True
+
+
+def _dot_compiles() -> bool:
+    """vdpbf16ps GEMVs where the CPU has AVX512-BF16 and they compile; the widening GEMVs otherwise."""
+    if not bf16_dot.AVAILABLE:
+        return False
+    try:
+        bf16_dot.warmup()
     except Exception:
         return False
     return True

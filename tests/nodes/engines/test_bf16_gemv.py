@@ -1,5 +1,6 @@
 """The bf16 decode path on numba kernels (nodes/engines/bf16_gemv.py, with its matrices on AMX tiles
-(amx_linear.py) or on the GEMVs (bf16_kernels.py)) against the torch/oneDNN path it replaces for
+(amx_linear.py), on vdpbf16ps GEMVs (bf16_dot.py) or on the widening GEMVs (bf16_kernels.py))
+against the torch/oneDNN path it replaces for
 steps of few rows: same results up to float32 summation order (then bf16 rounding), the KV it
 writes, and the fallbacks when AMX or numba cannot run."""
 
@@ -8,19 +9,27 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nodes.engines import amx_linear, amx_tiles, bf16_gemv, bf16_kernels
+from nodes.engines import amx_linear, amx_tiles, bf16_dot, bf16_gemv, bf16_kernels
 from nodes.engines.llama import DecodeGroup, ForwardBatch, LlamaRunner, PrefillSpan
 
 pytestmark = pytest.mark.skipif(not bf16_kernels.AVAILABLE, reason="numba is not installed")
 
 
-@pytest.fixture(params=["amx", "gemv"])
+MAX_ROWS = {"amx": amx_tiles.MAX_ROWS, "dot": bf16_gemv.DOT_MAX_ROWS, "gemv": bf16_gemv.MAX_ROWS}
+
+
+@pytest.fixture(params=["amx", "dot", "gemv"])
 def backend(request, monkeypatch) -> str:
-    """Each test runs with the matrices on AMX tiles (where this CPU has them) and on the GEMVs."""
+    """Each test runs with the matrices on AMX tiles (where this CPU has them), on the vdpbf16ps
+    GEMVs (where it has AVX512-BF16) and on the widening GEMVs (everywhere numba runs)."""
     if request.param == "amx" and not amx_tiles.AVAILABLE:
         pytest.skip("no AMX on this CPU")
-    if request.param == "gemv":
+    if request.param == "dot" and not bf16_dot.AVAILABLE:
+        pytest.skip("no AVX512-BF16 on this CPU")
+    if request.param != "amx":
         monkeypatch.setattr(bf16_gemv, "_amx_compiles", lambda: False)
+    if request.param == "gemv":
+        monkeypatch.setattr(bf16_gemv, "_dot_compiles", lambda: False)
     return request.param
 
 
@@ -28,8 +37,8 @@ def runners(model, backend: str) -> tuple[LlamaRunner, LlamaRunner]:
     fast = LlamaRunner(model.config, model.weights, dtype=torch.bfloat16, max_len=256)
     plain = LlamaRunner(model.config, model.weights, dtype=torch.bfloat16, max_len=256, use_gemv=False)
     assert fast.gemv is not None and plain.gemv is None
-    assert fast.gemv.amx == (backend == "amx")
-    assert fast.gemv.max_rows == (amx_tiles.MAX_ROWS if backend == "amx" else bf16_gemv.MAX_ROWS)
+    assert fast.gemv.backend == backend
+    assert fast.gemv.max_rows == MAX_ROWS[backend]
     return fast, plain
 
 
@@ -39,7 +48,8 @@ def assert_bf16_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
     torch.testing.assert_close(actual.float(), expected.float(), atol=0.04 * scale, rtol=0.0)
 
 
-@pytest.mark.parametrize("num_tokens", [1, 3, bf16_gemv.MAX_ROWS, 17, amx_tiles.MAX_ROWS, amx_tiles.MAX_ROWS + 1])
+@pytest.mark.parametrize("num_tokens", [1, 2, 3, bf16_gemv.MAX_ROWS, 5, 9, 17, bf16_gemv.DOT_MAX_ROWS,
+                                        bf16_gemv.DOT_MAX_ROWS + 1, amx_tiles.MAX_ROWS, amx_tiles.MAX_ROWS + 1])
 def test_small_prefill_through_the_kernels_matches_onednn(tiny_model, backend, num_tokens):
     """Up to max_rows tokens on the kernels (one or two AMX row tiles, padded), above on oneDNN."""
     fast, plain = runners(tiny_model, backend)
@@ -66,7 +76,8 @@ def decode_batch(cache: torch.Tensor, positions: list[int], slots: list[int]) ->
     rows = torch.arange(len(slots))
     group = DecodeGroup(rows=rows, slots=torch.tensor(slots), positions=torch.tensor(positions), cache=cache,
                         num_slots=num_slots, mask=mask, max_len=max_len, dense=slots == list(range(num_slots)))
-    return ForwardBatch(torch.tensor([7, 11, 13, 17, 19, 23][:len(slots)]), torch.tensor(positions), rows, decode=group)
+    ids = torch.tensor([7, 11, 13, 17, 19, 23] * (len(slots) // 6 + 1))[:len(slots)]
+    return ForwardBatch(ids, torch.tensor(positions), rows, decode=group)
 
 
 @pytest.mark.parametrize("slots", [[0], [0, 1, 2], [2, 0]])
@@ -89,20 +100,20 @@ def test_decode_attention_kernel_matches_sdpa_and_writes_the_same_kv(tiny_model,
 
 
 def test_decode_steps_above_the_gemv_rows_still_take_the_attention_kernel(tiny_model, backend):
-    """Six rows: AMX tiles or oneDNN's GEMMs, the numba attention (not SDPA); same logits and KV as
-    SDPA's path."""
+    """One row more than the kernels take: oneDNN's GEMMs for the linear layers, the numba attention
+    (not SDPA); same logits and KV as SDPA's path."""
     fast, plain = runners(tiny_model, backend)
     c = tiny_model.config
-    slots, positions = [0, 1, 2, 3, 4, 5], [9, 30, 17, 1, 33, 25]
-    assert len(slots) > bf16_gemv.MAX_ROWS
-    cache = (torch.randn(c.num_layers, 6, 2, c.num_kv_heads, 40, c.head_dim) * 0.5).to(torch.bfloat16)
+    num_rows = fast.gemv.max_rows + 1
+    slots, positions = list(range(num_rows)), [(7 * i + 9) % 38 + 1 for i in range(num_rows)]
+    cache = (torch.randn(c.num_layers, num_rows, 2, c.num_kv_heads, 40, c.head_dim) * 0.5).to(torch.bfloat16)
     caches = [cache.clone(), cache.clone()]
     calls = []
     kernel = fast.gemv.decode_attention
     fast.gemv.decode_attention = lambda *args: calls.append(args[1].shape[0]) or kernel(*args)
     fast_logits = fast.forward(decode_batch(caches[0], positions, slots))
     plain_logits = plain.forward(decode_batch(caches[1], positions, slots))
-    assert calls == [6] * c.num_layers
+    assert calls == [num_rows] * c.num_layers
     assert_bf16_close(fast_logits, plain_logits)
     assert_bf16_close(caches[0], caches[1])
     assert torch.equal(fast_logits.argmax(-1), plain_logits.argmax(-1))
@@ -148,7 +159,20 @@ def test_when_the_amx_kernels_fail_to_compile_the_gemvs_serve(tiny_model, monkey
         raise RuntimeError("LLVM cannot select tdpbf16ps")
     monkeypatch.setattr(amx_linear, "warmup", broken)
     runner = LlamaRunner(tiny_model.config, tiny_model.weights, dtype=torch.bfloat16, max_len=64)
-    assert runner.gemv is not None and not runner.gemv.amx and runner.gemv.max_rows == bf16_gemv.MAX_ROWS
+    expected = "dot" if bf16_dot.AVAILABLE else "gemv"
+    assert runner.gemv is not None and runner.gemv.backend == expected
+    assert runner.gemv.max_rows == MAX_ROWS[expected]
+
+
+@pytest.mark.skipif(not bf16_dot.AVAILABLE, reason="no AVX512-BF16 on this CPU")
+def test_when_the_vdpbf16ps_kernels_fail_to_compile_the_widening_gemvs_serve(tiny_model, monkeypatch):
+    def broken() -> None:
+        raise RuntimeError("no asm parser for vdpbf16ps")
+    monkeypatch.setattr(bf16_gemv, "_amx_compiles", lambda: False)
+    monkeypatch.setattr(bf16_dot, "warmup", broken)
+    runner = LlamaRunner(tiny_model.config, tiny_model.weights, dtype=torch.bfloat16, max_len=64)
+    assert runner.gemv is not None and runner.gemv.backend == "gemv"
+    assert runner.gemv.max_rows == bf16_gemv.MAX_ROWS
 
 
 def test_float32_never_takes_the_bf16_kernels(tiny_model):
