@@ -51,8 +51,16 @@ if AVAILABLE:
     from numba.core import cgutils
     from numba.extending import intrinsic
 
-    from nodes.engines.bf16_kernels import (_bf16_bits, _inline, _njit, _norm_scale, _normed, _round, _silu,
-                                            _to_f32)
+    from nodes.engines.bf16_kernels import (
+        _bf16_bits,
+        _inline,
+        _njit,
+        _norm_scale,
+        _normed,
+        _round,
+        _silu,
+        _to_f32,
+    )
 
     binding.initialize_native_asmparser()   # LLVM assembles the inline vdpbf16ps only with it
 

@@ -34,15 +34,23 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from nodes.engines import amx_attention, amx_linear, amx_tiles, bf16_attention, bf16_dot, bf16_prefill, hugepages
+from nodes.engines import (
+    amx_attention,
+    amx_linear,
+    amx_tiles,
+    bf16_attention,
+    bf16_dot,
+    bf16_prefill,
+    hugepages,
+)
 from nodes.engines import bf16_kernels as kernels
 from nodes.engines.model_config import LlamaConfig
 
 MAX_ROWS = 4   # GEMVs: above this oneDNN's AMX GEMMs win (harness.bench.engine, decode at batch 8)
-# vdpbf16ps GEMVs (bf16_dot): a Zen 4 ran a step's linear layers at 8 / 16 / 24 / 32 rows in 22 / 42 /
-# 60 / 81 ms against F.linear's 47 / 57 / 70 / 74 (ad-hoc timing, cold weights): compute-bound
-# above ~24 rows, where oneDNN's blocked GEMMs keep up.
-DOT_MAX_ROWS = 24
+# vdpbf16ps GEMVs (bf16_dot): on a Zen 4 a SmolLM2 decode step's linear layers took 23 / 43 / 44 / 60
+# ms at 8 / 12 / 16 / 24 rows, oneDNN's packed GEMMs 33 / 34 / 40 / 51 (ad-hoc timing of engine steps):
+# above 8 rows the GEMVs are bound by vdpbf16ps's throughput and oneDNN's blocking wins.
+DOT_MAX_ROWS = 8
 
 
 def bits(tensor: torch.Tensor) -> np.ndarray:
