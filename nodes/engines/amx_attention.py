@@ -1,4 +1,5 @@
-"""Causal prefill attention on AMX tiles (bf16 in, float32 scores and sums, bf16 out).
+"""Causal prefill attention on AMX tiles, or on their AVX512-BF16 emulation (bf16 in, float32 scores
+and sums, bf16 out).
 
 Contract (only where `can_attend(...)`; bf16 values as uint16 bit patterns; head_dim 64):
 `prefill_attention(q, keys, values, start, out, workspace)` attends a prefill span's queries
@@ -7,7 +8,9 @@ q [heads, rows, 64] (query i at position start + i, RoPE applied) over the keys 
 as `rope_and_cache` leaves them; slots past the span are never read), heads sharing KV heads in
 GQA groups of heads // kv_heads, and writes out [rows, heads * 64]. `workspace` is
 `Workspace(num_keys)` for at least start + rows keys (reused call after call: allocating it per
-call made the kernel's time vary by a third from one process to the next). Scores are q . k in
+call made the kernel's time vary by a third from one process to the next). `TILES` is the tile API
+it runs on: amx_tiles where the CPU has AMX, else soft_tiles where it has AVX512-BF16 (the same
+algorithm; results differ only by float32 summation order). Scores are q . k in
 float32 (tdpbf16ps), softmax in float32 (attention_rows), its weights rounded to bf16 for the second
 product (as torch's CPU flash attention does for bf16), the output divided by the float32 sum and
 rounded to bf16.
@@ -21,15 +24,15 @@ block instead of an online softmax: no rescaling of accumulator tiles.
 
 Why: torch's SDPA flash kernel spent 154 of a 1024-token bf16 prefill's 385 ms here (4.2-4.9 ms a
 layer); this kernel takes 2.5-2.9 (ad-hoc timing; `make bench-engine` measures whole prefills).
-numba's disk cache keys on this file only: after editing attention_rows.py or amx_tiles.py, touch
-this file (or clear __pycache__).
+numba's disk cache keys on this file only: after editing attention_rows.py, amx_tiles.py or
+soft_tiles.py, touch this file (or clear __pycache__).
 """
 
 from __future__ import annotations
 
 import numpy as np
 
-from nodes.engines import amx_tiles, attention_rows
+from nodes.engines import amx_tiles, attention_rows, soft_tiles
 
 HEAD_DIM = 64
 KEYS = 16          # keys a score tile holds (and queries a block holds)
@@ -52,13 +55,18 @@ class Workspace:
         self.acc = amx_tiles.aligned_zeros((KEYS, HEAD_DIM), np.float32)      # a block's 64 outputs in float32
 
 
+TILES = amx_tiles if amx_tiles.AVAILABLE else soft_tiles if soft_tiles.AVAILABLE else None
+ON_AMX = TILES is amx_tiles
+
+
 def can_attend(num_heads: int, num_kv_heads: int, head_dim: int) -> bool:
-    return (amx_tiles.AVAILABLE and attention_rows.AVAILABLE and head_dim == HEAD_DIM
+    return (TILES is not None and attention_rows.AVAILABLE and head_dim == HEAD_DIM
             and num_heads % num_kv_heads == 0)
 
 
-if amx_tiles.AVAILABLE and attention_rows.AVAILABLE:
-    from nodes.engines.amx_tiles import CONFIG, configure, release, tile_dot, tile_load, tile_store, tile_zero
+if TILES is not None and attention_rows.AVAILABLE:
+    CONFIG, configure, release = TILES.CONFIG, TILES.configure, TILES.release
+    tile_dot, tile_load, tile_store, tile_zero = TILES.tile_dot, TILES.tile_load, TILES.tile_store, TILES.tile_zero
     from nodes.engines.attention_rows import CAUSAL_ROWS, causal_softmax_rows, scaled_row
     from nodes.engines.bf16_kernels import _inline, _njit_numpy_errors
 
@@ -111,7 +119,6 @@ if amx_tiles.AVAILABLE and attention_rows.AVAILABLE:
             _load_q0(block, 0, 0, row_bytes)
             _load_q1(block, 0, 32, row_bytes)
 
-    @_njit_numpy_errors
     def _attend(q, keys, values, start, out, packed_keys, packed_values, scores, block, acc):  # pragma: no cover
         num_heads, num_rows = q.shape[0], q.shape[1]
         group = num_heads // keys.shape[0]
@@ -163,6 +170,11 @@ if amx_tiles.AVAILABLE and attention_rows.AVAILABLE:
                     for i in range(rows):
                         scaled_row(acc, i, np.float32(1.0) / totals[i], out, q0 + i, h * HEAD_DIM)
         release()
+
+    # One name per tile API: numba's disk cache files are named after the function, and its index
+    # knows the CPU but not which tile API a process chose (PDBUS_NO_AMX on an AMX machine).
+    _attend.__name__ = _attend.__qualname__ = "_attend_amx" if ON_AMX else "_attend_soft"
+    _attend = _njit_numpy_errors(_attend)
 
 
 def prefill_attention(q: np.ndarray, keys: np.ndarray, values: np.ndarray, start: int, out: np.ndarray,

@@ -70,7 +70,8 @@ class _Layer:
 
 
 class Bf16Gemv:
-    def __init__(self, config: LlamaConfig, get, use_amx: bool = False, use_dot: bool = False) -> None:
+    def __init__(self, config: LlamaConfig, get, use_amx: bool = False, use_dot: bool = False,
+                 use_attention: bool = True) -> None:
         self.eps = float(config.rms_norm_eps)
         matrices = {}
         for i in range(config.num_layers):
@@ -85,8 +86,9 @@ class Bf16Gemv:
         self.backend = "amx" if self.amx else "dot" if self.dot else "gemv"
         self.max_rows = {"amx": amx_tiles.MAX_ROWS, "dot": DOT_MAX_ROWS, "gemv": MAX_ROWS}[self.backend]
         self._kernels = bf16_dot if self.dot else kernels
-        # Prefill attention on AMX tiles too, for head_dim 64 (SDPA otherwise).
-        self.attends = self.amx and amx_attention.can_attend(config.num_heads, config.num_kv_heads, config.head_dim)
+        # Prefill attention on AMX tiles (or soft_tiles where the CPU has no AMX), for head_dim 64 (SDPA otherwise).
+        self.attends = ((self.amx or not amx_attention.ON_AMX) and use_attention
+                        and amx_attention.can_attend(config.num_heads, config.num_kv_heads, config.head_dim))
         self._workspace: amx_attention.Workspace | None = None
         # One allocation on huge pages for every matrix a decode step streams (fewer TLB misses).
         arena = hugepages.Arena([m.shape for m in matrices.values()], torch.int16)
@@ -114,7 +116,8 @@ class Bf16Gemv:
         except Exception:   # a failing compiler leaves the oneDNN path, which serves every step
             return None
         use_amx = _amx_compiles()
-        return cls(config, get, use_amx=use_amx, use_dot=not use_amx and _dot_compiles())
+        return cls(config, get, use_amx=use_amx, use_dot=not use_amx and _dot_compiles(),
+                   use_attention=use_amx or _soft_attention_compiles())
 
     def _layout(self, matrix: np.ndarray) -> torch.Tensor:
         """A matrix as this object stores it: AMX tiles, or plain rows for the GEMVs (int16 bits)."""
@@ -257,6 +260,17 @@ def _dot_compiles() -> bool:
         return False
     try:
         bf16_dot.warmup()
+    except Exception:
+        return False
+    return True
+
+
+def _soft_attention_compiles() -> bool:
+    """Prefill attention on soft_tiles (no AMX) where the CPU has AVX512-BF16 and it compiles."""
+    if amx_attention.ON_AMX or not amx_attention.can_attend(1, 1, amx_attention.HEAD_DIM):
+        return False
+    try:
+        amx_attention.warmup()
     except Exception:
         return False
     return True

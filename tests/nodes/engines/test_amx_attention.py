@@ -1,4 +1,5 @@
-"""Causal prefill attention on AMX tiles against a float64 reference: GQA groups, spans that start
+"""Causal prefill attention on AMX tiles (or soft_tiles, their AVX512-BF16 emulation, on a CPU without
+AMX) against a float64 reference: GQA groups, spans that start
 at 0 and after earlier tokens (chunked prefill), row counts around the 16-query blocks, and cache
 slots past the span that hold NaN (never read into a result); its workspace; and the runner's bf16
 prefill on it against SDPA."""

@@ -1,0 +1,132 @@
+"""AMX's tile operations in AVX512-BF16 vectors, for CPUs without AMX: amx_attention's kernel on them.
+
+Contract: `AVAILABLE` holds where numba is importable and the CPU has AVX512-BF16 (as bf16_dot).
+The same names and arguments as amx_tiles' tile API, with the same results up to float32 summation
+order: `tile_load(t)` / `tile_store(t)` (intrinsics `op(array, i, j, stride_bytes)`: 16 rows of 64
+bytes at array[i, j], rows `stride_bytes` apart), `tile_zero(t)`, `tile_dot(acc, a, b)` (acc's
+16 x 16 float32 += a's 16 rows of 16 bf16 pairs against b's 16 rows of 16 pairs, as tdpbf16ps
+pairs them), and `configure(CONFIG)` / `release()`, which do nothing here. Only numba-compiled
+code may call them. The eight "tiles" are one process-wide 8 KiB buffer (a global of the compiled
+kernel): one thread at a time may run a kernel that uses them, as the engine's node loop does.
+
+How: a tile dot keeps b's 16 rows in vector registers and, for each row of acc, multiplies the
+broadcast pair k of a's row with b's row k (vdpbf16ps, inline asm as in bf16_dot) 16 times. That is
+256 vdpbf16ps and 16 accumulator loads and stores for 8192 products; loads and stores copy rows.
+
+Why: on a Zen 4 (AVX512-BF16, no AMX) torch's SDPA flash kernel took 706 of a 1024-token bf16
+prefill's 1804 ms; amx_attention's algorithm (keys packed once per KV head, two passes over a block
+of scores, no rescaling) needs only these four operations from the hardware.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from nodes.engines.attention_rows import AVAILABLE
+
+NUM_TILES = 8
+ROWS = 16            # rows a tile holds
+ROW_WORDS = 16       # 32-bit words (bf16 pairs or float32) a row holds: 64 bytes
+CONFIG = np.zeros(64, np.uint8)   # configure's argument, unused here (AMX's palette)
+
+if AVAILABLE:
+    from llvmlite import binding, ir
+    from numba import types
+    from numba.core import cgutils
+    from numba.extending import intrinsic
+
+    binding.initialize_native_asmparser()   # for the inline vdpbf16ps
+
+    _I8, _I32, _F32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
+    _ROW = ir.VectorType(_I32, ROW_WORDS)
+    _SUMS = ir.VectorType(_F32, ROW_WORDS)
+    _STATE = ir.ArrayType(_ROW, NUM_TILES * ROWS)
+    _STATE_NAME = "pdbus_soft_tiles"
+
+    def _row(builder, tile: int, row: int):
+        """A pointer to row `row` of tile `tile` in the kernel's tile buffer."""
+        module = builder.module
+        try:
+            state = module.get_global(_STATE_NAME)
+        except KeyError:
+            state = ir.GlobalVariable(module, _STATE, _STATE_NAME)
+            state.linkage = "internal"
+            state.initializer = ir.Constant(_STATE, None)
+            state.align = 64
+        return builder.gep(state, [ir.Constant(_I32, 0), ir.Constant(_I32, tile * ROWS + row)])
+
+    def _address(context, builder, array_type, array, i, j):
+        data = context.make_array(array_type)(context, builder, array)
+        item = cgutils.get_item_pointer(context, builder, array_type, data, [i, j], wraparound=False, boundscheck=False)
+        return builder.bitcast(item, ir.PointerType(_I8))
+
+    def _rows(builder, start, stride):
+        """Pointers to 16 rows of 64 bytes, `stride` bytes apart from `start`."""
+        return [builder.bitcast(builder.gep(start, [builder.mul(stride, ir.Constant(stride.type, r))]),
+                                ir.PointerType(_ROW)) for r in range(ROWS)]
+
+    def tile_load(tile: int):
+        @intrinsic
+        def load(typingctx, array, i, j, stride):
+            def codegen(context, builder, signature, args):
+                start = _address(context, builder, signature.args[0], args[0], args[1], args[2])
+                for r, source in enumerate(_rows(builder, start, args[3])):
+                    builder.store(builder.load(source, align=1), _row(builder, tile, r), align=64)
+                return context.get_dummy_value()
+            return types.none(array, i, j, stride), codegen
+        return load
+
+    def tile_store(tile: int):
+        @intrinsic
+        def store(typingctx, array, i, j, stride):
+            def codegen(context, builder, signature, args):
+                start = _address(context, builder, signature.args[0], args[0], args[1], args[2])
+                for r, target in enumerate(_rows(builder, start, args[3])):
+                    builder.store(builder.load(_row(builder, tile, r), align=64), target, align=1)
+                return context.get_dummy_value()
+            return types.none(array, i, j, stride), codegen
+        return store
+
+    def tile_zero(tile: int):
+        @intrinsic
+        def zero(typingctx):
+            def codegen(context, builder, signature, args):
+                for r in range(ROWS):
+                    builder.store(ir.Constant(_ROW, None), _row(builder, tile, r), align=64)
+                return context.get_dummy_value()
+            return types.none(), codegen
+        return zero
+
+    def tile_dot(acc: int, a: int, b: int):
+        @intrinsic
+        def dot(typingctx):
+            def codegen(context, builder, signature, args):
+                asm_type = ir.FunctionType(_SUMS, [_ROW, _ROW, _SUMS])
+                b_rows = [builder.load(_row(builder, b, k), align=64) for k in range(ROWS)]
+                for m in range(ROWS):
+                    target = builder.bitcast(_row(builder, acc, m), ir.PointerType(_SUMS))
+                    sums = builder.load(target, align=64)
+                    a_row = builder.load(_row(builder, a, m), align=64)
+                    for k in range(ROWS):
+                        pair = builder.extract_element(a_row, ir.Constant(_I32, k))
+                        splat = builder.shuffle_vector(builder.insert_element(ir.Constant(_ROW, None), pair,
+                                                                              ir.Constant(_I32, 0)),
+                                                       ir.Constant(_ROW, None), ir.Constant(_ROW, [0] * ROW_WORDS))
+                        sums = builder.asm(asm_type, "vdpbf16ps $2, $1, $0", "=v,v,v,0",
+                                           [splat, b_rows[k], sums], False)
+                    builder.store(sums, target, align=64)
+                return context.get_dummy_value()
+            return types.none(), codegen
+        return dot
+
+    @intrinsic
+    def configure(typingctx, config):
+        def codegen(context, builder, signature, args):
+            return context.get_dummy_value()
+        return types.none(config), codegen
+
+    @intrinsic
+    def release(typingctx):
+        def codegen(context, builder, signature, args):
+            return context.get_dummy_value()
+        return types.none(), codegen
