@@ -65,27 +65,27 @@ if AVAILABLE:
         return [builder.bitcast(builder.gep(start, [builder.mul(stride, ir.Constant(stride.type, r))]),
                                 ir.PointerType(_ROW)) for r in range(ROWS)]
 
-    def tile_load(tile: int):
+    def _copy_op(tile: int, into_tile: bool):
+        """An intrinsic `op(array, i, j, stride)`: 16 rows of 64 bytes from array[i, j] into the tile,
+        or from the tile to there."""
         @intrinsic
-        def load(typingctx, array, i, j, stride):
+        def op(typingctx, array, i, j, stride):
             def codegen(context, builder, signature, args):
                 start = _address(context, builder, signature.args[0], args[0], args[1], args[2])
-                for r, source in enumerate(_rows(builder, start, args[3])):
-                    builder.store(builder.load(source, align=1), _row(builder, tile, r), align=64)
+                for r, place in enumerate(_rows(builder, start, args[3])):
+                    if into_tile:
+                        builder.store(builder.load(place, align=1), _row(builder, tile, r), align=64)
+                    else:
+                        builder.store(builder.load(_row(builder, tile, r), align=64), place, align=1)
                 return context.get_dummy_value()
             return types.none(array, i, j, stride), codegen
-        return load
+        return op
+
+    def tile_load(tile: int):
+        return _copy_op(tile, into_tile=True)
 
     def tile_store(tile: int):
-        @intrinsic
-        def store(typingctx, array, i, j, stride):
-            def codegen(context, builder, signature, args):
-                start = _address(context, builder, signature.args[0], args[0], args[1], args[2])
-                for r, target in enumerate(_rows(builder, start, args[3])):
-                    builder.store(builder.load(_row(builder, tile, r), align=64), target, align=1)
-                return context.get_dummy_value()
-            return types.none(array, i, j, stride), codegen
-        return store
+        return _copy_op(tile, into_tile=False)
 
     def tile_zero(tile: int):
         @intrinsic
