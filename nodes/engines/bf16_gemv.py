@@ -241,36 +241,31 @@ class Bf16Gemv:
         return out
 
 
+def _compiles(*warmups) -> bool:
+    """Whether each kernel set's warm-up (its compile, or load from numba's disk cache) succeeds."""
+    try:
+        for warmup in warmups:
+            warmup()
+    except Exception:   # a compiler that cannot build them: the next path down serves
+        return False
+    return True
+
+
 def _amx_compiles() -> bool:
     """AMX kernels where the CPU and kernel allow them and they compile; the GEMVs otherwise."""
     if not amx_tiles.AVAILABLE:
         return False
-    try:
-        amx_linear.warmup()
-        if amx_attention.can_attend(1, 1, amx_attention.HEAD_DIM):
-            amx_attention.warmup()
-    except Exception:
-        return False
-    return True
+    attends = amx_attention.can_attend(1, 1, amx_attention.HEAD_DIM)
+    return _compiles(amx_linear.warmup, *([amx_attention.warmup] if attends else []))
 
 
 def _dot_compiles() -> bool:
     """vdpbf16ps GEMVs where the CPU has AVX512-BF16 and they compile; the widening GEMVs otherwise."""
-    if not bf16_dot.AVAILABLE:
-        return False
-    try:
-        bf16_dot.warmup()
-    except Exception:
-        return False
-    return True
+    return bf16_dot.AVAILABLE and _compiles(bf16_dot.warmup)
 
 
 def _soft_attention_compiles() -> bool:
     """Prefill attention on soft_tiles (no AMX) where the CPU has AVX512-BF16 and it compiles."""
     if amx_attention.ON_AMX or not amx_attention.can_attend(1, 1, amx_attention.HEAD_DIM):
         return False
-    try:
-        amx_attention.warmup()
-    except Exception:
-        return False
-    return True
+    return _compiles(amx_attention.warmup)
