@@ -12,14 +12,17 @@ vdpbf16ps treats float32 denormals as zero, far below any weight or activation o
 be built, and Bf16Gemv then keeps bf16_kernels.
 
 How: the rows, already bf16 values (RMSNorm's output is rounded to bf16; other inputs are bf16
-tensors), go zero-padded into a [1, 2, 4 or 8k, width] bf16 block; each weight row is read once per
-block of up to 8 rows, 32 bf16 at a load, and vdpbf16ps multiplies the pairs and adds them into 16
-float32 lanes per row: no widening of the weights, which bf16_kernels pays on every value.
+tensors), go zero-padded into a [1, 2, 4 or 8k, width] bf16 block. Each call of the block kernel
+reads two weight rows (o and o + half of one matrix, or row o of gate and of up) for every row of a
+block of up to 8, 32 bf16 at a load, and vdpbf16ps multiplies the pairs into 16 float32 lanes per
+sum: no widening of the weights, which bf16_kernels pays on every value. At one or two rows each
+sum is split over even and odd vectors (a vdpbf16ps waits on its accumulator), so a row's float32
+summation order depends on how many rows its step has.
 
-Why: a Zen 4 without AMX ran bf16_kernels' batch-1 decode GEMVs at 12-21 GB/s and 4 rows at
-6.5-10.6 GB/s (compute-bound: the shift that widens each weight, then an FMA per row); vdpbf16ps
-streamed 1536 x 576 matrices at 24 GB/s for one row and 17 GB/s for four (ad-hoc timing;
-`make bench-engine` measures whole steps).
+Why: a Zen 4 without AMX ran bf16_kernels' linear layers of a SmolLM2 decode step in 17-18 ms at
+one row (12-21 GB/s) and 34 ms at four, compute-bound on the widening; this kernel takes 9.4-9.7,
+16.6 and 22 ms at one, four and eight rows (ad-hoc timing over cold weights; `make bench-engine`
+measures whole steps).
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import numpy as np
 from nodes.engines.attention_rows import AVAILABLE
 
 LANES = 32          # bf16 values one vdpbf16ps reads from each operand
-BLOCK_ROWS = 8      # rows sharing one pass over a weight row (8 accumulators of 32 vector registers)
+BLOCK_ROWS = 8      # rows sharing a pass over two weight rows: 16 accumulators of 32 vector registers
 
 
 def can_run(width: int) -> bool:
