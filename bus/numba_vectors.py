@@ -1,5 +1,6 @@
 """LLVM vector building blocks for numba intrinsics: pointers into arrays, vector loads and stores,
-bf16 widening, splats and intrinsic calls, shared by hand-vectorised kernels in bus and nodes.
+bf16 widening, splats, intrinsic calls and the bf16 pair dot product, shared by hand-vectorised kernels in bus and
+nodes.
 
 Contract: where `AVAILABLE` (numba and llvmlite importable), these functions emit IR inside an
 intrinsic's codegen: `item(context, builder, array_type, array, indices)` is a pointer to one
@@ -7,13 +8,16 @@ element, `at(builder, pointer, offset, vector_type)` a pointer `offset` elements
 vector pointer (loads and stores through it are unaligned), `load_bf16(builder, pointer, offset)`
 16 bf16 values (uint16 bits) widened to float32 (`widen_bf16(builder, bits)` widens 16 already
 loaded), `splat(builder, scalar)` a scalar in all 16 lanes, `call(builder, name, return_type,
-*args)` a call of an LLVM intrinsic by name. Only numba-compiled code runs what they emit.
+*args)` a call of an LLVM intrinsic by name, `dpbf16(builder, sums, a, b)` vdpbf16ps: 16 float32
+`sums` plus the products of the bf16 pairs of `a` and `b` (VI32 vectors of pairs), summed pair by
+pair (inline asm: llvmlite has no bfloat vector type; only for CPUs with AVX512-BF16). Only
+numba-compiled code runs what they emit.
 """
 
 from __future__ import annotations
 
 try:
-    from llvmlite import ir
+    from llvmlite import binding, ir
     from numba import types
     from numba.core import cgutils
 except ImportError:  # every caller has a path without numba
@@ -62,3 +66,9 @@ if AVAILABLE:
         function = cgutils.get_or_insert_function(
             builder.module, ir.FunctionType(return_type, [arg.type for arg in args]), name)
         return builder.call(function, list(args))
+
+    _DPBF16 = ir.FunctionType(VF, [VI32, VI32, VF])
+    binding.initialize_native_asmparser()   # LLVM assembles inline asm (dpbf16) only with it
+
+    def dpbf16(builder, sums, a, b):
+        return builder.asm(_DPBF16, "vdpbf16ps $2, $1, $0", "=v,v,v,0", [a, b, sums], False)

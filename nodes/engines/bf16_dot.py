@@ -49,11 +49,12 @@ def padded_rows(rows: int) -> int:
 
 
 if AVAILABLE:
-    from llvmlite import binding, ir
+    from llvmlite import ir
     from numba import types
     from numba.core import cgutils
     from numba.extending import intrinsic
 
+    from bus.numba_vectors import F32, VF, VI32, dpbf16, item
     from nodes.engines.bf16_kernels import (
         _bf16_bits,
         _inline,
@@ -64,16 +65,6 @@ if AVAILABLE:
         _silu,
         _to_f32,
     )
-
-    binding.initialize_native_asmparser()   # LLVM assembles the inline vdpbf16ps only with it
-
-    _I32, _F32 = ir.IntType(32), ir.FloatType()
-    _PAIRS, _SUMS = ir.VectorType(_I32, 16), ir.VectorType(_F32, 16)
-
-    def _item(context, builder, array_type, array, *indices):
-        data = context.make_array(array_type)(context, builder, array)
-        return cgutils.get_item_pointer(context, builder, array_type, data, list(indices),
-                                        wraparound=False, boundscheck=False)
 
     def _block_dot(num_rows: int):
         """An intrinsic `(xb, r, w, o, v, p, sums)`: sums[0, r + m] = xb[r + m] . w[o] and
@@ -89,15 +80,14 @@ if AVAILABLE:
                 xb_type, _, w_type, _, v_type, _, sums_type = signature.args
                 intp = context.get_value_type(types.intp)
                 zero = ir.Constant(intp, 0)
-                pointer = ir.PointerType(_PAIRS)
-                weights = [builder.bitcast(_item(context, builder, w_type, args[2], args[3], zero), pointer),
-                           builder.bitcast(_item(context, builder, v_type, args[4], args[5], zero), pointer)]
+                pointer = ir.PointerType(VI32)
+                weights = [builder.bitcast(item(context, builder, w_type, args[2], [args[3], zero]), pointer),
+                           builder.bitcast(item(context, builder, v_type, args[4], [args[5], zero]), pointer)]
                 rows = [builder.add(args[1], ir.Constant(intp, m)) for m in range(num_rows)]
-                inputs = [builder.bitcast(_item(context, builder, xb_type, args[0], row, zero), pointer)
+                inputs = [builder.bitcast(item(context, builder, xb_type, args[0], [row, zero]), pointer)
                           for row in rows]
-                accs = [[[cgutils.alloca_once_value(builder, ir.Constant(_SUMS, None)) for _ in range(ways)]
+                accs = [[[cgutils.alloca_once_value(builder, ir.Constant(VF, None)) for _ in range(ways)]
                          for _ in rows] for _ in weights]
-                dot = ir.FunctionType(_SUMS, [_PAIRS, _PAIRS, _SUMS])
 
                 def step(vector, way):
                     pairs = [builder.load(builder.gep(w_row, [vector]), align=2) for w_row in weights]
@@ -105,8 +95,7 @@ if AVAILABLE:
                         x_pairs = builder.load(builder.gep(row_input, [vector]), align=2)
                         for i, w_pairs in enumerate(pairs):
                             acc = accs[i][m][way]
-                            builder.store(builder.asm(dot, "vdpbf16ps $2, $1, $0", "=v,v,v,0",
-                                                      [x_pairs, w_pairs, builder.load(acc)], False), acc)
+                            builder.store(dpbf16(builder, builder.load(acc), x_pairs, w_pairs), acc)
 
                 width = builder.extract_value(context.make_array(w_type)(context, builder, args[2]).shape, 1)
                 vectors = builder.udiv(width, ir.Constant(intp, LANES))
@@ -118,15 +107,15 @@ if AVAILABLE:
                     odd = builder.urem(vectors, ir.Constant(intp, 2))
                     with builder.if_then(builder.icmp_unsigned("!=", odd, zero)):
                         step(builder.sub(vectors, ir.Constant(intp, 1)), 0)
-                reduce = cgutils.get_or_insert_function(builder.module, ir.FunctionType(_F32, [_F32, _SUMS]),
+                reduce = cgutils.get_or_insert_function(builder.module, ir.FunctionType(F32, [F32, VF]),
                                                         "llvm.vector.reduce.fadd.v16f32")
                 for i in range(len(weights)):
                     for m, row in enumerate(rows):
                         total = builder.load(accs[i][m][0])
                         for way in range(1, ways):
                             total = builder.fadd(total, builder.load(accs[i][m][way]), flags=("reassoc",))
-                        total = builder.call(reduce, [ir.Constant(_F32, -0.0), total], fastmath=("reassoc",))
-                        builder.store(total, _item(context, builder, sums_type, args[6], ir.Constant(intp, i), row))
+                        total = builder.call(reduce, [ir.Constant(F32, -0.0), total], fastmath=("reassoc",))
+                        builder.store(total, item(context, builder, sums_type, args[6], [ir.Constant(intp, i), row]))
                 return context.get_dummy_value()
             return types.none(xb, r, w, o, v, p, sums), codegen
         return block_dot

@@ -10,7 +10,7 @@ code may call them. The eight "tiles" are one process-wide 8 KiB buffer (a globa
 kernel): one thread at a time may run a kernel that uses them, as the engine's node loop does.
 
 How: a tile dot keeps b's 16 rows in vector registers and, for each row of acc, multiplies the
-broadcast pair k of a's row with b's row k (vdpbf16ps, inline asm as in bf16_dot) 16 times. That is
+broadcast pair k of a's row with b's row k (vdpbf16ps, bus.numba_vectors.dpbf16) 16 times. That is
 256 vdpbf16ps and 16 accumulator loads and stores for 8192 products; loads and stores copy rows.
 
 Why: on a Zen 4 (AVX512-BF16, no AMX) torch's SDPA flash kernel took 706 of a 1024-token bf16
@@ -30,16 +30,14 @@ ROW_WORDS = 16       # 32-bit words (bf16 pairs or float32) a row holds: 64 byte
 CONFIG = np.zeros(64, np.uint8)   # configure's argument, unused here (AMX's palette)
 
 if AVAILABLE:
-    from llvmlite import binding, ir
+    from llvmlite import ir
     from numba import types
-    from numba.core import cgutils
     from numba.extending import intrinsic
 
-    binding.initialize_native_asmparser()   # for the inline vdpbf16ps
+    from bus.numba_vectors import I32, LANES, VF, VI32, dpbf16, item, splat
 
-    _I8, _I32, _F32 = ir.IntType(8), ir.IntType(32), ir.FloatType()
-    _ROW = ir.VectorType(_I32, ROW_WORDS)
-    _SUMS = ir.VectorType(_F32, ROW_WORDS)
+    assert LANES == ROW_WORDS
+    _ROW = VI32           # a tile row: 16 bf16 pairs, or (as VF) 16 float32
     _STATE = ir.ArrayType(_ROW, NUM_TILES * ROWS)
     _STATE_NAME = "pdbus_soft_tiles"
 
@@ -53,12 +51,10 @@ if AVAILABLE:
             state.linkage = "internal"
             state.initializer = ir.Constant(_STATE, None)
             state.align = 64
-        return builder.gep(state, [ir.Constant(_I32, 0), ir.Constant(_I32, tile * ROWS + row)])
+        return builder.gep(state, [ir.Constant(I32, 0), ir.Constant(I32, tile * ROWS + row)])
 
     def _address(context, builder, array_type, array, i, j):
-        data = context.make_array(array_type)(context, builder, array)
-        item = cgutils.get_item_pointer(context, builder, array_type, data, [i, j], wraparound=False, boundscheck=False)
-        return builder.bitcast(item, ir.PointerType(_I8))
+        return builder.bitcast(item(context, builder, array_type, array, [i, j]), ir.PointerType(ir.IntType(8)))
 
     def _rows(builder, start, stride):
         """Pointers to 16 rows of 64 bytes, `stride` bytes apart from `start`."""
@@ -101,19 +97,14 @@ if AVAILABLE:
         @intrinsic
         def dot(typingctx):
             def codegen(context, builder, signature, args):
-                asm_type = ir.FunctionType(_SUMS, [_ROW, _ROW, _SUMS])
                 b_rows = [builder.load(_row(builder, b, k), align=64) for k in range(ROWS)]
                 for m in range(ROWS):
-                    target = builder.bitcast(_row(builder, acc, m), ir.PointerType(_SUMS))
+                    target = builder.bitcast(_row(builder, acc, m), ir.PointerType(VF))
                     sums = builder.load(target, align=64)
                     a_row = builder.load(_row(builder, a, m), align=64)
                     for k in range(ROWS):
-                        pair = builder.extract_element(a_row, ir.Constant(_I32, k))
-                        splat = builder.shuffle_vector(builder.insert_element(ir.Constant(_ROW, None), pair,
-                                                                              ir.Constant(_I32, 0)),
-                                                       ir.Constant(_ROW, None), ir.Constant(_ROW, [0] * ROW_WORDS))
-                        sums = builder.asm(asm_type, "vdpbf16ps $2, $1, $0", "=v,v,v,0",
-                                           [splat, b_rows[k], sums], False)
+                        pair = splat(builder, builder.extract_element(a_row, ir.Constant(I32, k)))
+                        sums = dpbf16(builder, sums, pair, b_rows[k])
                     builder.store(sums, target, align=64)
                 return context.get_dummy_value()
             return types.none(), codegen
