@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from nodes.engines.bf16_blocks import PAIRS
 from nodes.engines.bf16_kernels import AVAILABLE
 
 # Scores are finite (no mask, no padding), so the NaN/inf assumptions are safe and let the max and
@@ -50,6 +51,9 @@ if AVAILABLE:
     _qk_block = bf16_blocks.make_qk_block(BLOCK_GROUP, BLOCK_HEAD_DIM)
     _pv_block = bf16_blocks.make_pv_block(BLOCK_GROUP, BLOCK_HEAD_DIM)
     BLOCK = bf16_blocks.BLOCK
+    # numba prunes `if PAIRS and ...` where PAIRS is False, so these are never compiled without AVX512-BF16.
+    _qk_pairs = bf16_blocks.make_qk_block(BLOCK_GROUP, BLOCK_HEAD_DIM, pairs=True) if PAIRS else None
+    _pv_pairs = bf16_blocks.make_pv_block(BLOCK_GROUP, BLOCK_HEAD_DIM, pairs=True) if PAIRS else None
 
     @numba.njit(inline="always", fastmath=FASTMATH)
     def _rope_and_write(qkv, m, cos, sin, pos, slot, cache, layer, num_heads, q):  # pragma: no cover
@@ -106,10 +110,11 @@ if AVAILABLE:
                     acc[i, d] += weight * _to_f32(values[j, d])
 
     @numba.njit(cache=True, boundscheck=False, nogil=True, fastmath=FASTMATH)
-    def decode_attention(qkv, cos, sin, positions, slots, cache, layer, num_heads, out):  # pragma: no cover
+    def decode_attention(qkv, cos, sin, positions, slots, cache, layer, num_heads, out, pairs):  # pragma: no cover
         rows, num_kv_heads, head_dim = qkv.shape[0], cache.shape[3], cache.shape[5]
         group = num_heads // num_kv_heads
         blocks = group == BLOCK_GROUP and head_dim == BLOCK_HEAD_DIM
+        pairs = PAIRS and pairs and blocks
         scale = np.float32(1.0 / np.sqrt(head_dim))
         max_keys = 1
         for m in range(rows):
@@ -117,6 +122,12 @@ if AVAILABLE:
         q = np.empty((rows, num_heads + num_kv_heads, head_dim), np.float32)
         for m in range(rows):
             _rope_and_write(qkv, m, cos, sin, positions[m], slots[m], cache, layer, num_heads, q[m])
+        qb = np.empty((rows, num_heads, head_dim), np.uint16)   # the rounded q heads as bf16 bits, for pairs
+        if PAIRS and pairs:
+            for m in range(rows):
+                for h in range(num_heads):
+                    for d in range(head_dim):
+                        qb[m, h, d] = _bf16_bits(q[m, h, d])
         # Two of each: unit u's scores are computed while unit u - 1's values are weighted.
         scores = np.empty((2, group, max_keys), np.float32)
         tops = np.empty((2, group, bf16_blocks.LANES), np.float32)
@@ -135,10 +146,16 @@ if AVAILABLE:
             tops[now] = LOWEST
             acc[:, :] = 0.0
             for b in range(max(key_blocks, value_blocks)):   # the K and V streams side by side
-                if b < key_blocks:
-                    _qk_block(q[m], g * group, keys, b * BLOCK, scale, scores[now], tops[now])
-                if b < value_blocks:
-                    _pv_block(scores[before], values, b * BLOCK, acc)
+                if PAIRS and pairs:
+                    if b < key_blocks:
+                        _qk_pairs(qb[m], g * group, keys, b * BLOCK, scale, scores[now], tops[now])
+                    if b < value_blocks:
+                        _pv_pairs(scores[before], values, b * BLOCK, acc)
+                else:
+                    if b < key_blocks:
+                        _qk_block(q[m], g * group, keys, b * BLOCK, scale, scores[now], tops[now])
+                    if b < value_blocks:
+                        _pv_block(scores[before], values, b * BLOCK, acc)
             if u > 0:
                 _weighted_values(scores[before], group, values, value_blocks * BLOCK, num_values, acc)
                 for i in range(group):
@@ -150,10 +167,11 @@ if AVAILABLE:
 
 
 def warmup() -> None:
-    """Compile (or load from the disk cache) the kernel for the array types the runner passes."""
+    """Compile (or load from the disk cache) the kernel for the array types the runner passes (the
+    `pairs` flag is an argument, so one compilation serves both block kernels)."""
     heads, kv_heads, head_dim = 2, 1, 4
     qkv = np.zeros((1, (heads + 2 * kv_heads) * head_dim), np.uint16)
     table = np.zeros((4, head_dim), np.uint16)
     index = np.zeros(1, np.int64)
     cache = np.zeros((1, 1, 2, kv_heads, 4, head_dim), np.uint16)
-    decode_attention(qkv, table, table, index, index, cache, 0, heads, np.zeros((1, heads * head_dim), np.uint16))
+    decode_attention(qkv, table, table, index, index, cache, 0, heads, np.zeros((1, heads * head_dim), np.uint16), PAIRS)

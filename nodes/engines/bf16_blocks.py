@@ -18,22 +18,38 @@ the cache, as far as LLVM knows). Here the 16 keys' lane-wise partial sums are r
 one level of the tree at a time, ending in one vector of 16 scores; and the group's accumulators
 stay in registers for the 16 values rows. That halved the kernel's in-cache time (ad-hoc timing,
 2.4 -> 1.5 ms for 2 x 513 keys x 30 layers); `make bench-engine` measures whole decode steps.
+
+Pair variants (only where `PAIRS`: the CPU has AVX512-BF16, detected as attention_rows does):
+`make_qk_block(group, head_dim, pairs=True)` takes q as bf16 bits (uint16 [rows, head_dim], the
+same bf16-rounded values) and multiplies it with the keys by vdpbf16ps, 32 bf16 pairs an
+instruction, widening nothing; `make_pv_block(group, head_dim, pairs=True)` rounds the 16 weights
+to bf16 (round to nearest even, as torch's SDPA and the prefill kernel feed P to the second
+product) and multiplies pairs of weights with pairs of value rows interleaved by word unpacks, so
+its accumulators hold the dimensions in the unpacks' order inside the call and natural order in
+`acc`. Why: on a Zen 4, float32 FMAs on 512-bit vectors ran at ~1.3 G/s (21 G multiply-adds/s)
+and vdpbf16ps at ~1.7 G/s (55 G): the float32 kernel was bound by its FMAs, not by memory (ad-hoc
+timing, 47-55 ms for a batch-32 step's 30 layers at context 512).
 """
 
 from __future__ import annotations
 
+from nodes.engines.attention_rows import AVAILABLE as PAIRS
 from nodes.engines.bf16_kernels import AVAILABLE
 
 LANES = 16    # float32 lanes of an AVX-512 vector
 BLOCK = 16    # keys a call handles: one reduced vector of scores
+PAIR_LANES = 32   # bf16 values of one 64-byte vector: 16 pairs
 
 if AVAILABLE:
     from llvmlite import ir
     from numba import types
     from numba.extending import intrinsic
 
-    from bus.numba_vectors import I64, VF, VI32, at, index, item, load_bf16, splat
+    from bus.numba_vectors import I32, I64, VF, VI32, at, dpbf16, index, item, load_bf16, splat
     from bus.numba_vectors import call as _call_intrinsic
+
+    if PAIRS:
+        from nodes.engines.attention_rows import to_bf16
 
     def _call(builder, name, *args):
         return _call_intrinsic(builder, name, VF, *args)
@@ -54,8 +70,26 @@ if AVAILABLE:
         high = ir.Constant(VI32, [s + size + i for s in starts for i in range(size)])
         return builder.fadd(builder.shuffle_vector(left, right, low), builder.shuffle_vector(left, right, high))
 
-    def make_qk_block(group: int, head_dim: int):
-        chunks = head_dim // LANES
+    def _pairs_dot(builder, query, key):
+        """A key's dot product with a query head (bf16 pair vectors), as 16 lane sums."""
+        partial = ir.Constant(VF, None)
+        for q_pairs, k_pairs in zip(query, key, strict=True):
+            partial = dpbf16(builder, partial, q_pairs, k_pairs)
+        return partial
+
+    def make_qk_block(group: int, head_dim: int, pairs: bool = False):
+        width = PAIR_LANES if pairs else LANES   # q and key values a vector holds
+        chunks = head_dim // width
+
+        def load_vector(builder, row, offset):
+            if pairs:
+                return builder.load(at(builder, row, offset, VI32), align=2)
+            return builder.load(at(builder, row, offset, VF), align=4)
+
+        def load_key(builder, row, offset):
+            return load_vector(builder, row, offset) if pairs else load_bf16(builder, row, offset)
+
+        dot = _pairs_dot if pairs else _dot_partial
 
         @intrinsic
         def qk_block(typingctx, q, first, keys, j0, scale, scores, tops):
@@ -66,13 +100,13 @@ if AVAILABLE:
                 queries = []
                 for i in range(group):
                     row = item(context, builder, q_type, q_array, [builder.add(first_index, index(context, i)), zero])
-                    queries.append([builder.load(at(builder, row, c * LANES, VF), align=4) for c in range(chunks)])
+                    queries.append([load_vector(builder, row, c * width) for c in range(chunks)])
                 key_row = item(context, builder, keys_type, keys_array, [j0_index, zero])
                 stacks = [[] for _ in range(group)]   # per head: (level, vector), a binary counter of keys
                 for j in range(BLOCK):
-                    key = [load_bf16(builder, key_row, j * head_dim + c * LANES) for c in range(chunks)]
+                    key = [load_key(builder, key_row, j * head_dim + c * width) for c in range(chunks)]
                     for i in range(group):
-                        partial = _dot_partial(builder, queries[i], key)
+                        partial = dot(builder, queries[i], key)
                         level, stack = 0, stacks[i]
                         while stack and stack[-1][0] == level:   # reduce as soon as a pair is complete
                             level += 1
@@ -90,7 +124,10 @@ if AVAILABLE:
             return types.none(q, first, keys, j0, scale, scores, tops), codegen
         return qk_block
 
-    def make_pv_block(group: int, head_dim: int):
+    def make_pv_block(group: int, head_dim: int, pairs: bool = False):
+        return _make_pv_pairs(group, head_dim) if pairs else _make_pv_widening(group, head_dim)
+
+    def _make_pv_widening(group: int, head_dim: int):
         chunks = head_dim // LANES
 
         @intrinsic
@@ -115,6 +152,63 @@ if AVAILABLE:
                 for i in range(group):
                     for c in range(chunks):
                         builder.store(sums[i][c], at(builder, acc_rows[i], c * LANES, VF), align=4)
+                return context.get_dummy_value()
+            return types.none(weights, values, j0, acc), codegen
+        return pv_block
+
+    # Word unpacks of value rows a and b (32 bf16 each, four 128-bit lanes of 8): dword 4L + t of
+    # the low unpack is (a, b) at dimension 8L + t, of the high unpack at 8L + 4 + t.
+    _UNPACK = [[w + 32 * r for L in range(4) for t in range(4) for w, r in ((8 * L + t + 4 * h, 0), (8 * L + t + 4 * h, 1))]
+               for h in range(2)]
+    # acc's natural vectors (dimensions 0-15 and 16-31 of a 32-wide chunk) from (low, high) sums, and back.
+    def _unpacked_index(dim: int) -> int:
+        """Where dimension `dim` of a 32-wide chunk sits in the (low, high) unpack-ordered sums."""
+        block, half, t = dim // 8, (dim % 8) // 4, dim % 4
+        return 16 * half + 4 * block + t
+
+    _TO_NATURAL = [[_unpacked_index(16 * n + k) for k in range(LANES)] for n in range(2)]
+    _FROM_NATURAL = [[8 * L + t + 4 * h for L in range(4) for t in range(4)] for h in range(2)]
+
+    def _make_pv_pairs(group: int, head_dim: int):
+        chunks = head_dim // PAIR_LANES
+        vi16x32 = ir.VectorType(ir.IntType(16), PAIR_LANES)
+        vi32x8 = ir.VectorType(I32, 8)
+        vi32x32 = ir.VectorType(I32, PAIR_LANES)   # a shuffle mask of 32 words
+
+        @intrinsic
+        def pv_block(typingctx, weights, values, j0, acc):
+            def codegen(context, builder, signature, args):
+                weights_type, values_type, _, acc_type = signature.args
+                weights_array, values_array, j0_index, acc_array = args
+                zero = index(context, 0)
+                acc_rows = [item(context, builder, acc_type, acc_array, [index(context, i), zero]) for i in range(group)]
+                sums = []   # sums[i][c][h]: head i, chunk c, low (0) or high (1) unpack order
+                for row in acc_rows:
+                    natural = [builder.load(at(builder, row, v * LANES, VF), align=4) for v in range(2 * chunks)]
+                    sums.append([[builder.shuffle_vector(natural[2 * c], natural[2 * c + 1], ir.Constant(VI32, mask))
+                                  for mask in _FROM_NATURAL] for c in range(chunks)])
+                weight_pairs = []   # head i's 16 weights as 8 dwords of bf16 pairs
+                for i in range(group):
+                    row = item(context, builder, weights_type, weights_array, [index(context, i), j0_index])
+                    rounded = to_bf16(builder, builder.load(at(builder, row, 0, VF), align=4))
+                    weight_pairs.append(builder.bitcast(rounded, vi32x8))
+                value_row = item(context, builder, values_type, values_array, [j0_index, zero])
+                for p in range(BLOCK // 2):
+                    splats = [builder.shuffle_vector(w, ir.Constant(vi32x8, None), ir.Constant(VI32, [p] * LANES))
+                              for w in weight_pairs]
+                    for c in range(chunks):
+                        a, b = (builder.load(at(builder, value_row, (2 * p + r) * head_dim + c * PAIR_LANES, vi16x32),
+                                             align=2) for r in range(2))
+                        for h, mask in enumerate(_UNPACK):
+                            value_pairs = builder.bitcast(builder.shuffle_vector(a, b, ir.Constant(vi32x32, mask)), VI32)
+                            for i in range(group):
+                                sums[i][c][h] = dpbf16(builder, sums[i][c][h], value_pairs, splats[i])
+                for i, row in enumerate(acc_rows):
+                    for c in range(chunks):
+                        low, high = sums[i][c]
+                        for n, mask in enumerate(_TO_NATURAL):
+                            natural = builder.shuffle_vector(low, high, ir.Constant(VI32, mask))
+                            builder.store(natural, at(builder, row, (2 * c + n) * LANES, VF), align=4)
                 return context.get_dummy_value()
             return types.none(weights, values, j0, acc), codegen
         return pv_block

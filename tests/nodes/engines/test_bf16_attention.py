@@ -1,6 +1,7 @@
 """The numba decode attention kernel against a float64 reference: its exp, its softmax attention for
 GQA groups of 3 of 64 (the 16-key block path) and other shapes (key by key), contexts below, at and
-across multiples of 16 keys, several rows (units interleaved) in any slot order."""
+across multiples of 16 keys, several rows (units interleaved) in any slot order, on both block kernels
+(float32 FMAs, and vdpbf16ps pairs where the CPU has AVX512-BF16)."""
 
 from __future__ import annotations
 
@@ -32,7 +33,9 @@ def f32(bits_: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(9, 3), (8, 2), (4, 4)])
 @pytest.mark.parametrize("positions", [[0], [3, 40], [100, 7, 64], [15, 16, 31, 47]])
-def test_attention_matches_a_float64_reference(num_heads, num_kv_heads, positions):
+@pytest.mark.parametrize("pairs", [False, pytest.param(True, marks=pytest.mark.skipif(
+    not bf16_attention.PAIRS, reason="vdpbf16ps blocks need AVX512-BF16"))], ids=["widening", "pairs"])
+def test_attention_matches_a_float64_reference(num_heads, num_kv_heads, positions, pairs):
     rng = np.random.default_rng(len(positions) + num_heads)
     head_dim, capacity, rows = 64, 128, len(positions)
     cache = bf16(rng.normal(size=(2, rows, 2, num_kv_heads, capacity, head_dim)))
@@ -41,7 +44,7 @@ def test_attention_matches_a_float64_reference(num_heads, num_kv_heads, position
     cos, sin = bf16(np.ones((capacity, head_dim))), bf16(np.zeros((capacity, head_dim)))   # RoPE = identity
     out = np.empty((rows, num_heads * head_dim), np.uint16)
     slots = np.arange(rows, dtype=np.int64)[::-1].copy()
-    bf16_attention.decode_attention(qkv, cos, sin, np.array(positions, np.int64), slots, cache, 1, num_heads, out)
+    bf16_attention.decode_attention(qkv, cos, sin, np.array(positions, np.int64), slots, cache, 1, num_heads, out, pairs)
     group = num_heads // num_kv_heads
     for m, (pos, slot) in enumerate(zip(positions, slots, strict=True)):
         q = f32(qkv[m]).reshape(-1, head_dim)
