@@ -1,13 +1,14 @@
-"""The bf16 decode path's linear layers, on AMX tiles (`amx_linear`) or numba GEMVs (`bf16_dot`'s
-vdpbf16ps where the CPU has AVX512-BF16, `bf16_kernels` otherwise).
+"""The bf16 decode path's linear layers, on AMX tiles (`amx_linear`), on vdpbf16ps outer products
+where the CPU has AVX512-BF16 (`bf16_dot`), or on numba GEMVs (`bf16_kernels`) otherwise.
 
 Contract: `Bf16Gemv.create(config, get)` returns None where the kernels cannot run (no numba, or
 they fail to compile), else an object holding each layer's weights as bf16 bit patterns (numpy
 uint16 views; `get(name)` gives a weight in bf16 on the CPU): packed into AMX tiles where the CPU
-has AMX, the kernel grants it and the AMX kernels compile (`amx`), plain [out, in] rows otherwise
+has AMX, the kernel grants it and the AMX kernels compile (`amx`), packed in pairs for vdpbf16ps
+where the CPU has AVX512-BF16 and those kernels compile (`dot`), plain [out, in] rows otherwise
 (`backend` names which: "amx", "dot" or "gemv"). Its methods take and return contiguous bf16 torch
-tensors of `rows` tokens, at most `max_rows` (32 on AMX, `DOT_MAX_ROWS` on vdpbf16ps, `MAX_ROWS` on
-the widening GEMVs):
+tensors of `rows` tokens, at most `max_rows` (32 on AMX and on vdpbf16ps, `MAX_ROWS` on the
+widening GEMVs):
 `qkv(layer, x)` = RMSNorm + fused q/k/v projection, `decode_attention(...)` = RoPE + KV write +
 attention of pure decode steps (after `set_rope(cos, sin)`), `attn_out(layer, attn, residual)` = residual +
 o-projection, `mlp(layer, x)` = x + SwiGLU(RMSNorm(x)), `logits(x)` = final RMSNorm + LM head.
@@ -47,10 +48,9 @@ from nodes.engines import bf16_kernels as kernels
 from nodes.engines.model_config import LlamaConfig
 
 MAX_ROWS = 4   # GEMVs: above this oneDNN's AMX GEMMs win (harness.bench.engine, decode at batch 8)
-# vdpbf16ps GEMVs (bf16_dot): on a Zen 4 a SmolLM2 decode step's linear layers took 23 / 43 / 44 / 60
-# ms at 8 / 12 / 16 / 24 rows, oneDNN's packed GEMMs 33 / 34 / 40 / 51 (ad-hoc timing of engine steps):
-# above 8 rows the GEMVs are bound by vdpbf16ps's throughput and oneDNN's blocking wins.
-DOT_MAX_ROWS = 8
+# vdpbf16ps outer products (bf16_dot): on a Zen 4 a SmolLM2 decode step's linear layers took 51 ms at 32
+# rows, oneDNN's packed GEMMs ~65 (ad-hoc timing); bf16_dot's docstring has the other row counts.
+DOT_MAX_ROWS = 32
 
 
 def bits(tensor: torch.Tensor) -> np.ndarray:
@@ -91,8 +91,11 @@ class Bf16Gemv:
                         and amx_attention.can_attend(config.num_heads, config.num_kv_heads, config.head_dim))
         self._workspace: amx_attention.Workspace | None = None
         # One allocation on huge pages for every matrix a decode step streams (fewer TLB misses).
-        arena = hugepages.Arena([m.shape for m in matrices.values()], torch.int16)
+        arena = hugepages.Arena([(self._stored_elements(m),) for m in matrices.values()], torch.int16)
         weights = {key: arena.copy(self._layout(bits(m))).numpy().view(np.uint16) for key, m in matrices.items()}
+        # Outputs of the matrices whose outputs a method returns (packed layouts pad them).
+        self._widths = {"qkv": matrices[0, "qkv"].shape[0], "gated": matrices[0, "gate"].shape[0],
+                        "logits": matrices["head"].shape[0]}
         self.layers = [_Layer(
             input_norm=bits(get(f"model.layers.{i}.input_layernorm.weight")),
             qkv=weights[i, "qkv"], o=weights[i, "o"],
@@ -120,12 +123,18 @@ class Bf16Gemv:
                    use_attention=use_amx or _soft_attention_compiles())
 
     def _layout(self, matrix: np.ndarray) -> torch.Tensor:
-        """A matrix as this object stores it: AMX tiles, or plain rows for the GEMVs (int16 bits)."""
-        return torch.from_numpy((amx_tiles.pack(matrix) if self.amx else matrix).view(np.int16))
+        """A matrix as this object stores it: AMX tiles, pairs for vdpbf16ps, or plain rows for the
+        GEMVs (int16 bits)."""
+        stored = amx_tiles.pack(matrix) if self.amx else bf16_dot.pack(matrix) if self.dot else matrix
+        return torch.from_numpy(stored.view(np.int16))
 
-    def _width(self, w: np.ndarray) -> int:
-        """Outputs of a stored matrix: its rows, or 16 a row of tiles."""
-        return w.shape[0] * amx_tiles.TILE_ROWS if self.amx else w.shape[0]
+    def _stored_elements(self, matrix: torch.Tensor) -> int:
+        """Elements of `_layout(matrix)`: vdpbf16ps's blocks pad the outputs to a multiple of 64."""
+        outputs, inputs = matrix.shape
+        if self.dot:
+            outputs = -(-outputs // bf16_dot.BLOCK_OUTPUTS) * bf16_dot.BLOCK_OUTPUTS
+        return outputs * inputs
+
 
     def _out(self, role: str, rows: int, width: int) -> tuple[torch.Tensor, np.ndarray]:
         key = (role, rows, width)
@@ -170,7 +179,7 @@ class Bf16Gemv:
 
     def qkv(self, layer: int, x: torch.Tensor) -> torch.Tensor:
         w = self.layers[layer]
-        out, out_bits = self._out("qkv", x.shape[0], self._width(w.qkv))
+        out, out_bits = self._out("qkv", x.shape[0], self._widths["qkv"])
         self._norm_linear(self._bits(x), w.input_norm, w.qkv, out_bits)
         return out
 
@@ -186,7 +195,7 @@ class Bf16Gemv:
         qkv_bits = self._bits(qkv) if qkv.shape[0] <= self.max_rows else bits(qkv)   # a oneDNN output: new each layer
         # The cache's view is not remembered: it would keep a released slot cache alive.
         bf16_attention.decode_attention(qkv_bits, self.cos, self.sin, positions.numpy(), slots.numpy(),
-                                        bits(cache), layer, num_heads, out_bits)
+                                        bits(cache), layer, num_heads, out_bits, bf16_attention.PAIRS)
         return out
 
     def rms_norm(self, layer: int, x: torch.Tensor, post: bool = False) -> torch.Tensor:
@@ -224,7 +233,7 @@ class Bf16Gemv:
         """x += SwiGLU(RMSNorm(x)), in place."""
         w = self.layers[layer]
         x_bits = self._bits(x)
-        gated, gated_bits = self._out("gated", x.shape[0], self._width(w.gate))
+        gated, gated_bits = self._out("gated", x.shape[0], self._widths["gated"])
         if self.amx:
             rows = x.shape[0]
             amx_linear.norm_swiglu(x_bits, w.post_norm, self.eps, w.gate, w.up,
@@ -236,7 +245,7 @@ class Bf16Gemv:
         return x
 
     def logits(self, x: torch.Tensor) -> torch.Tensor:
-        out, out_bits = self._out("logits", x.shape[0], self._width(self.head))
+        out, out_bits = self._out("logits", x.shape[0], self._widths["logits"])
         self._norm_linear(self._bits(x), self.norm, self.head, out_bits)
         return out
 

@@ -1,6 +1,7 @@
-"""The vdpbf16ps GEMVs (nodes/engines/bf16_dot.py) against the widening GEMVs they replace
+"""The vdpbf16ps outer products (nodes/engines/bf16_dot.py) against the widening GEMVs
 (bf16_kernels.py) and against float64 products: same bf16 results up to float32 summation order,
-for every row count the blocks pad (1, 2, 4, 8k) and widths of odd and even vector counts."""
+for row counts of every group size and several groups, output counts short of and past a block of
+64, and a row's result the same bits whatever rows share its step."""
 
 from __future__ import annotations
 
@@ -12,8 +13,8 @@ from nodes.engines import bf16_dot, bf16_kernels
 
 pytestmark = pytest.mark.skipif(not bf16_dot.AVAILABLE, reason="no AVX512-BF16 on this CPU (or no numba)")
 
-ROWS = [1, 2, 3, 4, 5, 8, 9, 17, 24]
-WIDTHS = [32, 96, 576]      # 1, 3 and 18 vectors of 32: the odd count takes the split sums' tail
+ROWS = [1, 2, 3, 4, 5, 6, 7, 13, 32]   # groups of 1-6 rows, and 2, 3 and 6 groups
+WIDTHS = [32, 96, 576]                  # 1, 3 and 18 vectors of 32 inputs
 
 
 def bits(t: torch.Tensor) -> np.ndarray:
@@ -46,7 +47,7 @@ def assert_within_bf16_rounding(actual: np.ndarray, expected: np.ndarray, what: 
 def test_linear_is_the_bf16_rounded_product(rows, width):
     x, w, *_ = operands(rows, width)
     out = np.zeros((rows, w.shape[0]), np.uint16)
-    bf16_dot.linear(x, w, out)
+    bf16_dot.linear(x, bf16_dot.pack(w), out)
     exact = bits((values(x) @ values(w).T).to(torch.bfloat16))
     assert_within_bf16_rounding(out, exact)
 
@@ -56,29 +57,48 @@ def test_linear_is_the_bf16_rounded_product(rows, width):
 def test_every_kernel_agrees_with_the_widening_gemvs(rows, width):
     x, w, v, norm_w, residual = operands(rows, width)
     calls = {
-        "linear": lambda k, out: k.linear(x, w, out),
-        "norm_linear": lambda k, out: k.norm_linear(x, norm_w, 1e-5, w, out),
-        "linear_add": lambda k, out: k.linear_add(x, w, residual, out),
-        "norm_swiglu": lambda k, out: k.norm_swiglu(x, norm_w, 1e-5, w, v, out),
+        "linear": lambda k, w, v, out: k.linear(x, w, out),
+        "norm_linear": lambda k, w, v, out: k.norm_linear(x, norm_w, 1e-5, w, out),
+        "linear_add": lambda k, w, v, out: k.linear_add(x, w, residual, out),
+        "norm_swiglu": lambda k, w, v, out: k.norm_swiglu(x, norm_w, 1e-5, w, v, out),
     }
     for name, call in calls.items():
         ours, theirs = (np.zeros((rows, w.shape[0]), np.uint16) for _ in range(2))
-        call(bf16_dot, ours)
-        call(bf16_kernels, theirs)
+        call(bf16_dot, bf16_dot.pack(w), bf16_dot.pack(v), ours)
+        call(bf16_kernels, w, v, theirs)
         assert_within_bf16_rounding(ours, theirs, name)
 
 
-def test_an_odd_number_of_outputs_writes_every_one_once():
-    """Outputs go in pairs (o, o + half); with an odd count the middle one has no partner."""
-    x, w, _, _, residual = operands(3, 64, outputs=7)
-    out = np.zeros((3, 7), np.uint16)
-    bf16_dot.linear_add(x, w, residual, out)
+@pytest.mark.parametrize("outputs", [7, 64, 130])
+def test_outputs_short_of_or_past_a_block_are_each_written_once(outputs):
+    """Packing pads the outputs to whole blocks of 64; only the matrix's own reach `out`."""
+    x, w, _, _, residual = operands(3, 64, outputs=outputs)
+    out = np.zeros((3, outputs), np.uint16)
+    bf16_dot.linear_add(x, bf16_dot.pack(w), residual, out)
     expected = bits((values(x) @ values(w).T + values(residual)).to(torch.bfloat16))
     assert_within_bf16_rounding(out, expected)
 
 
-def test_padded_rows_are_1_2_4_or_a_multiple_of_8():
-    assert [bf16_dot.padded_rows(n) for n in (1, 2, 3, 4, 5, 8, 9, 16, 17)] == [1, 2, 4, 4, 8, 8, 16, 16, 24]
+def test_pack_puts_each_blocks_weight_pairs_side_by_side():
+    w = np.arange(70 * 4, dtype=np.uint16).reshape(70, 4)
+    packed = bf16_dot.pack(w)
+    assert packed.shape == (2, 2, 64, 2)
+    assert packed[0, 1, 5].tolist() == w[5, 2:4].tolist()
+    assert packed[1, 0, 5].tolist() == w[69, 0:2].tolist()
+    assert not packed[1, :, 6:].any()   # outputs 70..127 are padding
+
+
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it():
+    """Same summation order in every group size: a decode row's logits stay bit-identical as
+    requests join and leave the batch."""
+    x, w, *_ = operands(32, 576, outputs=130)
+    packed = bf16_dot.pack(w)
+    alone = np.zeros((1, 130), np.uint16)
+    bf16_dot.linear(x[5:6], packed, alone)
+    for rows in (2, 7, 13, 32):
+        out = np.zeros((rows, 130), np.uint16)
+        bf16_dot.linear(x[5 - min(5, rows - 1):][:rows], packed, out)
+        assert np.array_equal(out[min(5, rows - 1)], alone[0]), rows
 
 
 def test_can_run_needs_whole_vectors_of_pairs():
