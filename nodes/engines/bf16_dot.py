@@ -29,7 +29,9 @@ packed GEMMs took over above 8 rows and reached ~60 G multiply-adds/s at 32, whe
 do ~117 G (a C loop of 24 independent accumulators: 3.65 G instructions/s on a Zen 4). The linear
 layers of a SmolLM2 decode step (30 layers and the LM head, cold weights) took 9.8 / 10.8 / 17.4 /
 32 / 51 ms at 1 / 4 / 8 / 16 / 32 rows, against the GEMVs' 9.7 / 26.5 / 23.2 at 1 / 4 / 8 and
-oneDNN's ~65 at 32 (ad-hoc timing). Software prefetching 2-8 KB ahead made it slower, as did
+oneDNN's ~65 at 32 (ad-hoc timing). SwiGLU's silu is bf16_kernels' vectorised one under numpy's
+error model: numba's zero-divisor check kept its loop scalar (gate and up for 32 rows, 30 layers: 34 ->
+22 ms). Software prefetching 2-8 KB ahead made it slower, as did
 blocks of 48 outputs with 8 rows a group at 32 rows (`make bench-engine` measures whole steps).
 """
 
@@ -68,10 +70,11 @@ if AVAILABLE:
         _bf16_bits,
         _inline,
         _njit,
+        _njit_numpy_errors,
         _norm_scale,
         _normed,
         _round,
-        _silu,
+        _silu_vectorised,
         _to_f32,
     )
 
@@ -188,7 +191,7 @@ if AVAILABLE:
         _copy_rows(x, xb)
         _gemm(xb, w, residual, True, out)
 
-    @_njit
+    @_njit_numpy_errors   # a division numba would check for zero kept silu's loop scalar
     def norm_swiglu(x, norm_w, eps, w_gate, w_up, out):  # pragma: no cover - runs compiled
         xb = _rows(x)
         _norm_rows(x, norm_w, eps, xb)
@@ -200,7 +203,7 @@ if AVAILABLE:
             _block_sums(xb, w_up, b, up)
             for m in range(out.shape[0]):
                 for j in range(min(BLOCK_OUTPUTS, n - b * BLOCK_OUTPUTS)):
-                    out[m, b * BLOCK_OUTPUTS + j] = _bf16_bits(up[m, j] * _round(_silu(gate[m, j])))
+                    out[m, b * BLOCK_OUTPUTS + j] = _bf16_bits(up[m, j] * _round(_silu_vectorised(gate[m, j])))
 
 
 def warmup() -> None:
