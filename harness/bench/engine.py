@@ -9,7 +9,10 @@ For each dtype (default: float32 and bfloat16), with the same torch thread count
   a growing share of the work a prefill must do);
 - decode tokens/s at batch 1, 8, 32 with 512 tokens of context (random KV: speed does not depend
   on its values): the engine, transformers (DynamicCache) and the GEMM roofline; the bandwidth
-  floor of a batch-1 step = weight bytes / single-core read bandwidth measured now.
+  floor of a batch-1 step = weight bytes / single-core read bandwidth measured now; and each
+  batch's step floor (harness.bench.roofline.decode_step_floor: its multiply-adds at torch.matmul's
+  best rate on a square product, or its bytes at that bandwidth, whichever is longer), which bounds
+  the batch-32 / batch-1 ratio any engine could reach on this core.
 Then the thread study: decode steps of one engine process alone (1 or 2 torch threads) and of two
 processes (1 thread each) sharing the two cores, under OpenMP's default wait policy and under
 OMP_WAIT_POLICY=PASSIVE, interleaved and repeated.
@@ -29,7 +32,9 @@ import torch
 
 from harness.bench.roofline import (
     best_time,
+    decode_step_floor,
     gemm_seconds,
+    peak_mac_rate,
     plain_weights,
     read_bandwidth,
     roofline_with_attention_seconds,
@@ -147,12 +152,17 @@ def bench_dtype(model, dtype_name: str, threads: int, num_steps: int) -> dict:
               f"{n / chunked:6.0f})  hf {n / theirs:8.0f} (all logits {n / theirs_all:6.0f})  gemm {n / gemm:8.0f} "
               f"(with attention {n / with_attention:6.0f})",
               flush=True)
+    peak = peak_mac_rate(dtype)
+    result["peak_gmacs"] = peak / 1e9
     for b in DECODE_BATCHES:
         ours = engine_decode_seconds(engine, b, num_steps)
         theirs = hf_decode_seconds(hf, b, max(3, num_steps // 4))
         gemm = gemm_seconds(weights, b, b)
+        floor = decode_step_floor(model.config, weights, b, CONTEXT, peak, max(bandwidth.values()))
         result["decode"][b] = {"engine_tok_s": b / ours, "hf_tok_s": b / theirs, "gemm_tok_s": b / gemm,
-                               "engine_step_ms": ours * 1e3, "hf_step_ms": theirs * 1e3}
+                               "engine_step_ms": ours * 1e3, "hf_step_ms": theirs * 1e3,
+                               "floor_step_ms": floor["seconds"] * 1e3, "floor_gmacs": floor["macs"] / 1e9,
+                               "floor_mb": floor["bytes"] / 1e6}
         print(f"  decode  b={b:3d}: engine {b / ours:8.1f} tok/s ({ours * 1e3:6.1f} ms/step)  "
               f"hf {b / theirs:7.1f} ({theirs * 1e3:6.1f} ms)  gemm {b / gemm:8.1f}", flush=True)
     return result
@@ -182,6 +192,16 @@ def print_summary(result: dict) -> None:
               f"{r['engine_tok_s'] / d[1]['engine_tok_s']:.1f}x |")
     print(f"batch-1 step: {d[1]['engine_step_ms']:.1f} ms = {d[1]['engine_step_ms'] / result['floor_step_ms']:.2f}x "
           f"the bandwidth floor ({result['floor_step_ms']:.1f} ms)")
+    if "peak_gmacs" in result:
+        print(f"step floors (multiply-adds at torch.matmul's best rate here, {result['peak_gmacs']:.0f} G/s on a "
+              f"1024^3 product, or bytes at {max(result['dram_gbs'], result['weights_pass_gbs']):.1f} GB/s, "
+              "whichever is longer):")
+        for b, r in d.items():
+            floor_tok_s = b / (r["floor_step_ms"] / 1e3)
+            print(f"  batch {b:2d}: {r['floor_step_ms']:.1f} ms ({r['floor_gmacs']:.2f} G multiply-adds, "
+                  f"{r['floor_mb']:.0f} MB) = at most {floor_tok_s:.0f} tok/s, "
+                  f"{floor_tok_s / d[1]['engine_tok_s']:.1f}x the engine's batch 1; the engine reaches "
+                  f"{r['floor_step_ms'] / r['engine_step_ms']:.0%} of it")
 
 
 THREAD_WORKER = """

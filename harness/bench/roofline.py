@@ -8,6 +8,13 @@ fuses them, the head last; `gemm_seconds(weights, tokens, logit_rows)` torch.mat
 those layers; `linear_flops` their FLOPs, `attention_flops(config, tokens)` a causal prefill's
 attention products, `roofline_with_attention_seconds` the linear roofline plus the attention's
 FLOPs at the rate torch.matmul reached on the weights (why that rate: its docstring).
+`peak_mac_rate(dtype)` is the best multiply-add rate torch.matmul reaches on this core (a square
+product, oneDNN's or MKL's best case); `decode_step_floor(config, weights, batch, context, peak,
+bandwidth_gbs)` the least time a decode step of `batch` rows at `context` tokens of KV could take:
+its multiply-adds (every linear layer and the head for each row, attention's two products) at that
+peak, or the bytes it must read (weights once, every row's K and V) at the read bandwidth,
+whichever is longer. Neither can be beaten, so no engine reaches the floor; it bounds what any
+batch-32 / batch-1 ratio can be on this core.
 """
 
 from __future__ import annotations
@@ -89,3 +96,22 @@ def roofline_with_attention_seconds(config, weights: list[torch.Tensor], num_tok
     charged at the rate torch reaches on the model's weights."""
     rate = linear_flops(weights, num_tokens, 1) / gemm_s
     return gemm_s + attention_flops(config, num_tokens) / rate
+
+
+def peak_mac_rate(dtype: torch.dtype, size: int = 1024) -> float:
+    """Multiply-adds per second of torch.matmul on a size x size x size product, best of 5."""
+    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    return size ** 3 / best_time(lambda: torch.matmul(a, b), 5)
+
+
+def decode_step_floor(config, weights: list[torch.Tensor], batch: int, context: int, peak_macs: float,
+                      bandwidth_gbs: float) -> dict[str, float]:
+    """The floor of a decode step (module docstring): seconds, and the multiply-adds and bytes behind it."""
+    element = weights[0].element_size()
+    keys = context + 1   # the step's own token is attended to as well
+    attention_macs = 2 * batch * config.num_layers * config.num_heads * keys * config.head_dim
+    macs = linear_flops(weights, batch, batch) // 2 + attention_macs
+    kv_bytes = batch * config.num_layers * 2 * config.num_kv_heads * keys * config.head_dim * element
+    num_bytes = sum(w.numel() * w.element_size() for w in weights) + kv_bytes
+    seconds = max(macs / peak_macs, num_bytes / (bandwidth_gbs * 1e9))
+    return {"seconds": seconds, "macs": macs, "bytes": num_bytes}
