@@ -127,16 +127,21 @@ if AVAILABLE:
     def make_pv_block(group: int, head_dim: int, pairs: bool = False):
         return _make_pv_pairs(group, head_dim) if pairs else _make_pv_widening(group, head_dim)
 
+    def _pv_operands(context, builder, signature, args, group):
+        """A pv block's weights and values types, pointers to its accumulator rows, and index 0."""
+        weights_type, values_type, _, acc_type = signature.args
+        zero = index(context, 0)
+        acc_rows = [item(context, builder, acc_type, args[3], [index(context, i), zero]) for i in range(group)]
+        return weights_type, values_type, acc_rows, zero
+
     def _make_pv_widening(group: int, head_dim: int):
         chunks = head_dim // LANES
 
         @intrinsic
         def pv_block(typingctx, weights, values, j0, acc):
             def codegen(context, builder, signature, args):
-                weights_type, values_type, _, acc_type = signature.args
-                weights_array, values_array, j0_index, acc_array = args
-                zero = index(context, 0)
-                acc_rows = [item(context, builder, acc_type, acc_array, [index(context, i), zero]) for i in range(group)]
+                weights_type, values_type, acc_rows, zero = _pv_operands(context, builder, signature, args, group)
+                weights_array, values_array, j0_index, _ = args
                 sums = [[builder.load(at(builder, acc_rows[i], c * LANES, VF), align=4) for c in range(chunks)]
                         for i in range(group)]
                 weight_rows = [item(context, builder, weights_type, weights_array, [index(context, i), j0_index])
@@ -178,10 +183,8 @@ if AVAILABLE:
         @intrinsic
         def pv_block(typingctx, weights, values, j0, acc):
             def codegen(context, builder, signature, args):
-                weights_type, values_type, _, acc_type = signature.args
-                weights_array, values_array, j0_index, acc_array = args
-                zero = index(context, 0)
-                acc_rows = [item(context, builder, acc_type, acc_array, [index(context, i), zero]) for i in range(group)]
+                weights_type, values_type, acc_rows, zero = _pv_operands(context, builder, signature, args, group)
+                weights_array, values_array, j0_index, _ = args
                 sums = []   # sums[i][c][h]: head i, chunk c, low (0) or high (1) unpack order
                 for row in acc_rows:
                     natural = [builder.load(at(builder, row, v * LANES, VF), align=4) for v in range(2 * chunks)]
