@@ -25,11 +25,12 @@ at 576 inputs) comes from memory for the first group of rows and from L2 for the
 
 Why: the GEMVs this replaced took a dot product a weight row (a load of x per row for every
 vector of weights, a horizontal sum per output) and were load-bound above two rows; oneDNN's
-packed GEMMs took over above 8 rows and reached ~60 G multiply-adds/s at 32, where vdpbf16ps can
-do ~117 G (a C loop of 24 independent accumulators: 3.65 G instructions/s on a Zen 4). The linear
-layers of a SmolLM2 decode step (30 layers and the LM head, cold weights) took 9.8 / 10.8 / 17.4 /
-32 / 51 ms at 1 / 4 / 8 / 16 / 32 rows, against the GEMVs' 9.7 / 26.5 / 23.2 at 1 / 4 / 8 and
-oneDNN's ~65 at 32 (ad-hoc timing). SwiGLU's silu is bf16_kernels' vectorised one under numpy's
+packed GEMMs served steps above 8 rows. vdpbf16ps can do ~117 G multiply-adds/s here (a C loop of
+24 independent accumulators: 3.65 G instructions/s on a Zen 4). The linear layers of a SmolLM2
+decode step (30 layers and the LM head, cold weights) took 9.8 / 10.8 / 17.4 / 32 / 51 ms at
+1 / 4 / 8 / 16 / 32 rows, against the GEMVs' 9.7 / 26.5 / 23.2 at 1 / 4 / 8; a later pair of runs
+gave 16.3 / 46.9 ms at 8 / 32 rows against 24.4 / 57.8 for oneDNN's packed GEMMs of the same
+shapes without their epilogues (ad-hoc timing). SwiGLU's silu is bf16_kernels' vectorised one under numpy's
 error model: numba's zero-divisor check kept its loop scalar (gate and up for 32 rows, 30 layers: 34 ->
 22 ms). Software prefetching 2-8 KB ahead made it slower, as did
 blocks of 48 outputs with 8 rows a group at 32 rows (`make bench-engine` measures whole steps).

@@ -48,8 +48,8 @@ from nodes.engines import bf16_kernels as kernels
 from nodes.engines.model_config import LlamaConfig
 
 MAX_ROWS = 4   # GEMVs: above this oneDNN's AMX GEMMs win (harness.bench.engine, decode at batch 8)
-# vdpbf16ps outer products (bf16_dot): on a Zen 4 a SmolLM2 decode step's linear layers took 51 ms at 32
-# rows, oneDNN's packed GEMMs ~65 (ad-hoc timing); bf16_dot's docstring has the other row counts.
+# vdpbf16ps outer products (bf16_dot): on a Zen 4 a SmolLM2 decode step's linear layers took 16.3 / 46.9 ms
+# at 8 / 32 rows, oneDNN's packed GEMMs 24.4 / 57.8 (ad-hoc timing); bf16_dot's docstring has more.
 DOT_MAX_ROWS = 32
 
 
@@ -134,7 +134,6 @@ class Bf16Gemv:
         if self.dot:
             outputs = -(-outputs // bf16_dot.BLOCK_OUTPUTS) * bf16_dot.BLOCK_OUTPUTS
         return outputs * inputs
-
 
     def _out(self, role: str, rows: int, width: int) -> tuple[torch.Tensor, np.ndarray]:
         key = (role, rows, width)
