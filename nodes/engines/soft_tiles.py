@@ -12,6 +12,11 @@ kernel): one thread at a time may run a kernel that uses them, as the engine's n
 How: a tile dot keeps b's 16 rows in vector registers and, for each row of acc, multiplies the
 broadcast pair k of a's row with b's row k (vdpbf16ps, bus.numba_vectors.dpbf16) 16 times. That is
 256 vdpbf16ps and 16 accumulator loads and stores for 8192 products; loads and stores copy rows.
+It runs eight rows at a time with k outermost, and broadcasts each pair from memory: one row's 16
+products in a chain waited on vdpbf16ps's latency, and a broadcast from a register costs a
+shuffle. Same sums in the same order; a 1024-token causal attention layer 11.4-12.4 -> 10.5-11.5 ms
+(ad-hoc timing, three alternated runs each; without any tile dot the kernel takes 1.9 ms, and the
+256 vdpbf16ps of each dot alone would take 5.3).
 
 Why: on a Zen 4 (AVX512-BF16, no AMX) torch's SDPA flash kernel took 706 of a 1024-token bf16
 prefill's 1804 ms; amx_attention's algorithm (keys packed once per KV head, two passes over a block
@@ -27,6 +32,7 @@ from nodes.engines.attention_rows import AVAILABLE
 NUM_TILES = 8
 ROWS = 16            # rows a tile holds
 ROW_WORDS = 16       # 32-bit words (bf16 pairs or float32) a row holds: 64 bytes
+GROUP_ROWS = 8       # accumulator rows a tile dot keeps in registers at once (with b's 16 rows)
 CONFIG = np.zeros(64, np.uint8)   # configure's argument, unused here (AMX's palette)
 
 if AVAILABLE:
@@ -98,14 +104,21 @@ if AVAILABLE:
         def dot(typingctx):
             def codegen(context, builder, signature, args):
                 b_rows = [builder.load(_row(builder, b, k), align=64) for k in range(ROWS)]
-                for m in range(ROWS):
-                    target = builder.bitcast(_row(builder, acc, m), ir.PointerType(VF))
-                    sums = builder.load(target, align=64)
-                    a_row = builder.load(_row(builder, a, m), align=64)
+                # Eight rows at a time, k outermost: eight independent accumulators, so no vdpbf16ps
+                # waits on the one before it (a row's 16 in a chain did); each row still sums over k
+                # in order, as before.
+                for first in range(0, ROWS, GROUP_ROWS):
+                    rows = range(first, first + GROUP_ROWS)
+                    targets = [builder.bitcast(_row(builder, acc, m), ir.PointerType(VF)) for m in rows]
+                    sums = [builder.load(target, align=64) for target in targets]
+                    a_rows = [builder.bitcast(_row(builder, a, m), ir.PointerType(I32)) for m in rows]
                     for k in range(ROWS):
-                        pair = splat(builder, builder.extract_element(a_row, ir.Constant(I32, k)))
-                        sums = dpbf16(builder, sums, pair, b_rows[k])
-                    builder.store(sums, target, align=64)
+                        for i, a_row in enumerate(a_rows):
+                            # Broadcast from memory, a load-port op (from a register it is a shuffle).
+                            word = builder.load(builder.gep(a_row, [ir.Constant(I32, k)]), align=4)
+                            sums[i] = dpbf16(builder, sums[i], splat(builder, word), b_rows[k])
+                    for target, total in zip(targets, sums, strict=True):
+                        builder.store(total, target, align=64)
                 return context.get_dummy_value()
             return types.none(), codegen
         return dot
