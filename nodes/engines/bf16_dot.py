@@ -66,7 +66,7 @@ if AVAILABLE:
     from numba.core import cgutils
     from numba.extending import intrinsic
 
-    from bus.numba_vectors import I32, LANES, VF, VI32, at, dpbf16, item, splat
+    from bus.numba_vectors import F32, I32, LANES, VF, VI32, at, call, dpbf16, item, splat
     from nodes.engines.bf16_kernels import (
         _bf16_bits,
         _inline,
@@ -83,29 +83,38 @@ if AVAILABLE:
 
     def _group(num_rows: int):
         """An intrinsic `(xb, r, w, b, sums)`: sums[m, j] = xb[r + m] . (output 64b + j of w) for
-        m < num_rows and j < 64, w packed, xb's rows bf16 pairs."""
+        m < num_rows and j < 64, w packed. xb's rows are bf16 pairs (uint16 bits, w as `pack`
+        makes it, vdpbf16ps) or float32 (w as f32_dot.pack makes it: [blocks, inputs, 64], FMAs);
+        either way a step over the inputs reads 64 bytes of weights a vector of 16 outputs."""
 
         @intrinsic
         def group(typingctx, xb, r, w, b, sums):
             def codegen(context, builder, signature, args):
                 xb_type, _, w_type, _, sums_type = signature.args
+                f32 = xb_type.dtype == types.float32
                 intp = context.get_value_type(types.intp)
                 zero = ir.Constant(intp, 0)
                 x_rows = [builder.bitcast(item(context, builder, xb_type, args[0],
                                                [builder.add(args[1], ir.Constant(intp, m)), zero]),
-                                          ir.PointerType(I32)) for m in range(num_rows)]
-                block = item(context, builder, w_type, args[2], [args[3], zero, zero, zero])
+                                          ir.PointerType(F32 if f32 else I32)) for m in range(num_rows)]
+                block = item(context, builder, w_type, args[2], [args[3]] + [zero] * (w_type.ndim - 1))
                 accs = [[cgutils.alloca_once_value(builder, ir.Constant(VF, None)) for _ in range(VECTORS)]
                         for _ in range(num_rows)]
-                pairs = builder.extract_value(context.make_array(w_type)(context, builder, args[2]).shape, 1)
-                with cgutils.for_range(builder, pairs) as loop:
-                    step = builder.mul(loop.index, ir.Constant(intp, 2 * BLOCK_OUTPUTS))
-                    weights = [builder.load(at(builder, block, builder.add(step, ir.Constant(intp, c * PAIR_LANES)),
-                                               VI32), align=2) for c in range(VECTORS)]
+                steps = builder.extract_value(context.make_array(w_type)(context, builder, args[2]).shape, 1)
+                per_vector = LANES if f32 else PAIR_LANES   # elements of w in 64 bytes
+                with cgutils.for_range(builder, steps) as loop:
+                    step = builder.mul(loop.index, ir.Constant(intp, VECTORS * per_vector))
+                    weights = [builder.load(at(builder, block, builder.add(step, ir.Constant(intp, c * per_vector)),
+                                               VF if f32 else VI32), align=4 if f32 else 2) for c in range(VECTORS)]
                     for m, x_row in enumerate(x_rows):
-                        x_pair = splat(builder, builder.load(builder.gep(x_row, [loop.index]), align=2))
-                        for c, w_pairs in enumerate(weights):
-                            builder.store(dpbf16(builder, builder.load(accs[m][c]), w_pairs, x_pair), accs[m][c])
+                        x_step = splat(builder, builder.load(builder.gep(x_row, [loop.index]), align=4 if f32 else 2))
+                        for c, w_step in enumerate(weights):
+                            acc = builder.load(accs[m][c])
+                            if f32:
+                                acc = call(builder, "llvm.fma.v16f32", VF, w_step, x_step, acc)
+                            else:
+                                acc = dpbf16(builder, acc, w_step, x_step)
+                            builder.store(acc, accs[m][c])
                 for m in range(num_rows):
                     row = item(context, builder, sums_type, args[4], [ir.Constant(intp, m), zero])
                     for c in range(VECTORS):

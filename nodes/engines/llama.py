@@ -15,6 +15,9 @@ KV caches laid out [layers, 2 (K, V), kv_heads, capacity, head_dim]:
   fused RoPE + KV write + attention kernel of bf16_attention.py instead.
 In bf16 with numba, RMSNorm and (for pure prefill steps) RoPE with the KV writes run on the
 kernels of bf16_prefill.py (through Bf16Gemv), bit-identical to the torch ops they replace.
+In float32 on CPUs where f32_dot's kernel runs, steps of at most 32 rows take their linear layers
+there (outer products, another copy of the weights); their sums run in another order than MKL's,
+so such steps match transformers to float32 rounding rather than bit for bit.
 Math follows Hugging Face's LlamaForCausalLM (RMSNorm in float32, rotate-half RoPE, SwiGLU).
 """
 
@@ -25,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from nodes.engines import bf16_gemv
+from nodes.engines import bf16_gemv, f32_dot
 from nodes.engines.model_config import LlamaConfig
 from nodes.engines.rope import rope_tables
 
@@ -97,6 +100,10 @@ class LlamaRunner:
         self.gemv = bf16_gemv.Bf16Gemv.create(config, get) if self.packed and use_gemv else None
         # Larger bf16 steps keep oneDNN's GEMMs but run RMSNorm, RoPE and the KV writes on numba.
         self.fused = self.gemv is not None
+        if dtype == torch.float32 and self.device.type == "cpu" and use_gemv and _f32_kernels_compile():
+            # float32 decode steps' linear layers on AVX-512 outer products (2-3x MKL's GEMVs here).
+            self._linear = f32_dot.SmallLinear([self.lm_head] + [w for layer in self.layers
+                                                                for w in (layer.qkv, layer.o, layer.gate_up, layer.down)])
         self.max_len = max_len or config.max_position_embeddings
         cos, sin = rope_tables(config, self.max_len)
         half = config.head_dim // 2
@@ -194,7 +201,7 @@ class LlamaRunner:
         """residual + x @ weight.T (one fused oneDNN call with packed weights)."""
         if self.packed:
             return torch.ops.mkldnn._linear_pointwise.binary(x, residual, weight, None, "add")
-        return residual + F.linear(x, weight)
+        return residual + self._linear(x, weight)
 
     def _mlp(self, residual: torch.Tensor, h: torch.Tensor, layer: LayerWeights) -> torch.Tensor:
         """residual + SwiGLU(h). Packed: silu and the gating product run as GEMM epilogues, which
@@ -203,8 +210,8 @@ class LlamaRunner:
             pointwise = torch.ops.mkldnn._linear_pointwise
             gated = pointwise.binary(h, pointwise(h, layer.gate, None, "swish", [], ""), layer.up, None, "mul")
             return pointwise.binary(gated, residual, layer.down, None, "add")
-        gate, up = F.linear(h, layer.gate_up).chunk(2, dim=-1)
-        return residual + F.linear(F.silu(gate) * up, layer.down)
+        gate, up = self._linear(h, layer.gate_up).chunk(2, dim=-1)
+        return residual + self._linear(F.silu(gate) * up, layer.down)
 
     def _attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                    batch: ForwardBatch) -> torch.Tensor:
@@ -280,6 +287,15 @@ def can_pack_weights(dtype: torch.dtype, device: torch.device) -> bool:
     (measured with AMX; same results), so bf16 on CPU packs them when this torch can."""
     return (dtype == torch.bfloat16 and device.type == "cpu" and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
+
+
+def _f32_kernels_compile() -> bool:
+    """f32_dot's kernel where the CPU has it and it compiles (MKL's F.linear otherwise)."""
+    try:
+        f32_dot.warmup()
+    except Exception:   # no AVX512-BF16, no numba, or a compiler that fails: F.linear serves
+        return False
+    return True
 
 
 def _packed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
