@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from nodes.engines import bf16_gemv, f32_dot
+from nodes.engines import bf16_gemv, f32_attention, f32_dot
 from nodes.engines.model_config import LlamaConfig
 from nodes.engines.rope import rope_tables
 
@@ -100,10 +100,13 @@ class LlamaRunner:
         self.gemv = bf16_gemv.Bf16Gemv.create(config, get) if self.packed and use_gemv else None
         # Larger bf16 steps keep oneDNN's GEMMs but run RMSNorm, RoPE and the KV writes on numba.
         self.fused = self.gemv is not None
-        if dtype == torch.float32 and self.device.type == "cpu" and use_gemv and _f32_kernels_compile():
+        if dtype == torch.float32 and self.device.type == "cpu" and use_gemv and _compiles(f32_dot.warmup):
             # float32 decode steps' linear layers on AVX-512 outer products (2-3x MKL's GEMVs here).
             self._linear = f32_dot.SmallLinear([self.lm_head] + [w for layer in self.layers
                                                                 for w in (layer.qkv, layer.o, layer.gate_up, layer.down)])
+        # float32 pure decode steps: the KV write and attention in one numba kernel instead of SDPA.
+        self.f32_attends = dtype == torch.float32 and self.device.type == "cpu" and use_gemv and _compiles(
+            f32_attention.warmup)
         self.max_len = max_len or config.max_position_embeddings
         cos, sin = rope_tables(config, self.max_len)
         half = config.head_dim // 2
@@ -259,6 +262,12 @@ class LlamaRunner:
     def _decode_attention(self, layer: int, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                           group: DecodeGroup, all_rows: bool = False) -> torch.Tensor:
         c = self.config
+        if all_rows and self.f32_attends and group.cache.is_contiguous():
+            out = torch.empty(q.shape[0], self.q_size, dtype=q.dtype)
+            f32_attention.decode_attention(q.contiguous().numpy(), k.contiguous().numpy(), v.contiguous().numpy(),
+                                           group.positions.numpy(), group.slots.numpy(), group.cache.numpy(),
+                                           layer, out.numpy())
+            return out
         if not all_rows:
             q, k, v = q[group.rows], k[group.rows], v[group.rows]
         k_cache, v_cache = group.cache[layer, :group.num_slots, 0], group.cache[layer, :group.num_slots, 1]
@@ -289,11 +298,12 @@ def can_pack_weights(dtype: torch.dtype, device: torch.device) -> bool:
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
 
 
-def _f32_kernels_compile() -> bool:
-    """f32_dot's kernel where the CPU has it and it compiles (MKL's F.linear otherwise)."""
+def _compiles(warmup) -> bool:
+    """Whether a numba kernel's warm-up (its compile, or load from the disk cache) succeeds: where
+    it does not (no numba, no AVX512-BF16 for f32_dot, a failing compiler) torch's ops serve."""
     try:
-        f32_dot.warmup()
-    except Exception:   # no AVX512-BF16, no numba, or a compiler that fails: F.linear serves
+        warmup()
+    except Exception:
         return False
     return True
 

@@ -1,0 +1,60 @@
+"""The float32 decode attention kernel (nodes/engines/f32_attention.py) against a float64 reference:
+GQA groups and plain heads, contexts of one key and many, rows in any slot order, the KV write at
+each row's position of only the given layer; and a float32 engine's decode on it against the same
+engine on torch's SDPA."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+
+from nodes.engines import f32_attention
+from nodes.engines.base import DecodeRequest, PrefillRequest
+from tests.nodes.engines.engine_helpers import GREEDY, drain, make_engine
+
+pytestmark = pytest.mark.skipif(not f32_attention.AVAILABLE, reason="numba is not installed")
+
+
+@pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(9, 3), (4, 4), (8, 2)])
+@pytest.mark.parametrize("positions", [[0], [5, 40], [100, 7, 64, 17]])
+def test_attention_matches_a_float64_reference(num_heads, num_kv_heads, positions):
+    rng = np.random.default_rng(len(positions) * 10 + num_heads)
+    rows, head_dim, capacity = len(positions), 64, 128
+    cache = rng.normal(size=(2, rows, 2, num_kv_heads, capacity, head_dim)).astype(np.float32)
+    other_layer = cache[0].copy()
+    q = rng.normal(size=(rows, num_heads, head_dim)).astype(np.float32)
+    k, v = (rng.normal(size=(rows, num_kv_heads, head_dim)).astype(np.float32) for _ in range(2))
+    slots = np.arange(rows, dtype=np.int64)[::-1].copy()
+    out = np.empty((rows, num_heads * head_dim), np.float32)
+    f32_attention.decode_attention(q, k, v, np.array(positions, np.int64), slots, cache, 1, out)
+    group = num_heads // num_kv_heads
+    for m, (pos, slot) in enumerate(zip(positions, slots, strict=True)):
+        for h in range(num_heads):
+            keys = cache[1, slot, 0, h // group, :pos + 1].astype(np.float64)
+            values = cache[1, slot, 1, h // group, :pos + 1].astype(np.float64)
+            np.testing.assert_array_equal(keys[pos], k[m, h // group])   # written at its position
+            np.testing.assert_array_equal(values[pos], v[m, h // group])
+            scores = keys @ q[m, h].astype(np.float64) / np.sqrt(head_dim)
+            weights = np.exp(scores - scores.max())
+            expected = weights @ values / weights.sum()
+            np.testing.assert_allclose(out[m, h * head_dim:(h + 1) * head_dim], expected, atol=1e-5, rtol=1e-5)
+    assert np.array_equal(cache[0], other_layer)   # only the given layer is written
+
+
+def test_a_float32_engine_decodes_on_it_as_on_sdpa(tiny_model, monkeypatch):
+    calls = []
+    kernel = f32_attention.decode_attention
+    monkeypatch.setattr(f32_attention, "decode_attention", lambda *a: calls.append(1) or kernel(*a))
+    outputs = {}
+    for attends in (True, False):
+        engine = make_engine(tiny_model)
+        assert engine.runner.f32_attends
+        engine.runner.f32_attends = attends
+        prompts = [tuple(tiny_model.tokenizer.encode(t)) for t in ("The quick brown fox", "Once upon a time")]
+        results = engine.prefill([PrefillRequest(f"p{i}", p, GREEDY) for i, p in enumerate(prompts)])
+        for i, (p, r) in enumerate(zip(prompts, results, strict=True)):
+            assert engine.add_request(DecodeRequest(f"d{i}", p, GREEDY, kv=r.kv, first_token_id=r.first_token_id)).ok
+        outputs[attends] = drain(engine)
+    assert calls   # the kernel served the float32 decode steps
+    assert outputs[True] == outputs[False]
