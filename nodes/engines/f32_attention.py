@@ -12,7 +12,7 @@ keys. `warmup()` compiles it. LlamaRunner runs float32 pure decode steps' attent
 Why: torch's batched SDPA with a length mask took 5.5 ms of a 34 ms float32 batch-1 step on a
 Zen 4 (30 layers; 23.6 MB of KV at ~4 GB/s). Here the query heads of a KV head go through its keys
 and values together, so each K and V row is read once per step, and nothing is masked or padded.
-The exp is bf16_kernels' vectorisable one (within 3e-7 relative of exp), so results differ from
+The softmax is bf16_attention's (its exp within 3e-7 relative of exp), so results differ from
 SDPA's by float32 rounding.
 """
 
@@ -25,7 +25,8 @@ from nodes.engines.bf16_kernels import AVAILABLE
 if AVAILABLE:
     import numba
 
-    from nodes.engines.bf16_kernels import _exp_nonpositive
+    from nodes.engines.bf16_attention import LOWEST, _softmax
+    from nodes.engines.bf16_blocks import LANES
 
     FASTMATH = {"reassoc", "contract", "nsz", "arcp"}   # scores are finite: no mask, no padding
 
@@ -40,6 +41,8 @@ if AVAILABLE:
             max_keys = max(max_keys, positions[m] + 1)
         scores = np.empty((group, max_keys), np.float32)
         acc = np.empty((group, head_dim), np.float32)
+        tops = np.empty((group, LANES), np.float32)
+        inverse = np.empty(group, np.float32)
         for m in range(rows):
             pos, slot = positions[m], slots[m]
             for g in range(num_kv_heads):
@@ -54,23 +57,16 @@ if AVAILABLE:
                         for d in range(head_dim):
                             dot += q[m, g * group + i, d] * keys[j, d]
                         scores[i, j] = dot * scale
+                tops[:, :] = LOWEST
+                _softmax(scores, tops, group, 0, num_keys, inverse)   # bf16_attention's, on float32 scores
                 for i in range(group):
-                    top = scores[i, 0]
-                    for j in range(1, num_keys):
-                        top = max(top, scores[i, j])
-                    total = np.float32(0.0)
-                    for j in range(num_keys):
-                        weight = _exp_nonpositive(scores[i, j] - top)
-                        scores[i, j] = weight
-                        total += weight
                     acc[i, :] = 0.0
                     for j in range(num_keys):
                         weight = scores[i, j]
                         for d in range(head_dim):
                             acc[i, d] += weight * values[j, d]
-                    inverse = np.float32(1.0) / total
                     for d in range(head_dim):
-                        out[m, (g * group + i) * head_dim + d] = acc[i, d] * inverse
+                        out[m, (g * group + i) * head_dim + d] = acc[i, d] * inverse[i]
 
 
 def warmup() -> None:

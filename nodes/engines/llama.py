@@ -100,12 +100,12 @@ class LlamaRunner:
         self.gemv = bf16_gemv.Bf16Gemv.create(config, get) if self.packed and use_gemv else None
         # Larger bf16 steps keep oneDNN's GEMMs but run RMSNorm, RoPE and the KV writes on numba.
         self.fused = self.gemv is not None
-        if dtype == torch.float32 and self.device.type == "cpu" and use_gemv and _compiles(f32_dot.warmup):
+        if dtype == torch.float32 and self.device.type == "cpu" and use_gemv and bf16_gemv._compiles(f32_dot.warmup):
             # float32 decode steps' linear layers on AVX-512 outer products (2-3x MKL's GEMVs here).
             self._linear = f32_dot.SmallLinear([self.lm_head] + [w for layer in self.layers
                                                                 for w in (layer.qkv, layer.o, layer.gate_up, layer.down)])
         # float32 pure decode steps: the KV write and attention in one numba kernel instead of SDPA.
-        self.f32_attends = dtype == torch.float32 and self.device.type == "cpu" and use_gemv and _compiles(
+        self.f32_attends = dtype == torch.float32 and self.device.type == "cpu" and use_gemv and bf16_gemv._compiles(
             f32_attention.warmup)
         self.max_len = max_len or config.max_position_embeddings
         cos, sin = rope_tables(config, self.max_len)
@@ -296,16 +296,6 @@ def can_pack_weights(dtype: torch.dtype, device: torch.device) -> bool:
     (measured with AMX; same results), so bf16 on CPU packs them when this torch can."""
     return (dtype == torch.bfloat16 and device.type == "cpu" and torch.backends.mkldnn.is_available()
             and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
-
-
-def _compiles(warmup) -> bool:
-    """Whether a numba kernel's warm-up (its compile, or load from the disk cache) succeeds: where
-    it does not (no numba, no AVX512-BF16 for f32_dot, a failing compiler) torch's ops serve."""
-    try:
-        warmup()
-    except Exception:
-        return False
-    return True
 
 
 def _packed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

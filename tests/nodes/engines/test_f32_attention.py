@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-import torch
 
 from nodes.engines import f32_attention
 from nodes.engines.base import DecodeRequest, PrefillRequest
