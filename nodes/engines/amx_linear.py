@@ -24,10 +24,8 @@ from nodes.engines import amx_tiles
 if amx_tiles.AVAILABLE:
     from nodes.engines.bf16_kernels import (
         _bf16_bits,
-        _inline,
         _njit_numpy_errors,
-        _norm_scale,
-        _normed,
+        _norm_rows_bits,
         _round,
         _silu_vectorised,
         _to_f32,
@@ -35,16 +33,9 @@ if amx_tiles.AVAILABLE:
 
     matmul = amx_tiles.matmul
 
-    @_inline
-    def _normed_into(x, norm_w, eps, x_pad):  # pragma: no cover - runs compiled
-        for m in range(x.shape[0]):
-            scale = _norm_scale(x, m, eps)
-            for k in range(x.shape[1]):
-                x_pad[m, k] = _bf16_bits(_normed(x, m, k, norm_w, scale))
-
     @_njit_numpy_errors
     def norm_linear(x, norm_w, eps, w, x_pad, acc, out):  # pragma: no cover - runs compiled
-        _normed_into(x, norm_w, eps, x_pad)
+        _norm_rows_bits(x, norm_w, eps, x_pad)
         matmul(x_pad, w, acc)
         for m in range(x.shape[0]):
             for n in range(out.shape[1]):
@@ -60,7 +51,7 @@ if amx_tiles.AVAILABLE:
 
     @_njit_numpy_errors
     def norm_swiglu(x, norm_w, eps, w_gate, w_up, x_pad, acc, acc_up, out):  # pragma: no cover - runs compiled
-        _normed_into(x, norm_w, eps, x_pad)
+        _norm_rows_bits(x, norm_w, eps, x_pad)
         matmul(x_pad, w_gate, acc)
         matmul(x_pad, w_up, acc_up)
         for m in range(x.shape[0]):

@@ -72,8 +72,7 @@ if AVAILABLE:
         _inline,
         _njit,
         _njit_numpy_errors,
-        _norm_scale,
-        _normed,
+        _norm_rows_bits,
         _round,
         _silu_vectorised,
         _to_f32,
@@ -172,14 +171,6 @@ if AVAILABLE:
                 xb[m, k] = x[m, k]
 
     @_inline
-    def _norm_rows(x, norm_w, eps, xb):  # pragma: no cover - runs compiled
-        """RMSNorm of x's rows (bf16 values, so their bits are exact) into xb."""
-        for m in range(x.shape[0]):
-            scale = _norm_scale(x, m, eps)
-            for k in range(x.shape[1]):
-                xb[m, k] = _bf16_bits(_normed(x, m, k, norm_w, scale))
-
-    @_inline
     def _rows(x):  # pragma: no cover - runs compiled
         return np.empty((x.shape[0], x.shape[1]), np.uint16)
 
@@ -192,7 +183,7 @@ if AVAILABLE:
     @_njit
     def norm_linear(x, norm_w, eps, w, out):  # pragma: no cover - runs compiled
         xb = _rows(x)
-        _norm_rows(x, norm_w, eps, xb)
+        _norm_rows_bits(x, norm_w, eps, xb)
         _gemm(xb, w, out, False, out)
 
     @_njit
@@ -204,7 +195,7 @@ if AVAILABLE:
     @_njit_numpy_errors   # a division numba would check for zero kept silu's loop scalar
     def norm_swiglu(x, norm_w, eps, w_gate, w_up, out):  # pragma: no cover - runs compiled
         xb = _rows(x)
-        _norm_rows(x, norm_w, eps, xb)
+        _norm_rows_bits(x, norm_w, eps, xb)
         gate = np.empty((xb.shape[0], BLOCK_OUTPUTS), np.float32)
         up = np.empty((xb.shape[0], BLOCK_OUTPUTS), np.float32)
         n = out.shape[1]

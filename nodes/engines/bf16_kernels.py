@@ -122,6 +122,14 @@ if AVAILABLE:
                 xf[m, k] = _normed(x, m, k, norm_w, scale)
 
     @_inline
+    def _norm_rows_bits(x, norm_w, eps, out):  # pragma: no cover - runs compiled
+        """RMSNorm of x's rows into bf16 bits (llama.rms_norm's bf16 output, bit for bit)."""
+        for m in range(x.shape[0]):
+            scale = _norm_scale(x, m, eps)
+            for k in range(x.shape[1]):
+                out[m, k] = _bf16_bits(_normed(x, m, k, norm_w, scale))
+
+    @_inline
     def _rope_pair(qkv, m, base, d, half, cos, sin, pos):  # pragma: no cover - runs compiled
         """Values d and d + half of the head at qkv[m, base:] after RoPE, with x * cos rounded as
         llama.apply_rope rounds it (rotate-half tables, its sign in sin); the caller rounds the sums."""

@@ -32,18 +32,14 @@ if AVAILABLE:
     from nodes.engines.bf16_kernels import (
         _bf16_bits,
         _njit,
-        _norm_scale,
-        _normed,
+        _norm_rows_bits,
         _rope_pair,
         _scale_of_squares,
     )
 
     @_njit
     def _rms_norm_scalar(x, norm_w, eps, out):  # pragma: no cover - runs compiled
-        for m in range(x.shape[0]):
-            scale = _norm_scale(x, m, eps)
-            for k in range(x.shape[1]):
-                out[m, k] = _bf16_bits(_normed(x, m, k, norm_w, scale))
+        _norm_rows_bits(x, norm_w, eps, out)
 
     @_njit
     def _rope_and_cache_scalar(qkv, cos, sin, start, num_heads, q_out, cache):  # pragma: no cover - runs compiled
