@@ -10,8 +10,9 @@ position, and softmax attention of its q heads over keys 0..position of its slot
 LlamaRunner runs every pure bf16 decode step's attention on it, at any batch size.
 
 Why a kernel: the query heads sharing a KV head go through its keys and values together, so each K
-and V row is read from memory (and widened to float32) once per step instead of once per head, and
-nothing is gathered, masked or padded. At batch 32 and context 512 a step reads 377 MB of KV, so
+and V row is read from memory once per step instead of once per head (widened to float32, or, where
+the CPU has AVX512-BF16, multiplied as bf16 pairs by bf16_blocks' pair blocks), and nothing is
+gathered, masked or padded. At batch 32 and context 512 a step reads 377 MB of KV, so
 the kernel is bound by memory; two choices keep it near the single-core read bandwidth:
 - for SmolLM2's shape (groups of 3 heads of 64) it runs 16 keys at a time on hand-built vector
   code (`bf16_blocks`), half the instructions of numba's key-by-key loops;

@@ -51,13 +51,17 @@ def can_run(width: int) -> bool:
     return AVAILABLE and width > 0 and width % PAIR_LANES == 0
 
 
+def padded_outputs(outputs: int) -> int:
+    """Outputs of a packed matrix: whole blocks of 64 (f32_dot's packing pads alike)."""
+    return -(-outputs // BLOCK_OUTPUTS) * BLOCK_OUTPUTS
+
+
 def pack(w: np.ndarray) -> np.ndarray:
     """[outputs, inputs] bf16 bits -> [blocks, inputs / 2, 64, 2] (zero outputs past the matrix's)."""
     outputs, inputs = w.shape
-    blocks = -(-outputs // BLOCK_OUTPUTS)
-    padded = np.zeros((blocks * BLOCK_OUTPUTS, inputs), np.uint16)
+    padded = np.zeros((padded_outputs(outputs), inputs), np.uint16)
     padded[:outputs] = w
-    return np.ascontiguousarray(padded.reshape(blocks, BLOCK_OUTPUTS, inputs // 2, 2).transpose(0, 2, 1, 3))
+    return np.ascontiguousarray(padded.reshape(-1, BLOCK_OUTPUTS, inputs // 2, 2).transpose(0, 2, 1, 3))
 
 
 if AVAILABLE:

@@ -131,9 +131,7 @@ class Bf16Gemv:
     def _stored_elements(self, matrix: torch.Tensor) -> int:
         """Elements of `_layout(matrix)`: vdpbf16ps's blocks pad the outputs to a multiple of 64."""
         outputs, inputs = matrix.shape
-        if self.dot:
-            outputs = -(-outputs // bf16_dot.BLOCK_OUTPUTS) * bf16_dot.BLOCK_OUTPUTS
-        return outputs * inputs
+        return (bf16_dot.padded_outputs(outputs) if self.dot else outputs) * inputs
 
     def _out(self, role: str, rows: int, width: int) -> tuple[torch.Tensor, np.ndarray]:
         key = (role, rows, width)

@@ -34,10 +34,9 @@ MAX_ROWS = 32   # decode steps; prefills keep MKL's GEMMs
 def pack(w: np.ndarray) -> np.ndarray:
     """[outputs, inputs] float32 -> [blocks, inputs, 64] (zero outputs past the matrix's)."""
     outputs, inputs = w.shape
-    blocks = -(-outputs // BLOCK_OUTPUTS)
-    padded = np.zeros((blocks * BLOCK_OUTPUTS, inputs), np.float32)
+    padded = np.zeros((bf16_dot.padded_outputs(outputs), inputs), np.float32)
     padded[:outputs] = w
-    return np.ascontiguousarray(padded.reshape(blocks, BLOCK_OUTPUTS, inputs).transpose(0, 2, 1))
+    return np.ascontiguousarray(padded.reshape(-1, BLOCK_OUTPUTS, inputs).transpose(0, 2, 1))
 
 
 if AVAILABLE:
