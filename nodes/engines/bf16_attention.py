@@ -1,12 +1,15 @@
 """numba decode attention for bf16 slot caches: RoPE, KV write and GQA softmax attention in one pass.
 
 Contract (`bf16_kernels.AVAILABLE` must hold; numpy arrays, bf16 values as uint16 bit patterns):
-`decode_attention(qkv, cos, sin, positions, slots, cache, layer, num_heads, out)` takes one decode
+`decode_attention(qkv, cos, sin, positions, slots, cache, layer, num_heads, out, pairs, prefetch)` takes one decode
 token per row of `qkv` [rows, (heads + 2 kv_heads) * head_dim]: RoPE on its q and k (rotate-half
 tables, rotate-half's sign in `sin`, rounded as llama.apply_rope: round(round(x * cos) + swapped *
 sin)), its k and v written into `cache` [layers, slots, 2, kv_heads, capacity, head_dim] at its
 position, and softmax attention of its q heads over keys 0..position of its slot, written to `out`
-[rows, heads * head_dim]. No mask: each row reads exactly its own keys. `warmup()` compiles it.
+[rows, heads * head_dim]. No mask: each row reads exactly its own keys. `pairs` picks the vdpbf16ps
+blocks where `PAIRS`; `prefetch` makes it request each K and V stream's lines a block ahead (into
+the next unit's streams at a stream's end), which changes no result. `warmup()` compiles it;
+`prefetch_pays()` says whether to prefetch here.
 LlamaRunner runs every pure bf16 decode step's attention on it, at any batch size.
 
 Why a kernel: the query heads sharing a KV head go through its keys and values together, so each K
@@ -19,8 +22,11 @@ the kernel is bound by memory; two choices keep it near the single-core read ban
 - it interleaves two (row, KV head) units: unit u's keys are scored while unit u - 1's values are
   weighted, so the K and V streams run side by side. One core read this cache at 12.6 GB/s one
   stream at a time and 17.4 GB/s two at a time (ad-hoc timing); the kernel went from 47 to 33 ms
-  for the 30 layers of a batch-32 step, 1.1 to 0.55 ms at batch 1. (Software prefetching on top
-  of this, at 2-8 KB ahead, made it slower.)
+  for the 30 layers of a batch-32 step, 1.1 to 0.55 ms at batch 1. Software prefetching on top of
+  this, at 2-8 KB ahead, made it slower on that Xeon and on a Zen 4, but on a later Xeon reading
+  10 GB/s a core, requesting one block (2 KB) ahead took a batch-32 step's 30 layers from a median
+  of 66-74 ms to 54-60 (ad-hoc timing; requesting only the next unit's first blocks did nothing).
+  So each process times both ways once (`prefetch_pays`) and keeps the faster.
 The softmax uses bf16_kernels' exp (`_exp_nonpositive`): numba's np.exp is a scalar libm call per score
 (3.8 ns here); this one is plain float arithmetic that LLVM vectorises (0.34 ns), within 3e-7
 relative of exp in float64. numba's disk cache keys on this file only: after editing bf16_blocks.py or
@@ -29,6 +35,10 @@ loop cost more than the exp), and the output is scaled by 1/sum once instead of 
 """
 
 from __future__ import annotations
+
+import functools
+import os
+import time
 
 import numpy as np
 
@@ -47,7 +57,14 @@ if AVAILABLE:
     import numba
 
     from nodes.engines import bf16_blocks
-    from nodes.engines.bf16_kernels import _bf16_bits, _exp_nonpositive, _rope_pair, _round, _to_f32
+    from nodes.engines.bf16_kernels import (
+        _bf16_bits,
+        _exp_nonpositive,
+        _prefetch,
+        _rope_pair,
+        _round,
+        _to_f32,
+    )
 
     _qk_block = bf16_blocks.make_qk_block(BLOCK_GROUP, BLOCK_HEAD_DIM)
     _pv_block = bf16_blocks.make_pv_block(BLOCK_GROUP, BLOCK_HEAD_DIM)
@@ -110,8 +127,18 @@ if AVAILABLE:
                 for d in range(head_dim):
                     acc[i, d] += weight * _to_f32(values[j, d])
 
+    @numba.njit(inline="always")
+    def _prefetch_rows(rows, start, num_rows, next_rows):  # pragma: no cover - runs compiled
+        """Request rows start..start + BLOCK - 1 of a K or V stream of num_rows rows; those past its
+        end continue at the start of the stream read next (`next_rows`)."""
+        for r in range(start, start + BLOCK):
+            stream, row = (rows, r) if r < num_rows else (next_rows, r - num_rows)
+            if row < stream.shape[0]:
+                for c in range(0, stream.shape[1], 32):   # a 64-byte line holds 32 bf16 values
+                    _prefetch(stream, row, c)
+
     @numba.njit(cache=True, boundscheck=False, nogil=True, fastmath=FASTMATH)
-    def decode_attention(qkv, cos, sin, positions, slots, cache, layer, num_heads, out, pairs):  # pragma: no cover
+    def decode_attention(qkv, cos, sin, positions, slots, cache, layer, num_heads, out, pairs, prefetch):  # pragma: no cover
         rows, num_kv_heads, head_dim = qkv.shape[0], cache.shape[3], cache.shape[5]
         group = num_heads // num_kv_heads
         blocks = group == BLOCK_GROUP and head_dim == BLOCK_HEAD_DIM
@@ -146,7 +173,13 @@ if AVAILABLE:
             value_blocks = num_values // BLOCK if blocks else 0
             tops[now] = LOWEST
             acc[:, :] = 0.0
+            following = min(u + 1, units - 1)   # the unit whose keys are read next; its values follow these keys
+            next_keys = cache[layer, slots[following // num_kv_heads], 0, following % num_kv_heads]
+            next_values = cache[layer, slots[m], 1, g]
             for b in range(max(key_blocks, value_blocks)):   # the K and V streams side by side
+                if prefetch:
+                    _prefetch_rows(keys, (b + 1) * BLOCK, num_keys, next_keys)
+                    _prefetch_rows(values, (b + 1) * BLOCK, num_values, next_values)
                 if PAIRS and pairs:
                     if b < key_blocks:
                         _qk_pairs(qb[m], g * group, keys, b * BLOCK, scale, scores[now], tops[now])
@@ -175,4 +208,34 @@ def warmup() -> None:
     table = np.zeros((4, head_dim), np.uint16)
     index = np.zeros(1, np.int64)
     cache = np.zeros((1, 1, 2, kv_heads, 4, head_dim), np.uint16)
-    decode_attention(qkv, table, table, index, index, cache, 0, heads, np.zeros((1, heads * head_dim), np.uint16), PAIRS)
+    decode_attention(qkv, table, table, index, index, cache, 0, heads, np.zeros((1, heads * head_dim), np.uint16), PAIRS, False)
+
+
+@functools.cache
+def prefetch_pays(num_bytes: int = 192 << 20, rounds: int = 5) -> bool:
+    """Whether the kernel runs faster with `prefetch` on this machine (asked once a process): both
+    ways in turn, `rounds` times, over a synthetic batch-of-16, 512-key cache of about `num_bytes`
+    (bigger than the last-level caches of the CPUs measured, so every pass reads memory); yes when
+    the median of the rounds' time ratios is below 1 (paired rounds, since a shared machine's speed
+    drifts between them). About 0.4 s. The requests change no result, only time.
+    `PDBUS_ATTENTION_PREFETCH=1` (or 0) skips the timing and answers yes (or no)."""
+    forced = os.environ.get("PDBUS_ATTENTION_PREFETCH", "")
+    if forced in ("0", "1"):
+        return forced == "1"
+    heads, kv_heads, head_dim, rows, keys = BLOCK_GROUP * 3, 3, BLOCK_HEAD_DIM, 16, 512
+    layers = max(1, num_bytes // (rows * 2 * kv_heads * keys * head_dim * 2))
+    cache = np.full((layers, rows, 2, kv_heads, keys, head_dim), 0x3C00, np.uint16)   # bf16 1.0
+    qkv = np.full((rows, (heads + 2 * kv_heads) * head_dim), 0x3C00, np.uint16)
+    table = np.full((keys, head_dim), 0x3C00, np.uint16)
+    positions, slots = np.full(rows, keys - 1, np.int64), np.arange(rows, dtype=np.int64)
+    out = np.empty((rows, heads * head_dim), np.uint16)
+
+    def seconds(prefetch: bool) -> float:
+        start = time.perf_counter()
+        for layer in range(layers):
+            decode_attention(qkv, table, table, positions, slots, cache, layer, heads, out, PAIRS, prefetch)
+        return time.perf_counter() - start
+
+    seconds(False)   # faults the pages in and pushes the fill out of the caches
+    ratios = [seconds(True) / seconds(False) for _ in range(rounds)]
+    return float(np.median(ratios)) < 1.0

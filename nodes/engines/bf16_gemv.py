@@ -90,6 +90,9 @@ class Bf16Gemv:
         self.attends = ((self.amx or not amx_attention.ON_AMX) and use_attention
                         and amx_attention.can_attend(config.num_heads, config.num_kv_heads, config.head_dim))
         self._workspace: amx_attention.Workspace | None = None
+        # Whether decode attention requests its K/V lines ahead: it paid on one Xeon, cost on another
+        # and on a Zen 4, so each process times both ways at start-up (see bf16_attention).
+        self.attention_prefetch = bf16_attention.prefetch_pays()
         # One allocation on huge pages for every matrix a decode step streams (fewer TLB misses).
         arena = hugepages.Arena([(self._stored_elements(m),) for m in matrices.values()], torch.int16)
         weights = {key: arena.copy(self._layout(bits(m))).numpy().view(np.uint16) for key, m in matrices.items()}
@@ -192,7 +195,8 @@ class Bf16Gemv:
         qkv_bits = self._bits(qkv) if qkv.shape[0] <= self.max_rows else bits(qkv)   # a oneDNN output: new each layer
         # The cache's view is not remembered: it would keep a released slot cache alive.
         bf16_attention.decode_attention(qkv_bits, self.cos, self.sin, positions.numpy(), slots.numpy(),
-                                        bits(cache), layer, num_heads, out_bits, bf16_attention.PAIRS)
+                                        bits(cache), layer, num_heads, out_bits, bf16_attention.PAIRS,
+                                        self.attention_prefetch)
         return out
 
     def rms_norm(self, layer: int, x: torch.Tensor, post: bool = False) -> torch.Tensor:

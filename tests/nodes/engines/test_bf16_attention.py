@@ -1,7 +1,8 @@
 """The numba decode attention kernel against a float64 reference: its exp, its softmax attention for
 GQA groups of 3 of 64 (the 16-key block path) and other shapes (key by key), contexts below, at and
 across multiples of 16 keys, several rows (units interleaved) in any slot order, on both block kernels
-(float32 FMAs, and vdpbf16ps pairs where the CPU has AVX512-BF16)."""
+(float32 FMAs, and vdpbf16ps pairs where the CPU has AVX512-BF16); its prefetch requests change no
+bit of the output, and the start-up choice whether to make them."""
 
 from __future__ import annotations
 
@@ -44,7 +45,8 @@ def test_attention_matches_a_float64_reference(num_heads, num_kv_heads, position
     cos, sin = bf16(np.ones((capacity, head_dim))), bf16(np.zeros((capacity, head_dim)))   # RoPE = identity
     out = np.empty((rows, num_heads * head_dim), np.uint16)
     slots = np.arange(rows, dtype=np.int64)[::-1].copy()
-    bf16_attention.decode_attention(qkv, cos, sin, np.array(positions, np.int64), slots, cache, 1, num_heads, out, pairs)
+    bf16_attention.decode_attention(qkv, cos, sin, np.array(positions, np.int64), slots, cache, 1, num_heads, out, pairs,
+                                    False)
     group = num_heads // num_kv_heads
     for m, (pos, slot) in enumerate(zip(positions, slots, strict=True)):
         q = f32(qkv[m]).reshape(-1, head_dim)
@@ -59,3 +61,40 @@ def test_attention_matches_a_float64_reference(num_heads, num_kv_heads, position
             actual = f32(out[m, h * head_dim:(h + 1) * head_dim])
             np.testing.assert_allclose(actual, expected, atol=2e-2 * np.abs(expected).max() + 1e-3)
     assert np.array_equal(cache[0], other_layer)   # only the given layer is written
+
+
+@pytest.mark.parametrize("pairs", [False, pytest.param(True, marks=pytest.mark.skipif(
+    not bf16_attention.PAIRS, reason="vdpbf16ps blocks need AVX512-BF16"))], ids=["widening", "pairs"])
+def test_prefetch_requests_change_no_bit_of_the_output_or_the_cache(pairs):
+    rng = np.random.default_rng(7)
+    num_heads, num_kv_heads, head_dim, capacity = 9, 3, 64, 96
+    positions = np.array([95, 0, 16, 47, 63], np.int64)   # full, single-key and block-edge streams
+    rows = len(positions)
+    qkv = bf16(rng.normal(size=(rows, (num_heads + 2 * num_kv_heads) * head_dim)))
+    cos, sin = bf16(rng.normal(size=(capacity, head_dim))), bf16(rng.normal(size=(capacity, head_dim)))
+    start = bf16(rng.normal(size=(2, rows, 2, num_kv_heads, capacity, head_dim)))
+    slots = np.array([4, 0, 3, 1, 2], np.int64)
+    results = []
+    for prefetch in (False, True):
+        cache, out = start.copy(), np.empty((rows, num_heads * head_dim), np.uint16)
+        bf16_attention.decode_attention(qkv, cos, sin, positions, slots, cache, 0, num_heads, out, pairs, prefetch)
+        results.append((cache, out))
+    np.testing.assert_array_equal(results[0][0], results[1][0])
+    np.testing.assert_array_equal(results[0][1], results[1][1])
+
+
+def test_whether_to_prefetch_is_timed_once_a_process_unless_forced(monkeypatch):
+    bf16_attention.prefetch_pays.cache_clear()
+    try:
+        for forced, expected in (("1", True), ("0", False)):
+            monkeypatch.setenv("PDBUS_ATTENTION_PREFETCH", forced)
+            bf16_attention.prefetch_pays.cache_clear()
+            assert bf16_attention.prefetch_pays() is expected
+        monkeypatch.delenv("PDBUS_ATTENTION_PREFETCH")
+        bf16_attention.prefetch_pays.cache_clear()
+        first = bf16_attention.prefetch_pays(num_bytes=4 << 20, rounds=1)   # timed: either answer is right
+        assert isinstance(first, bool)
+        assert bf16_attention.prefetch_pays(num_bytes=4 << 20, rounds=1) is first   # asked again: not re-timed
+        assert bf16_attention.prefetch_pays.cache_info().hits == 1
+    finally:
+        bf16_attention.prefetch_pays.cache_clear()
