@@ -30,9 +30,11 @@ the kernel is bound by memory; two choices keep it near the single-core read ban
   requesting 2 or 4 blocks ahead did no better than one, within the machine's noise.
 Not AMX: a tile kernel that read K and V straight from this cache (scores as K . Q^T, a 16 keys x
 16 heads tile; values against weights doubled into even and odd rows, so V needs no repacking) gave
-the same outputs, and its tile dots alone took 14 ms for a batch-32 step's blocks from L1; but whole,
-it took 54-101 ms for 30 cache-resident layers against 40-50 here, since reading a tile's stores
-back (scores, outputs) stalled every time (ad-hoc timing, 2026-12-03; not kept).
+the same outputs, and its tile dots alone took 14 ms for a batch-32 step's blocks from L1. But its
+tile loads of K and V were slower than these vector loads once the cache was in L3 or memory: for
+30 layers of a batch-32 step from memory it took 75 ms without its softmax, against 59-62 ms for
+this whole kernel, and its gathers out of the score tiles cost another 25 ms (ad-hoc timing,
+2026-12-03; not kept).
 The softmax uses bf16_kernels' exp (`_exp_nonpositive`): numba's np.exp is a scalar libm call per score
 (3.8 ns here); this one is plain float arithmetic that LLVM vectorises (0.34 ns), within 3e-7
 relative of exp in float64. numba's disk cache keys on this file only: after editing bf16_blocks.py or
