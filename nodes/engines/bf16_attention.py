@@ -27,7 +27,8 @@ the kernel is bound by memory; two choices keep it near the single-core read ban
   10 GB/s a core, requesting one block (2 KB) ahead took a batch-32 step's 30 layers from a median
   of 66-74 ms to 54-60 (ad-hoc timing; requesting only the next unit's first blocks did nothing).
   So each process times both ways once (`prefetch_pays`) and keeps the faster. On that Xeon,
-  requesting 2 or 4 blocks ahead did no better than one, within the machine's noise.
+  requesting 2 or 4 blocks ahead did no better than one, within the machine's noise, and memory
+  is not its only bound: with the whole cache in L2 it still spent ~13 us a unit (10 GB/s).
 Not AMX: a tile kernel that read K and V straight from this cache (scores as K . Q^T, a 16 keys x
 16 heads tile; values against weights doubled into even and odd rows, so V needs no repacking) gave
 the same outputs, and its tile dots alone took 14 ms for a batch-32 step's blocks from L1. But its
