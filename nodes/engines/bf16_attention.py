@@ -26,7 +26,12 @@ the kernel is bound by memory; two choices keep it near the single-core read ban
   this, at 2-8 KB ahead, made it slower on that Xeon and on a Zen 4, but on a later Xeon reading
   10 GB/s a core, requesting one block (2 KB) ahead took a batch-32 step's 30 layers from a median
   of 66-74 ms to 54-60 (ad-hoc timing; requesting only the next unit's first blocks did nothing).
-  So each process times both ways once (`prefetch_pays`) and keeps the faster. On that Xeon,
+  So each process times both ways once (`prefetch_pays`) and keeps the faster. A block's requests
+  are 32 plain line prefetches (bf16_blocks.make_prefetch_block), a row-by-row loop only at a
+  stream's end: that loop's index arithmetic on every block had cost ~4 us a unit (13.3 -> 17 us
+  with the cache in L2), and taking it out made 30 layers of a batch-32 step 0.89-0.93x as long
+  from memory (paired runs, ad-hoc timing, 2026-12-03; taking the loop's views once a unit instead
+  of every block, which numba reference-counts, another ~0.97x). On that Xeon,
   requesting 2 or 4 blocks ahead did no better than one, within the machine's noise, and memory
   is not its only bound: with the whole cache in L2 it still spent ~13 us a unit (10 GB/s).
 Not AMX: a tile kernel that read K and V straight from this cache (scores as K . Q^T, a 16 keys x
@@ -78,6 +83,7 @@ if AVAILABLE:
     _qk_block = bf16_blocks.make_qk_block(BLOCK_GROUP, BLOCK_HEAD_DIM)
     _pv_block = bf16_blocks.make_pv_block(BLOCK_GROUP, BLOCK_HEAD_DIM)
     BLOCK = bf16_blocks.BLOCK
+    _prefetch_block = bf16_blocks.make_prefetch_block(BLOCK_HEAD_DIM)
     # numba prunes `if PAIRS and ...` where PAIRS is False, so these are never compiled without AVX512-BF16.
     _qk_pairs = bf16_blocks.make_qk_block(BLOCK_GROUP, BLOCK_HEAD_DIM, pairs=True) if PAIRS else None
     _pv_pairs = bf16_blocks.make_pv_block(BLOCK_GROUP, BLOCK_HEAD_DIM, pairs=True) if PAIRS else None
@@ -146,6 +152,15 @@ if AVAILABLE:
                 for c in range(0, stream.shape[1], 32):   # a 64-byte line holds 32 bf16 values
                     _prefetch(stream, row, c)
 
+    @numba.njit(inline="always")
+    def _prefetch_stream(rows, start, num_rows, next_rows):  # pragma: no cover - runs compiled
+        """`_prefetch_rows`, as 32 plain line requests where the block lies inside its stream (all
+        but a unit's last block or two): the row-by-row loop's index arithmetic cost ~4 us a unit."""
+        if start + BLOCK <= num_rows:
+            _prefetch_block(rows, start)
+        else:
+            _prefetch_rows(rows, start, num_rows, next_rows)
+
     @numba.njit(cache=True, boundscheck=False, nogil=True, fastmath=FASTMATH)
     def decode_attention(qkv, cos, sin, positions, slots, cache, layer, num_heads, out, pairs, prefetch):  # pragma: no cover
         rows, num_kv_heads, head_dim = qkv.shape[0], cache.shape[3], cache.shape[5]
@@ -185,20 +200,25 @@ if AVAILABLE:
             following = min(u + 1, units - 1)   # the unit whose keys are read next; its values follow these keys
             next_keys = cache[layer, slots[following // num_kv_heads], 0, following % num_kv_heads]
             next_values = cache[layer, slots[m], 1, g]
+            # Views taken once a unit: numba counts a reference for each view it makes, an atomic
+            # call (behind a vzeroupper) that was made for every block when taken in the loop.
+            q_bits, q_floats, now_scores, now_tops, weights = qb[m], q[m], scores[now], tops[now], scores[before]
+            first = g * group
             for b in range(max(key_blocks, value_blocks)):   # the K and V streams side by side
                 if prefetch:
-                    _prefetch_rows(keys, (b + 1) * BLOCK, num_keys, next_keys)
-                    _prefetch_rows(values, (b + 1) * BLOCK, num_values, next_values)
+                    ahead = (b + 1) * BLOCK
+                    _prefetch_stream(keys, ahead, num_keys, next_keys)
+                    _prefetch_stream(values, ahead, num_values, next_values)
                 if PAIRS and pairs:
                     if b < key_blocks:
-                        _qk_pairs(qb[m], g * group, keys, b * BLOCK, scale, scores[now], tops[now])
+                        _qk_pairs(q_bits, first, keys, b * BLOCK, scale, now_scores, now_tops)
                     if b < value_blocks:
-                        _pv_pairs(scores[before], values, b * BLOCK, acc)
+                        _pv_pairs(weights, values, b * BLOCK, acc)
                 else:
                     if b < key_blocks:
-                        _qk_block(q[m], g * group, keys, b * BLOCK, scale, scores[now], tops[now])
+                        _qk_block(q_floats, first, keys, b * BLOCK, scale, now_scores, now_tops)
                     if b < value_blocks:
-                        _pv_block(scores[before], values, b * BLOCK, acc)
+                        _pv_block(weights, values, b * BLOCK, acc)
             if u > 0:
                 _weighted_values(scores[before], group, values, value_blocks * BLOCK, num_values, acc)
                 for i in range(group):

@@ -9,6 +9,8 @@ are uint16 bit patterns; every array's last dimension contiguous):
   [group, 16]), so the softmax needs no pass of its own for the maximum.
 - `make_pv_block(group, head_dim)` returns `pv(weights, values, j0, acc)`:
   `acc[i] += sum_j weights[i, j0 + j] * values[j0 + j]` (acc float32 [group, head_dim]).
+- `make_prefetch_block(head_dim)` returns `prefetch(rows, j0)`: requests rows j0..j0+15's cache
+  lines (rows back to back, head_dim bf16 each), 32 line requests and no index arithmetic.
 `head_dim` must be a multiple of 16. Keys j0..j0+15 must exist: the caller runs the last partial
 block with plain loops.
 
@@ -43,6 +45,7 @@ PAIR_LANES = 32   # bf16 values of one 64-byte vector: 16 pairs
 if AVAILABLE:
     from llvmlite import ir
     from numba import types
+    from numba.core import cgutils
     from numba.extending import intrinsic
 
     from bus.numba_vectors import I32, I64, VF, VI32, at, dpbf16, index, item, load_bf16, splat
@@ -215,3 +218,25 @@ if AVAILABLE:
                 return context.get_dummy_value()
             return types.none(weights, values, j0, acc), codegen
         return pv_block
+
+    def make_prefetch_block(head_dim: int):
+        """An intrinsic `prefetch(rows, j0)`: requests the cache lines of rows j0..j0+15 of a bf16
+        [n, head_dim] array whose rows lie back to back (a slot cache's K or V stream), for reading,
+        into every level. Pure address arithmetic: the caller checks that the rows exist."""
+        num_lines = BLOCK * head_dim * 2 // 64
+        byte_pointer = ir.PointerType(ir.IntType(8))
+
+        @intrinsic
+        def prefetch_block(typingctx, rows, j0):
+            def codegen(context, builder, signature, args):
+                rows_type = signature.args[0]
+                start = builder.bitcast(item(context, builder, rows_type, args[0], [args[1], index(context, 0)]),
+                                        byte_pointer)
+                function = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
+                    ir.VoidType(), [byte_pointer] + [I32] * 3), "llvm.prefetch.p0")
+                flags = [ir.Constant(I32, v) for v in (0, 3, 1)]   # read, keep in every level, data
+                for line in range(num_lines):
+                    builder.call(function, [builder.gep(start, [ir.Constant(I64, 64 * line)]), *flags])
+                return context.get_dummy_value()
+            return types.none(rows, j0), codegen
+        return prefetch_block
