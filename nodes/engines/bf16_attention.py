@@ -1,22 +1,23 @@
 """numba decode attention for bf16 slot caches: RoPE, KV write and GQA softmax attention in one pass.
 
 Contract (`bf16_kernels.AVAILABLE` must hold; numpy arrays, bf16 values as uint16 bit patterns):
-`decode_attention(qkv, cos, sin, positions, slots, cache, layer, num_heads, out, pairs, prefetch)` takes one decode
-token per row of `qkv` [rows, (heads + 2 kv_heads) * head_dim]: RoPE on its q and k (rotate-half
-tables, rotate-half's sign in `sin`, rounded as llama.apply_rope: round(round(x * cos) + swapped *
-sin)), its k and v written into `cache` [layers, slots, 2, kv_heads, capacity, head_dim] at its
-position, and softmax attention of its q heads over keys 0..position of its slot, written to `out`
-[rows, heads * head_dim]. No mask: each row reads exactly its own keys. `pairs` picks the vdpbf16ps
-blocks where `PAIRS`; `prefetch` makes it request each K and V stream's lines a block ahead (into
-the next unit's streams at a stream's end), which changes no result. `warmup()` compiles it;
+`decode_attention(qkv, cos, sin, positions, slots, cache, layer, num_heads, out, pairs, pair_values,
+prefetch)` takes one decode token per row of `qkv` [rows, (heads + 2 kv_heads) * head_dim]: RoPE on
+its q and k (rotate-half tables, rotate-half's sign in `sin`, rounded as llama.apply_rope:
+round(round(x * cos) + swapped * sin)), its k and v written into `cache` [layers, slots, 2,
+kv_heads, capacity, head_dim] at its position, and softmax attention of its q heads over keys
+0..position of its slot, written to `out` [rows, heads * head_dim]. No mask: each row reads exactly
+its own keys. `pairs` picks the vdpbf16ps blocks where `PAIRS`, for the values too if `pair_values`
+(callers pass `PAIR_VALUES`); `prefetch` makes it request each K and V stream's lines a block ahead
+(into the next unit's streams at a stream's end), which changes no result. `warmup()` compiles it;
 `prefetch_pays()` says whether to prefetch here.
 LlamaRunner runs every pure bf16 decode step's attention on it, at any batch size.
 
 Why a kernel: the query heads sharing a KV head go through its keys and values together, so each K
 and V row is read from memory once per step instead of once per head (widened to float32, or, where
-the CPU has AVX512-BF16, multiplied as bf16 pairs by bf16_blocks' pair blocks), and nothing is
-gathered, masked or padded. At batch 32 and context 512 a step reads 377 MB of KV, so
-the kernel is bound by memory; two choices keep it near the single-core read bandwidth:
+the CPU has AVX512-BF16, multiplied as bf16 pairs by bf16_blocks' pair blocks: keys always,
+values where `PAIR_VALUES`), and nothing is gathered, masked or padded. At batch 32 and context
+512 a step reads 377 MB of KV, so the kernel is bound by memory; two choices keep it near the single-core read bandwidth:
 - for SmolLM2's shape (groups of 3 heads of 64) it runs 16 keys at a time on hand-built vector
   code (`bf16_blocks`), half the instructions of numba's key-by-key loops;
 - it interleaves two (row, KV head) units: unit u's keys are scored while unit u - 1's values are
@@ -66,6 +67,23 @@ FASTMATH = {"reassoc", "contract", "nnan", "ninf", "nsz", "arcp"}
 # other shapes take the one-key-at-a-time loops.
 BLOCK_GROUP, BLOCK_HEAD_DIM = 3, 64
 LOWEST = np.float32(-3.0e38)   # a finite "minus infinity": the kernel is compiled assuming no inf
+
+
+def _pair_values() -> bool:
+    """Whether the value side multiplies bf16 pairs too, where the key side does: not on CPUs with
+    AMX. Those Xeons run two 512-bit FMAs a cycle but one vdpbf16ps (5.6 G/s against 2.8 here), so
+    widening the values to float32 FMAs took a 16-key block from 123-157 ns to 101-105 in L1, and
+    30 layers of a batch-32 step from memory to 0.95x (paired, ad-hoc timing, 2026-12-03). On a
+    Zen 4 the float32 kernel was bound by its FMAs (see bf16_blocks), so pairs stay there. A CPU
+    feature, not a timing: the choice changes the rounding (pairs round the weights to bf16, as
+    SDPA does), and it must not differ between two processes on one machine."""
+    if not PAIRS:
+        return False
+    from llvmlite import binding
+    return not binding.get_host_cpu_features().get("amx-bf16")
+
+
+PAIR_VALUES = _pair_values()
 
 if AVAILABLE:
     import numba
@@ -162,7 +180,8 @@ if AVAILABLE:
             _prefetch_rows(rows, start, num_rows, next_rows)
 
     @numba.njit(cache=True, boundscheck=False, nogil=True, fastmath=FASTMATH)
-    def decode_attention(qkv, cos, sin, positions, slots, cache, layer, num_heads, out, pairs, prefetch):  # pragma: no cover
+    def decode_attention(qkv, cos, sin, positions, slots, cache, layer, num_heads, out, pairs, pair_values,  # pragma: no cover
+                         prefetch):
         rows, num_kv_heads, head_dim = qkv.shape[0], cache.shape[3], cache.shape[5]
         group = num_heads // num_kv_heads
         blocks = group == BLOCK_GROUP and head_dim == BLOCK_HEAD_DIM
@@ -213,7 +232,10 @@ if AVAILABLE:
                     if b < key_blocks:
                         _qk_pairs(q_bits, first, keys, b * BLOCK, scale, now_scores, now_tops)
                     if b < value_blocks:
-                        _pv_pairs(weights, values, b * BLOCK, acc)
+                        if pair_values:
+                            _pv_pairs(weights, values, b * BLOCK, acc)
+                        else:
+                            _pv_block(weights, values, b * BLOCK, acc)
                 else:
                     if b < key_blocks:
                         _qk_block(q_floats, first, keys, b * BLOCK, scale, now_scores, now_tops)
@@ -237,7 +259,8 @@ def warmup() -> None:
     table = np.zeros((4, head_dim), np.uint16)
     index = np.zeros(1, np.int64)
     cache = np.zeros((1, 1, 2, kv_heads, 4, head_dim), np.uint16)
-    decode_attention(qkv, table, table, index, index, cache, 0, heads, np.zeros((1, heads * head_dim), np.uint16), PAIRS, False)
+    decode_attention(qkv, table, table, index, index, cache, 0, heads, np.zeros((1, heads * head_dim), np.uint16), PAIRS,
+                     PAIR_VALUES, False)
 
 
 @functools.cache
@@ -262,7 +285,8 @@ def prefetch_pays(num_bytes: int = 192 << 20, rounds: int = 5) -> bool:
     def seconds(prefetch: bool) -> float:
         start = time.perf_counter()
         for layer in range(layers):
-            decode_attention(qkv, table, table, positions, slots, cache, layer, heads, out, PAIRS, prefetch)
+            decode_attention(qkv, table, table, positions, slots, cache, layer, heads, out, PAIRS, PAIR_VALUES,
+                             prefetch)
         return time.perf_counter() - start
 
     seconds(False)   # faults the pages in and pushes the fill out of the caches

@@ -196,7 +196,7 @@ class Bf16Gemv:
         # The cache's view is not remembered: it would keep a released slot cache alive.
         bf16_attention.decode_attention(qkv_bits, self.cos, self.sin, positions.numpy(), slots.numpy(),
                                         bits(cache), layer, num_heads, out_bits, bf16_attention.PAIRS,
-                                        self.attention_prefetch)
+                                        bf16_attention.PAIR_VALUES, self.attention_prefetch)
         return out
 
     def rms_norm(self, layer: int, x: torch.Tensor, post: bool = False) -> torch.Tensor:

@@ -24,6 +24,12 @@ def test_the_vectorised_exp_is_within_a_few_ulp_of_exp():
     assert bf16_kernels._exp_nonpositive(np.float32(-200.0)) < 1e-37   # flushed, not garbage
 
 
+# Every mode runs on every CPU that has its instructions, whichever one the runner picks here (PAIR_VALUES).
+_NEEDS_PAIRS = pytest.mark.skipif(not bf16_attention.PAIRS, reason="vdpbf16ps blocks need AVX512-BF16")
+MODES = [(False, False), pytest.param(True, False, marks=_NEEDS_PAIRS), pytest.param(True, True, marks=_NEEDS_PAIRS)]
+MODE_IDS = ["widening", "pair-keys", "pairs"]
+
+
 def bf16(values: np.ndarray) -> np.ndarray:
     return bits(torch.from_numpy(values.astype(np.float32)).to(torch.bfloat16))
 
@@ -34,9 +40,8 @@ def f32(bits_: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(9, 3), (8, 2), (4, 4)])
 @pytest.mark.parametrize("positions", [[0], [3, 40], [100, 7, 64], [15, 16, 31, 47]])
-@pytest.mark.parametrize("pairs", [False, pytest.param(True, marks=pytest.mark.skipif(
-    not bf16_attention.PAIRS, reason="vdpbf16ps blocks need AVX512-BF16"))], ids=["widening", "pairs"])
-def test_attention_matches_a_float64_reference(num_heads, num_kv_heads, positions, pairs):
+@pytest.mark.parametrize(("pairs", "pair_values"), MODES, ids=MODE_IDS)
+def test_attention_matches_a_float64_reference(num_heads, num_kv_heads, positions, pairs, pair_values):
     rng = np.random.default_rng(len(positions) + num_heads)
     head_dim, capacity, rows = 64, 128, len(positions)
     cache = bf16(rng.normal(size=(2, rows, 2, num_kv_heads, capacity, head_dim)))
@@ -46,7 +51,7 @@ def test_attention_matches_a_float64_reference(num_heads, num_kv_heads, position
     out = np.empty((rows, num_heads * head_dim), np.uint16)
     slots = np.arange(rows, dtype=np.int64)[::-1].copy()
     bf16_attention.decode_attention(qkv, cos, sin, np.array(positions, np.int64), slots, cache, 1, num_heads, out, pairs,
-                                    False)
+                                    pair_values, False)
     group = num_heads // num_kv_heads
     for m, (pos, slot) in enumerate(zip(positions, slots, strict=True)):
         q = f32(qkv[m]).reshape(-1, head_dim)
@@ -63,9 +68,8 @@ def test_attention_matches_a_float64_reference(num_heads, num_kv_heads, position
     assert np.array_equal(cache[0], other_layer)   # only the given layer is written
 
 
-@pytest.mark.parametrize("pairs", [False, pytest.param(True, marks=pytest.mark.skipif(
-    not bf16_attention.PAIRS, reason="vdpbf16ps blocks need AVX512-BF16"))], ids=["widening", "pairs"])
-def test_prefetch_requests_change_no_bit_of_the_output_or_the_cache(pairs):
+@pytest.mark.parametrize(("pairs", "pair_values"), MODES, ids=MODE_IDS)
+def test_prefetch_requests_change_no_bit_of_the_output_or_the_cache(pairs, pair_values):
     rng = np.random.default_rng(7)
     num_heads, num_kv_heads, head_dim, capacity = 9, 3, 64, 96
     positions = np.array([95, 0, 16, 47, 63], np.int64)   # full, single-key and block-edge streams
@@ -77,7 +81,8 @@ def test_prefetch_requests_change_no_bit_of_the_output_or_the_cache(pairs):
     results = []
     for prefetch in (False, True):
         cache, out = start.copy(), np.empty((rows, num_heads * head_dim), np.uint16)
-        bf16_attention.decode_attention(qkv, cos, sin, positions, slots, cache, 0, num_heads, out, pairs, prefetch)
+        bf16_attention.decode_attention(qkv, cos, sin, positions, slots, cache, 0, num_heads, out, pairs, pair_values,
+                                        prefetch)
         results.append((cache, out))
     np.testing.assert_array_equal(results[0][0], results[1][0])
     np.testing.assert_array_equal(results[0][1], results[1][1])
