@@ -271,22 +271,35 @@ def prefetch_pays(num_bytes: int = 192 << 20, rounds: int = 5) -> bool:
     the median of the rounds' time ratios is below 1 (paired rounds, since a shared machine's speed
     drifts between them). About 0.4 s. The requests change no result, only time.
     `PDBUS_ATTENTION_PREFETCH=1` (or 0) skips the timing and answers yes (or no)."""
+    def attend_layers():
+        heads, kv_heads, head_dim, rows, keys = BLOCK_GROUP * 3, 3, BLOCK_HEAD_DIM, 16, 512
+        layers = max(1, num_bytes // (rows * 2 * kv_heads * keys * head_dim * 2))
+        cache = np.full((layers, rows, 2, kv_heads, keys, head_dim), 0x3C00, np.uint16)   # bf16 1.0
+        qkv = np.full((rows, (heads + 2 * kv_heads) * head_dim), 0x3C00, np.uint16)
+        table = np.full((keys, head_dim), 0x3C00, np.uint16)
+        positions, slots = np.full(rows, keys - 1, np.int64), np.arange(rows, dtype=np.int64)
+        out = np.empty((rows, heads * head_dim), np.uint16)
+
+        def run(prefetch: bool) -> None:
+            for layer in range(layers):
+                decode_attention(qkv, table, table, positions, slots, cache, layer, heads, out, PAIRS, PAIR_VALUES,
+                                 prefetch)
+        return run
+    return timed_prefetch_pays(attend_layers, rounds)
+
+
+def timed_prefetch_pays(make_run, rounds: int) -> bool:
+    """The decode kernels' prefetch question (this kernel's and f32_attention's): forced by
+    `PDBUS_ATTENTION_PREFETCH`, else `make_run()` builds the data and returns `run(prefetch)`,
+    timed both ways in turn; yes when the median of the paired ratios is below 1."""
     forced = os.environ.get("PDBUS_ATTENTION_PREFETCH", "")
     if forced in ("0", "1"):
         return forced == "1"
-    heads, kv_heads, head_dim, rows, keys = BLOCK_GROUP * 3, 3, BLOCK_HEAD_DIM, 16, 512
-    layers = max(1, num_bytes // (rows * 2 * kv_heads * keys * head_dim * 2))
-    cache = np.full((layers, rows, 2, kv_heads, keys, head_dim), 0x3C00, np.uint16)   # bf16 1.0
-    qkv = np.full((rows, (heads + 2 * kv_heads) * head_dim), 0x3C00, np.uint16)
-    table = np.full((keys, head_dim), 0x3C00, np.uint16)
-    positions, slots = np.full(rows, keys - 1, np.int64), np.arange(rows, dtype=np.int64)
-    out = np.empty((rows, heads * head_dim), np.uint16)
+    run = make_run()
 
     def seconds(prefetch: bool) -> float:
         start = time.perf_counter()
-        for layer in range(layers):
-            decode_attention(qkv, table, table, positions, slots, cache, layer, heads, out, PAIRS, PAIR_VALUES,
-                             prefetch)
+        run(prefetch)
         return time.perf_counter() - start
 
     seconds(False)   # faults the pages in and pushes the fill out of the caches

@@ -9,8 +9,10 @@ are uint16 bit patterns; every array's last dimension contiguous):
   [group, 16]), so the softmax needs no pass of its own for the maximum.
 - `make_pv_block(group, head_dim)` returns `pv(weights, values, j0, acc)`:
   `acc[i] += sum_j weights[i, j0 + j] * values[j0 + j]` (acc float32 [group, head_dim]).
-- `make_prefetch_block(head_dim)` returns `prefetch(rows, j0)`: requests rows j0..j0+15's cache
-  lines (rows back to back, head_dim bf16 each), 32 line requests and no index arithmetic.
+- `make_prefetch_block(head_dim, element_bytes=2)` returns `prefetch(rows, j0)`: requests rows
+  j0..j0+15's cache lines (rows back to back), one request a line and no index arithmetic.
+- `f32=True` (widening variants only): keys and values are float32 rows instead of bf16 ones
+  (f32_attention's cache).
 `head_dim` must be a multiple of 16. Keys j0..j0+15 must exist: the caller runs the last partial
 block with plain loops.
 
@@ -80,7 +82,10 @@ if AVAILABLE:
             partial = dpbf16(builder, partial, q_pairs, k_pairs)
         return partial
 
-    def make_qk_block(group: int, head_dim: int, pairs: bool = False):
+    def _load_f32(builder, pointer, offset):
+        return builder.load(at(builder, pointer, offset, VF), align=4)
+
+    def make_qk_block(group: int, head_dim: int, pairs: bool = False, f32: bool = False):
         width = PAIR_LANES if pairs else LANES   # q and key values a vector holds
         chunks = head_dim // width
 
@@ -90,7 +95,9 @@ if AVAILABLE:
             return builder.load(at(builder, row, offset, VF), align=4)
 
         def load_key(builder, row, offset):
-            return load_vector(builder, row, offset) if pairs else load_bf16(builder, row, offset)
+            if pairs:
+                return load_vector(builder, row, offset)
+            return (_load_f32 if f32 else load_bf16)(builder, row, offset)
 
         dot = _pairs_dot if pairs else _dot_partial
 
@@ -127,8 +134,8 @@ if AVAILABLE:
             return types.none(q, first, keys, j0, scale, scores, tops), codegen
         return qk_block
 
-    def make_pv_block(group: int, head_dim: int, pairs: bool = False):
-        return _make_pv_pairs(group, head_dim) if pairs else _make_pv_widening(group, head_dim)
+    def make_pv_block(group: int, head_dim: int, pairs: bool = False, f32: bool = False):
+        return _make_pv_pairs(group, head_dim) if pairs else _make_pv_widening(group, head_dim, f32)
 
     def _pv_operands(context, builder, signature, args, group):
         """A pv block's weights and values types, pointers to its accumulator rows, and index 0."""
@@ -137,8 +144,9 @@ if AVAILABLE:
         acc_rows = [item(context, builder, acc_type, args[3], [index(context, i), zero]) for i in range(group)]
         return weights_type, values_type, acc_rows, zero
 
-    def _make_pv_widening(group: int, head_dim: int):
+    def _make_pv_widening(group: int, head_dim: int, f32: bool = False):
         chunks = head_dim // LANES
+        load_value = _load_f32 if f32 else load_bf16
 
         @intrinsic
         def pv_block(typingctx, weights, values, j0, acc):
@@ -151,7 +159,7 @@ if AVAILABLE:
                                for i in range(group)]
                 value_row = item(context, builder, values_type, values_array, [j0_index, zero])
                 for j in range(BLOCK):
-                    value = [load_bf16(builder, value_row, j * head_dim + c * LANES) for c in range(chunks)]
+                    value = [load_value(builder, value_row, j * head_dim + c * LANES) for c in range(chunks)]
                     for i in range(group):
                         weight = builder.load(builder.gep(weight_rows[i], [ir.Constant(I64, j)], inbounds=True), align=4)
                         weight = splat(builder, weight)
@@ -219,11 +227,12 @@ if AVAILABLE:
             return types.none(weights, values, j0, acc), codegen
         return pv_block
 
-    def make_prefetch_block(head_dim: int):
+    def make_prefetch_block(head_dim: int, element_bytes: int = 2):
         """An intrinsic `prefetch(rows, j0)`: requests the cache lines of rows j0..j0+15 of a bf16
-        [n, head_dim] array whose rows lie back to back (a slot cache's K or V stream), for reading,
-        into every level. Pure address arithmetic: the caller checks that the rows exist."""
-        num_lines = BLOCK * head_dim * 2 // 64
+        (or `element_bytes` wide) [n, head_dim] array whose rows lie back to back (a slot cache's K or
+        V stream), for reading, into every level. Pure address arithmetic: the caller checks that
+        the rows exist."""
+        num_lines = BLOCK * head_dim * element_bytes // 64
         byte_pointer = ir.PointerType(ir.IntType(8))
 
         @intrinsic

@@ -107,6 +107,7 @@ class LlamaRunner:
         # float32 pure decode steps: the KV write and attention in one numba kernel instead of SDPA.
         self.f32_attends = dtype == torch.float32 and self.device.type == "cpu" and use_gemv and bf16_gemv._compiles(
             f32_attention.warmup)
+        self.f32_prefetch = self.f32_attends and f32_attention.prefetch_pays()
         self.max_len = max_len or config.max_position_embeddings
         cos, sin = rope_tables(config, self.max_len)
         half = config.head_dim // 2
@@ -266,7 +267,7 @@ class LlamaRunner:
             out = torch.empty(q.shape[0], self.q_size, dtype=q.dtype)
             f32_attention.decode_attention(q.contiguous().numpy(), k.contiguous().numpy(), v.contiguous().numpy(),
                                            group.positions.numpy(), group.slots.numpy(), group.cache.numpy(),
-                                           layer, out.numpy())
+                                           layer, out.numpy(), self.f32_prefetch)
             return out
         if not all_rows:
             q, k, v = q[group.rows], k[group.rows], v[group.rows]

@@ -2,7 +2,7 @@
 GQA groups of 3 of 64 (the 16-key block path) and other shapes (key by key), contexts below, at and
 across multiples of 16 keys, several rows (units interleaved) in any slot order, on both block kernels
 (float32 FMAs, and vdpbf16ps pairs where the CPU has AVX512-BF16); its prefetch requests change no
-bit of the output, and the start-up choice whether to make them."""
+bit of the output, and the start-up choice whether to make them (f32_attention's too)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from nodes.engines import bf16_attention, bf16_kernels
+from nodes.engines import bf16_attention, bf16_kernels, f32_attention
 from nodes.engines.bf16_gemv import bits
 
 pytestmark = pytest.mark.skipif(not bf16_kernels.AVAILABLE, reason="numba is not installed")
@@ -88,18 +88,19 @@ def test_prefetch_requests_change_no_bit_of_the_output_or_the_cache(pairs, pair_
     np.testing.assert_array_equal(results[0][1], results[1][1])
 
 
-def test_whether_to_prefetch_is_timed_once_a_process_unless_forced(monkeypatch):
-    bf16_attention.prefetch_pays.cache_clear()
+@pytest.mark.parametrize("kernel", [bf16_attention, f32_attention], ids=["bf16", "float32"])
+def test_whether_to_prefetch_is_timed_once_a_process_unless_forced(monkeypatch, kernel):
+    kernel.prefetch_pays.cache_clear()
     try:
         for forced, expected in (("1", True), ("0", False)):
             monkeypatch.setenv("PDBUS_ATTENTION_PREFETCH", forced)
-            bf16_attention.prefetch_pays.cache_clear()
-            assert bf16_attention.prefetch_pays() is expected
+            kernel.prefetch_pays.cache_clear()
+            assert kernel.prefetch_pays() is expected
         monkeypatch.delenv("PDBUS_ATTENTION_PREFETCH")
-        bf16_attention.prefetch_pays.cache_clear()
-        first = bf16_attention.prefetch_pays(num_bytes=4 << 20, rounds=1)   # timed: either answer is right
+        kernel.prefetch_pays.cache_clear()
+        first = kernel.prefetch_pays(num_bytes=4 << 20, rounds=1)   # timed: either answer is right
         assert isinstance(first, bool)
-        assert bf16_attention.prefetch_pays(num_bytes=4 << 20, rounds=1) is first   # asked again: not re-timed
-        assert bf16_attention.prefetch_pays.cache_info().hits == 1
+        assert kernel.prefetch_pays(num_bytes=4 << 20, rounds=1) is first   # asked again: not re-timed
+        assert kernel.prefetch_pays.cache_info().hits == 1
     finally:
-        bf16_attention.prefetch_pays.cache_clear()
+        kernel.prefetch_pays.cache_clear()

@@ -16,8 +16,9 @@ pytestmark = pytest.mark.skipif(not f32_attention.AVAILABLE, reason="numba is no
 
 
 @pytest.mark.parametrize(("num_heads", "num_kv_heads"), [(9, 3), (4, 4), (8, 2)])
-@pytest.mark.parametrize("positions", [[0], [5, 40], [100, 7, 64, 17]])
-def test_attention_matches_a_float64_reference(num_heads, num_kv_heads, positions):
+@pytest.mark.parametrize("positions", [[0], [5, 40], [100, 7, 64, 17], [15, 16, 31, 47]])
+@pytest.mark.parametrize("prefetch", [False, True], ids=["plain", "prefetch"])
+def test_attention_matches_a_float64_reference(num_heads, num_kv_heads, positions, prefetch):
     rng = np.random.default_rng(len(positions) * 10 + num_heads)
     rows, head_dim, capacity = len(positions), 64, 128
     cache = rng.normal(size=(2, rows, 2, num_kv_heads, capacity, head_dim)).astype(np.float32)
@@ -26,7 +27,7 @@ def test_attention_matches_a_float64_reference(num_heads, num_kv_heads, position
     k, v = (rng.normal(size=(rows, num_kv_heads, head_dim)).astype(np.float32) for _ in range(2))
     slots = np.arange(rows, dtype=np.int64)[::-1].copy()
     out = np.empty((rows, num_heads * head_dim), np.float32)
-    f32_attention.decode_attention(q, k, v, np.array(positions, np.int64), slots, cache, 1, out)
+    f32_attention.decode_attention(q, k, v, np.array(positions, np.int64), slots, cache, 1, out, prefetch)
     group = num_heads // num_kv_heads
     for m, (pos, slot) in enumerate(zip(positions, slots, strict=True)):
         for h in range(num_heads):
@@ -39,6 +40,30 @@ def test_attention_matches_a_float64_reference(num_heads, num_kv_heads, position
             expected = weights @ values / weights.sum()
             np.testing.assert_allclose(out[m, h * head_dim:(h + 1) * head_dim], expected, atol=1e-5, rtol=1e-5)
     assert np.array_equal(cache[0], other_layer)   # only the given layer is written
+
+
+def test_a_rows_result_does_not_depend_on_the_rows_beside_it_nor_on_prefetching():
+    """What continuous batching's equivalence rests on: a row attends alone exactly as in a batch."""
+    rng = np.random.default_rng(3)
+    num_heads, num_kv_heads, head_dim, capacity = 9, 3, 64, 96
+    positions = np.array([95, 0, 16, 47, 63], np.int64)   # full, single-key and block-edge streams
+    rows = len(positions)
+    start = rng.normal(size=(1, rows, 2, num_kv_heads, capacity, head_dim)).astype(np.float32)
+    q = rng.normal(size=(rows, num_heads, head_dim)).astype(np.float32)
+    k, v = (rng.normal(size=(rows, num_kv_heads, head_dim)).astype(np.float32) for _ in range(2))
+    slots = np.array([4, 0, 3, 1, 2], np.int64)
+    together = {}
+    for prefetch in (False, True):
+        cache, out = start.copy(), np.empty((rows, num_heads * head_dim), np.float32)
+        f32_attention.decode_attention(q, k, v, positions, slots, cache, 0, out, prefetch)
+        together[prefetch] = (cache, out)
+    np.testing.assert_array_equal(together[False][0], together[True][0])
+    np.testing.assert_array_equal(together[False][1], together[True][1])
+    for m in range(rows):
+        cache, out = start.copy(), np.empty((1, num_heads * head_dim), np.float32)
+        f32_attention.decode_attention(q[m:m + 1], k[m:m + 1], v[m:m + 1], positions[m:m + 1], slots[m:m + 1],
+                                       cache, 0, out, True)
+        np.testing.assert_array_equal(out[0], together[True][1][m])
 
 
 def test_a_float32_engine_decodes_on_it_as_on_sdpa(tiny_model, monkeypatch):
