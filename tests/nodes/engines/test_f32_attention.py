@@ -42,6 +42,29 @@ def test_attention_matches_a_float64_reference(num_heads, num_kv_heads, position
     assert np.array_equal(cache[0], other_layer)   # only the given layer is written
 
 
+def test_scores_spread_far_past_exps_range_still_match_the_reference():
+    """Queries x40: a row's scores span hundreds, so most weights fall below float32's normal range
+    and the kernel gives them 0 (bf16_attention.NEGLIGIBLE_GAP, which keeps FMAs off denormals)."""
+    rng = np.random.default_rng(7)
+    rows, num_heads, num_kv_heads, head_dim, capacity, pos = 2, 9, 3, 64, 512, 300
+    cache = rng.normal(size=(1, rows, 2, num_kv_heads, capacity, head_dim)).astype(np.float32)
+    q = (40 * rng.normal(size=(rows, num_heads, head_dim))).astype(np.float32)
+    k, v = (rng.normal(size=(rows, num_kv_heads, head_dim)).astype(np.float32) for _ in range(2))
+    out = np.empty((rows, num_heads * head_dim), np.float32)
+    f32_attention.decode_attention(q, k, v, np.full(rows, pos, np.int64), np.arange(rows, dtype=np.int64), cache, 0,
+                                   out, False)
+    spread = 0.0
+    for m in range(rows):
+        for h in range(num_heads):
+            keys, values = (cache[0, m, kv, h // 3, :pos + 1].astype(np.float64) for kv in (0, 1))
+            scores = keys @ q[m, h].astype(np.float64) / np.sqrt(head_dim)
+            spread = max(spread, scores.max() - scores.min())
+            weights = np.exp(scores - scores.max())
+            expected = weights @ values / weights.sum()
+            np.testing.assert_allclose(out[m, h * head_dim:(h + 1) * head_dim], expected, atol=1e-5, rtol=1e-5)
+    assert spread > 200   # the case this is about: exp of the gap would underflow
+
+
 def test_a_rows_result_does_not_depend_on_the_rows_beside_it_nor_on_prefetching():
     """What continuous batching's equivalence rests on: a row attends alone exactly as in a batch."""
     rng = np.random.default_rng(3)
