@@ -23,8 +23,8 @@ vdpbf16ps adds the pairs' products into 4 x rows float32 accumulators that stay 
 products per 10 loads at 6 rows, and no horizontal sums (each lane is one output). A block (72 KB
 at 576 inputs) comes from memory for the first group of rows and from cache for the others.
 Above 6 rows the groups take turns over ranges of `CHUNK_STEPS` input steps (8 KB of a block), and
-the second to fifth group's passes over a range request the next range's lines into L2, a quarter
-each (the first pass reads memory itself): before, memory sat idle while the later groups read
+the passes after the first over a range share out the requests for the next range's lines into L2
+(`_prefetch_mask`; the first pass reads memory itself): before, memory sat idle while the later groups read
 the block from L2, since the hardware prefetcher only runs a little ahead of the loads it sees, and
 the kernel read cold weights at ~6 GB/s with 17 GB/s to be had. Each sum still runs over the
 inputs in order (a range's partial sums go through `sums`), so no result changed. 30 layers of
