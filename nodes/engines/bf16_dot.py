@@ -128,13 +128,14 @@ if AVAILABLE:
                 prefetch = cgutils.get_or_insert_function(builder.module, ir.FunctionType(
                     ir.VoidType(), [ir.PointerType(ir.IntType(8))] + [I32] * 3), "llvm.prefetch.p0")
                 flags = [ir.Constant(I32, v) for v in (0, 2, 1)]   # read, into L2 (and beyond), data
-                ahead_steps = builder.sub(k1, k0)
-                with cgutils.for_range(builder, builder.sub(k1, k0)) as loop:
+                num_steps = builder.sub(k1, k0)   # also how far ahead the next range's lines lie
+                with cgutils.for_range(builder, num_steps) as loop:
                     k = builder.add(k0, loop.index)
                     step = builder.mul(k, ir.Constant(intp, VECTORS * per_vector))
                     weights = [builder.load(at(builder, block, builder.add(step, ir.Constant(intp, c * per_vector)),
                                                VF if f32 else VI32), align=4 if f32 else 2) for c in range(VECTORS)]
-                    next_step = builder.mul(builder.add(k, ahead_steps), ir.Constant(intp, VECTORS * per_vector))
+                    if can_prefetch:
+                        next_step = builder.mul(builder.add(k, num_steps), ir.Constant(intp, VECTORS * per_vector))
                     for c in range(VECTORS if can_prefetch else 0):
                         wanted = builder.icmp_unsigned("!=", builder.and_(args[7], ir.Constant(args[7].type, 1 << c)),
                                                        ir.Constant(args[7].type, 0))
