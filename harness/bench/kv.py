@@ -25,6 +25,7 @@ import os
 import statistics
 import subprocess
 import sys
+import threading
 import time
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -68,7 +69,11 @@ def start_peer(curve_keys: dict | None = None) -> tuple[subprocess.Popen, dict]:
     env = {**os.environ, "PDBUS_BENCH_CURVE_KEYS": json.dumps(curve_keys)} if curve_keys else None
     peer = subprocess.Popen([sys.executable, "-m", "harness.bench.kv_peer", "--torch"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
-    return peer, json.loads(peer.stdout.readline())
+    endpoints = json.loads(peer.stdout.readline())
+    # The peer prints a line per transfer it received; drained, so that a run of more transfers
+    # than a pipe holds (~500) cannot block the peer's event loop in a print and time transfers out.
+    threading.Thread(target=peer.stdout.read, daemon=True).start()
+    return peer, endpoints
 
 
 async def run_end_to_end(endpoints: dict, sources: dict, quantizer: TorchQuantizer, chunk_bytes: int,
