@@ -37,6 +37,8 @@ class NodeSettings:
     kv_advertise: str = ""                         # what prefill nodes dial, when not the bound address
     kv_compile: bool = True
     kv_timeout_s: float = 30.0                     # a decode node waits this long for admitted KV
+    kv_link_gbit: float = 10.0                     # network speed to the decode nodes (what `auto` compression weighs)
+    kv_chunk_mib: float | None = None              # KV per chunk; None: bus.kv.layout.DEFAULT_CHUNK_BYTES
     local_suffix_tokens: int = 64
     prefill_delay_s: float = 0.0                   # test-only: sleep before each prefill pass
     step_delay_s: float = 0.0                      # test-only: sleep before each decode step
@@ -103,6 +105,17 @@ def node_security(settings: dict, args: argparse.Namespace, role: str, broker: s
         raise SettingsError(f"[security]: {exc}") from exc
 
 
+def _kv_size(kv: dict, key: str, unit: str, default: float | None) -> float | None:
+    """A positive [kv] number of `unit`; where `default` is None, "auto" (or nothing) gives None."""
+    value = kv.get(key, default)
+    if value is None or (value == "auto" and default is None):
+        return None
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not 0 < value <= 1024:
+        auto = ' or "auto"' if default is None else ""
+        raise SettingsError(f"[kv] {key} must be a number of {unit} in (0, 1024]{auto}, got {value!r}")
+    return float(value)
+
+
 def node_settings(args: argparse.Namespace, role: str) -> NodeSettings:
     settings = load_settings(args.config)
     engine, kv = section(settings, "engine"), section(settings, "kv")
@@ -124,6 +137,8 @@ def node_settings(args: argparse.Namespace, role: str) -> NodeSettings:
         kv_advertise=kv_advertise,
         kv_compile=bool(kv.get("compile", True)),
         kv_timeout_s=float(kv.get("timeout_s", 30.0)),
+        kv_link_gbit=_kv_size(kv, "link_gbit", "Gbit/s", 10.0),
+        kv_chunk_mib=_kv_size(kv, "chunk_mib", "MiB", None),
         local_suffix_tokens=int(section(settings, "scheduler").get("local_suffix_tokens", 64)),
         prefill_delay_s=args.test_prefill_delay_ms / 1000,
         step_delay_s=args.test_step_delay_ms / 1000,

@@ -30,6 +30,8 @@ from typing import Any
 from bus.endpoint import Endpoint
 from bus.kv import FaultInjector, KVError, KVSender, TransferReport
 from bus.kv.frames import CHUNK
+from bus.kv.layout import DEFAULT_CHUNK_BYTES
+from bus.kv.link import gbit
 from bus.log import get_logger
 from bus.messages import Cancel, Request
 from nodes import cluster_wire as wire
@@ -81,7 +83,9 @@ class PrefillWork:
         self.quantizer = TorchQuantizer(compile=settings.kv_compile)
         faults = (FaultInjector(flip_probability=1.0, only_kinds=(CHUNK,), max_faults=settings.kv_faults)
                   if settings.kv_faults else None)   # test-only: checksum failures on the data plane
-        self.sender = KVSender(quantizer=self.quantizer, faults=faults, security=settings.security)
+        chunk_bytes = DEFAULT_CHUNK_BYTES if settings.kv_chunk_mib is None else int(settings.kv_chunk_mib * 2**20)
+        self.sender = KVSender(quantizer=self.quantizer, faults=faults, security=settings.security,
+                               link_bytes_per_s=gbit(settings.kv_link_gbit), chunk_bytes=chunk_bytes)
         self.jobs: dict[str, PrefillJob] = {}
         self.endpoint: Endpoint | None = None
         self.log = get_logger("prefill")

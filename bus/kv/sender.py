@@ -7,6 +7,8 @@ Contract:
            KVTransferTimeout) when the transfer failed closed; KVValueError for KV it cannot encode.
     await sender.abort(transfer_id, reason)   # cancel an in-flight send (the receiver frees its KV)
     await sender.close()
+`link_bytes_per_s` is the speed of the network to the decode nodes (`[kv] link_gbit` on a node):
+`auto` compression weighs each chunk's compression against it.
 `kv` is whatever the quantizer reads: numpy (NumpyQuantizer, the default) or torch tensors
 (nodes/engines/kv_quant.TorchQuantizer). Concurrent sends share the DEALER of their endpoint; replies
 are routed to transfers by transfer id. All protocol logic lives in send_core.SendTransfer.

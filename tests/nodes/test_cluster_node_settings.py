@@ -70,3 +70,25 @@ def test_an_advertised_kv_endpoint_off_this_machine_asks_for_curve(tmp_path, mon
     path.write_text(CONFIG)
     with pytest.raises(SettingsError, match="key pair"):   # auto security: keys needed, none in key_dir
         node_settings(no_args(config=str(path), kv_advertise="tcp://203.0.113.5:7001"), "decode")
+
+
+def test_the_kv_link_speed_and_chunk_size_come_from_the_config(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(CONFIG.replace('quant = "int8"', 'quant = "int8"\nlink_gbit = 25\nchunk_mib = 1.5'))
+    settings = node_settings(no_args(config=str(path)), "prefill")
+    assert (settings.kv_link_gbit, settings.kv_chunk_mib) == (25.0, 1.5)
+    path.write_text(CONFIG)
+    defaults = node_settings(no_args(config=str(path)), "prefill")
+    assert (defaults.kv_link_gbit, defaults.kv_chunk_mib) == (10.0, None)   # chunk_mib None: the default size
+    assert node_settings(no_args(config=None), "prefill").kv_link_gbit == 35.0   # config/local.toml: loopback
+    path.write_text(CONFIG.replace('quant = "int8"', 'quant = "int8"\nchunk_mib = "auto"'))
+    assert node_settings(no_args(config=str(path)), "prefill").kv_chunk_mib is None
+
+
+@pytest.mark.parametrize("line", ['link_gbit = 0', 'link_gbit = "fast"', 'link_gbit = "auto"', 'chunk_mib = -1',
+                                  'chunk_mib = true', 'chunk_mib = 4096'])
+def test_a_bad_kv_link_speed_or_chunk_size_is_a_clear_error(tmp_path, line):
+    path = tmp_path / "c.toml"
+    path.write_text(CONFIG.replace('quant = "int8"', f'quant = "int8"\n{line}'))
+    with pytest.raises(SettingsError, match=r"\[kv\] (link_gbit|chunk_mib) must be a number of (Gbit/s|MiB)"):
+        node_settings(no_args(config=str(path)), "prefill")

@@ -289,3 +289,12 @@ def test_an_urgent_pass_runs_whole_and_urgent_prompts_keep_their_order(kv_thread
     work.on_message(request("u2", prompt_token_ids=[5, 6], urgent=True))
     assert work.work(now) and partial_ids(endpoint) == ["u1", "u2"]
     assert work.work(now) and work.passes and work.passes[-1].prefill.num_remaining_tokens == 8
+
+
+def test_the_kv_sender_takes_the_configured_link_speed_and_chunk_size(kv_thread):
+    from bus.kv.layout import DEFAULT_CHUNK_BYTES
+    from bus.kv.link import gbit
+    work, _ = make_work(kv_thread, kv_link_gbit=2.5, kv_chunk_mib=1.5)
+    assert (work.sender.auto.link_bytes_per_s, work.sender.chunk_bytes) == (gbit(2.5), 3 * 2**19)
+    work, _ = make_work(kv_thread, kv_link_gbit=10.0)   # chunk_mib "auto"
+    assert work.sender.chunk_bytes == DEFAULT_CHUNK_BYTES
