@@ -58,6 +58,15 @@ def test_small_linear_serves_known_weights_of_small_steps_and_falls_back_otherwi
     assert small.num_bytes == 2 * 64 * 40 * 4                            # 96 outputs pad to two blocks
 
 
+def test_small_linear_keeps_every_packed_matrix_64_byte_aligned():
+    weights = [torch.randn(outputs, 48) for outputs in (3, 64, 65, 200)]   # odd sizes between them
+    small = f32_dot.SmallLinear(weights)
+    for weight in weights:
+        packed = small._packed[id(weight)][1]
+        assert packed.ctypes.data % 64 == 0   # a 64-byte load of weights never splits a cache line
+        assert np.array_equal(packed, f32_dot.pack(weight.numpy()))
+
+
 def test_the_float32_runner_takes_them_for_decode_steps(tiny_model):
     from nodes.engines.llama import LlamaRunner
     runner = LlamaRunner(tiny_model.config, tiny_model.weights, dtype=torch.float32)
