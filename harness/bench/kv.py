@@ -58,11 +58,13 @@ from harness.bench.kv_stages import (  # noqa: E402
 from nodes.engines.kv_quant import TorchQuantizer  # noqa: E402
 
 MiB = 1024 * 1024
-CASES = [  # (source dtype, mode, compression)
-    ("fp32", "raw", "none"), ("fp32", "raw", "auto"), ("fp32", "raw", "lz4"), ("fp32", "bf16", "none"),
-    ("fp32", "int8", "auto"), ("fp32", "int8", "none"), ("fp32", "int8", "lz4"),
-    ("bf16", "raw", "none"), ("bf16", "raw", "auto"), ("bf16", "int8", "auto"), ("bf16", "int8", "none"),
+CASES = [  # (source dtype, mode, compression); "none again": `none` twice a round, a null pair for auto / none
+    ("fp32", "raw", "none"), ("fp32", "raw", "auto"), ("fp32", "raw", "none again"), ("fp32", "raw", "lz4"),
+    ("fp32", "bf16", "none"), ("fp32", "int8", "auto"), ("fp32", "int8", "none"), ("fp32", "int8", "none again"),
+    ("fp32", "int8", "lz4"), ("bf16", "raw", "none"), ("bf16", "raw", "auto"), ("bf16", "raw", "none again"),
+    ("bf16", "int8", "auto"), ("bf16", "int8", "none"), ("bf16", "int8", "none again"),
 ]
+AUTO_BASES = ("fp32 int8", "fp32 raw", "bf16 int8", "bf16 raw")
 
 
 def start_peer(curve_keys: dict | None = None) -> tuple[subprocess.Popen, dict]:
@@ -105,7 +107,7 @@ async def run_end_to_end(endpoints: dict, sources: dict, quantizer: TorchQuantiz
             sender.shaper = LinkShaper(link) if link else None
             started = time.perf_counter()
             report = await sender.send(endpoints["kv"], f"{dtype}-{mode}-{compression}-{link}-{round_}", "bench",
-                                       sources[dtype], mode=mode, compression=compression)
+                                       sources[dtype], mode=mode, compression=compression.split()[0])
             if round_:
                 key = f"{dtype} {mode}+{compression}"
                 times.setdefault(key, []).append(time.perf_counter() - started)
@@ -139,6 +141,20 @@ def target(label: str, value: float, goal: float, higher_is_better: bool = True,
     return f"| {label} | {value:.{digits}f} | {'>=' if higher_is_better else '<='} {goal} | {'met' if met else 'MISSED'} |"
 
 
+def print_null_pairs(loop: dict, shaped: dict) -> None:
+    """auto / none beside none again / none: how far two runs of the same case drift apart."""
+    print("\n### auto / none against a null pair (`none` twice in the same round), medians of per-round ratios "
+          "(quartiles)\n\n| link, case | auto / none | none again / none |\n|---|---:|---:|")
+    for name, results in (("loopback", loop), ("10 Gbit/s", shaped)):
+        for base in AUTO_BASES:
+            cells = []
+            for twin in ("auto", "none again"):
+                ratios = [a / b for a, b in zip(results[f"{base}+{twin}"][3], results[f"{base}+none"][3], strict=True)]
+                low, mid, high = statistics.quantiles(ratios, n=4)
+                cells.append(f"{mid:.3f} ({low:.3f}–{high:.3f})")
+            print(f"| {name}, {base} | {' | '.join(cells)} |")
+
+
 def print_targets(loop: dict, shaped: dict) -> None:
     def t(results, key):
         return results[key][0]
@@ -149,7 +165,7 @@ def print_targets(loop: dict, shaped: dict) -> None:
         target("10 Gbit/s: bf16 raw+none / int8+auto time", t(shaped, "bf16 raw+none") / t(shaped, "bf16 int8+auto"), 1.8),
     ]
     for name, results in (("loopback", loop), ("10 Gbit/s", shaped)):
-        for base in ("fp32 int8", "fp32 raw", "bf16 int8", "bf16 raw"):
+        for base in AUTO_BASES:
             rows.append(target(f"{name}: {base} auto / none time, median of per-round ratios "
                                f"(of bests: {t(results, f'{base}+auto') / t(results, f'{base}+none'):.2f})",
                                paired_ratio(results, f"{base}+auto", f"{base}+none"), 1.03, higher_is_better=False,
@@ -264,6 +280,7 @@ def main() -> int:
     print_end_to_end("loopback TCP, two processes", loop_results, raw_bytes)
     print_end_to_end("10 Gbit/s shaped link (token bucket in the sender)", shaped, raw_bytes)
     print_targets(loop_results, shaped)
+    print_null_pairs(loop_results, shaped)
     print_chunking_floor(floor)
     print_link_floor(link_floor, shaped, "10 Gbit/s")
     if args.sweep:
