@@ -10,7 +10,9 @@ engine's copy into its slot cache, made either way, is not timed), on loopback a
 10 Gbit/s shaped link, beside a bare pyzmq send of the same bytes and a plain pyzmq send of the
 same chunks with checksums and answers, on loopback and (with int8-sized chunks too) through the
 shaped link (harness/bench/kv_baselines.py).
-Every target of issue 3 is printed as a ratio of two figures measured side by side in this run.
+Every target of issue 3 is printed as a ratio of two figures measured side by side in this run;
+each auto / none pair also gets a null pair (`none` twice a round), to show what end-to-end pairs
+can resolve on this machine.
 `--curve`: also the cost of CurveZMQ on the data plane: the same transfers to a plain and to a CURVE
 receiver in the same peer process, interleaved, as CURVE/plain time ratios (`--curve-only` skips
 the rest).
