@@ -23,15 +23,21 @@ vdpbf16ps adds the pairs' products into 4 x rows float32 accumulators that stay 
 products per 10 loads at 6 rows, and no horizontal sums (each lane is one output). A block (72 KB
 at 576 inputs) comes from memory for the first group of rows and from cache for the others.
 Above 6 rows the groups take turns over ranges of `CHUNK_STEPS` input steps (8 KB of a block), and
-the passes after the first over a range share out the requests for the next range's lines into L2
-(`_prefetch_mask`; the first pass reads memory itself): before, memory sat idle while the later groups read
-the block from L2, since the hardware prefetcher only runs a little ahead of the loads it sees, and
-the kernel read cold weights at ~6 GB/s with 17 GB/s to be had. Each sum still runs over the
-inputs in order (a range's partial sums go through `sums`), so no result changed. 30 layers of
-linear layers, cold weights, in paired runs (ad-hoc timing, 2026-12-04, AMX Xeon): float32 at 8 /
-16 / 32 rows 37.5 / 44.3 / 66.2 -> 29.8 / 33.1 / 49.8 ms; bf16 23.9 / 39.5 / 69.5 -> 17.1 / 32.3 /
-62.6 ms. Requesting the next block while the second pass ran, or spreading those requests over
-every later pass without the ranges, gained about half as much.
+the first passes over a range share out the requests for the next range's lines into L2
+(`_prefetch_mask`): before, memory sat idle while the later groups read the block from L2, since
+the hardware prefetcher only runs a little ahead of the loads it sees, and the kernel read cold
+weights at ~6 GB/s with 17 GB/s to be had. Each sum still runs over the inputs in order (a range's
+partial sums go through `sums`), so no result changed. 30 layers of linear layers, cold weights,
+in paired runs (ad-hoc timing, 2026-12-04, AMX Xeon): float32 at 8 / 16 / 32 rows 37.5 / 44.3 /
+66.2 -> 29.8 / 33.1 / 49.8 ms; bf16 23.9 / 39.5 / 69.5 -> 17.1 / 32.3 / 62.6 ms (then only the
+passes after the first made the requests; the first joining them gained 10-15 % more at 7-12
+rows). Requesting the next block while the second pass ran, or spreading those requests over
+every later pass without the ranges, gained about half as much. One group (2-6 rows, and a bf16
+row alone) runs over a whole block in one pass and requests each step's lines a block ahead: the
+hardware prefetcher alone kept the memory busy for one row of float32 (15.8 GB/s) but not for more
+compute per line (6 rows: 10.3 GB/s, with the requests 14.1). 30 layers' linear layers at 1 / 2 /
+4 / 6 rows: float32 unchanged / 27.5 / 34.9 / 39.3 -> 23.9 / 24.9 / 26.7 ms, bf16 14.1 / 17.9 /
+20.5 / 24.7 -> 9.4 / 9.9 / 11.5 / 14.8 ms (ad-hoc, same machine).
 
 Why: the GEMVs this replaced took a dot product a weight row (a load of x per row for every
 vector of weights, a horizontal sum per output) and were load-bound above two rows; oneDNN's
@@ -42,8 +48,8 @@ decode step (30 layers and the LM head, cold weights) took 9.8 / 10.8 / 17.4 / 3
 gave 16.3 / 46.9 ms at 8 / 32 rows against 24.4 / 57.8 for oneDNN's packed GEMMs of the same
 shapes without their epilogues (ad-hoc timing). SwiGLU's silu is bf16_kernels' vectorised one under numpy's
 error model: numba's zero-divisor check kept its loop scalar (gate and up for 32 rows, 30 layers: 34 ->
-22 ms). Software prefetching 2-8 KB ahead made it slower, as did
-blocks of 48 outputs with 8 rows a group at 32 rows (`make bench-engine` measures whole steps).
+22 ms). Blocks of 48 outputs with 8 rows a group at 32 rows were slower (`make bench-engine`
+measures whole steps).
 """
 
 from __future__ import annotations
@@ -193,20 +199,27 @@ if AVAILABLE:
             _g1(xb, r, w, b, sums, k0, k1, 0)
 
     @_inline
-    def _prefetch_mask(g, groups):  # pragma: no cover - runs compiled
-        """The vectors of the next range pass g requests (bit c: vector c): the passes after the
-        first share the four between them; the first pass reads memory itself."""
-        helpers = min(groups - 1, VECTORS)
-        if g == 0 or g > helpers:
+    def _prefetch_mask(g, groups, rows, lone_row_requests):  # pragma: no cover - runs compiled
+        """The vectors of the next range pass g requests (bit c: vector c). One group's range is
+        the whole block, so a group of 2-6 rows requests all four lines of each step a block
+        ahead, and so does a single row where `lone_row_requests` (bf16: 30 layers' linear layers
+        14.1 -> 9.9 ms; a float32 row streams at the memory's rate on the hardware prefetcher
+        alone, and the requests cost it 6 %). Above one group the first min(groups, 4) passes
+        over a range, the first one included, share the four lines of the next range."""
+        if groups == 1:
+            return (1 << VECTORS) - 1 if rows > 1 or lone_row_requests else 0
+        helpers = min(groups, VECTORS)
+        if g >= helpers:
             return 0
-        first, end = (g - 1) * VECTORS // helpers, g * VECTORS // helpers
+        first, end = g * VECTORS // helpers, (g + 1) * VECTORS // helpers
         return ((1 << end) - 1) ^ ((1 << first) - 1)
 
     @_inline
-    def _block_sums(xb, w, b, sums):  # pragma: no cover - runs compiled
+    def _block_sums(xb, w, b, sums, lone_row_requests=True):  # pragma: no cover - runs compiled
         """sums[m] = xb[m] times block b of w for every row, in groups as even as GROUP_ROWS allows.
-        Above one group the groups take turns over `CHUNK_STEPS` inputs at a time, and the later
-        passes over a range request the next one: memory is otherwise idle while they read L2."""
+        Above one group the groups take turns over `CHUNK_STEPS` inputs at a time, and the first
+        passes over a range request the next one: memory is otherwise idle while they read L2.
+        `lone_row_requests`: a single row requests its lines ahead too (`_prefetch_mask`)."""
         rows, steps = xb.shape[0], w.shape[1]
         groups = (rows + GROUP_ROWS - 1) // GROUP_ROWS
         chunk = steps if groups == 1 else CHUNK_STEPS
@@ -215,7 +228,7 @@ if AVAILABLE:
             r = 0
             for g in range(groups):
                 n = (rows - r) // (groups - g)
-                _products(xb, r, n, w, b, sums[r:], k0, k1, _prefetch_mask(g, groups))
+                _products(xb, r, n, w, b, sums[r:], k0, k1, _prefetch_mask(g, groups, rows, lone_row_requests))
                 r += n
 
     @_inline

@@ -52,7 +52,7 @@ if AVAILABLE:
         sums = np.empty((x.shape[0], BLOCK_OUTPUTS), np.float32)
         n = out.shape[1]
         for b in range(w.shape[0]):
-            _block_sums(x, w, b, sums)
+            _block_sums(x, w, b, sums, False)
             for m in range(out.shape[0]):
                 for j in range(min(BLOCK_OUTPUTS, n - b * BLOCK_OUTPUTS)):
                     out[m, b * BLOCK_OUTPUTS + j] = sums[m, j]
