@@ -30,7 +30,7 @@ weights at ~6 GB/s with 17 GB/s to be had. Each sum still runs over the inputs i
 partial sums go through `sums`), so no result changed. 30 layers of linear layers, cold weights,
 in paired runs (ad-hoc timing, 2026-12-04, AMX Xeon): float32 at 8 / 16 / 32 rows 37.5 / 44.3 /
 66.2 -> 29.8 / 33.1 / 49.8 ms; bf16 23.9 / 39.5 / 69.5 -> 17.1 / 32.3 / 62.6 ms (then only the
-passes after the first made the requests; the first joining them gained 10-15 % more at 7-12
+passes after the first made the requests; the first joining them gained 10-18 % more at 7-12
 rows). Requesting the next block while the second pass ran, or spreading those requests over
 every later pass without the ranges, gained about half as much. One group (2-6 rows, and a bf16
 row alone) runs over a whole block in one pass and requests each step's lines a block ahead: the
