@@ -30,8 +30,11 @@ import sys
 import threading
 import time
 
-os.environ.setdefault("OMP_NUM_THREADS", "1")
-os.environ.setdefault("PDBUS_LOG_LEVEL", "warning")
+if __name__ == "__main__":   # the bench's own process only: an importer (a test) keeps its environment,
+    # which its child processes inherit (PDBUS_LOG_LEVEL=warning in a pytest process hid the
+    # broker's start-up line from the cluster tests that ran after it)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("PDBUS_LOG_LEVEL", "warning")
 
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
