@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from harness.bench.kv import AUTO_BASES, CASES, paired_ratio, print_null_pairs
 
 
@@ -30,11 +32,12 @@ def test_the_null_pair_is_printed_beside_auto_as_medians_of_per_round_ratios(cap
     assert "| 10 Gbit/s, bf16 raw | 0.990 (0.990–0.990) | 1.050 (1.050–1.050) |" in table
 
 
-def test_importing_the_bench_leaves_the_environment_alone():
+@pytest.mark.parametrize("module", ["harness.bench.kv", "harness.bench.kv_quality"])
+def test_importing_the_bench_leaves_the_environment_alone(module):
     import os
     import subprocess
     import sys
-    code = "import os, harness.bench.kv; print(os.environ.get('PDBUS_LOG_LEVEL'), os.environ.get('OMP_NUM_THREADS'))"
+    code = f"import os, {module}; print(os.environ.get('PDBUS_LOG_LEVEL'), os.environ.get('OMP_NUM_THREADS'))"
     env = {k: v for k, v in os.environ.items() if k not in ("PDBUS_LOG_LEVEL", "OMP_NUM_THREADS")}
     out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True).stdout
     assert out.split() == ["None", "None"]   # the cluster tests' children inherit it otherwise
