@@ -2,8 +2,10 @@
 
 Requests and results are frozen dataclasses; the KV cache crosses the seam as one plain tensor per
 request, laid out ``[num_layers, 2 (K, V), num_kv_heads, num_tokens, head_dim]`` in the engine's
-dtype and on its device (the KV codec serialises exactly this; call `.cpu()` first on a GPU). Token ids are plain ints; text is produced by the
-engine's incremental detokenizer so every side agrees on where a multi-byte character ends.
+dtype and on the CPU (the KV codec serialises exactly this; an engine on a GPU copies a prompt's KV
+out once when its prefill ends, and copies imported KV in). Token ids are plain ints; text is
+produced by the engine's incremental detokenizer so every side agrees on where a multi-byte
+character ends.
 
 Every method of `Engine`, by side:
 
@@ -192,6 +194,7 @@ class EngineConfig:
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     keep_sessions: bool = True       # keep finished sessions' KV (LRU within the budget)
     preallocate_kv: bool = True      # decode side: allocate the KV budget's memory at node start
+    cuda_graphs: bool = True         # on a CUDA device: pure decode steps replay CUDA graphs (cuda_graphs.py)
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> EngineConfig:

@@ -3,8 +3,8 @@
 Contract: `run_prefill(runner, tokenizer, requests, max_batch_tokens=..., ...) -> list[PrefillResult]`
 in request order. Prompts are packed into forward passes of at most `max_batch_tokens` tokens (a
 longer prompt runs alone); each prompt writes its KV straight into its own exact-size export
-tensor [layers, 2, kv_heads, prompt_tokens, head_dim], so exporting costs no copy. Only each
-prompt's last position gets logits.
+tensor [layers, 2, kv_heads, prompt_tokens, head_dim], so exporting costs no copy (on a GPU, one copy
+out to the CPU, `exported_kv`). Only each prompt's last position gets logits.
 
 `ChunkedPrefill` is the same batch as an interruptible pass (`Engine.start_prefill`): each `step()`
 is one forward pass over the batch's next `chunk_tokens` prompt tokens (`plan_chunk`: the rest of the
@@ -88,6 +88,7 @@ def _first_tokens(tokenizer, requests: list[PrefillRequest], kvs: list[Any], log
     """Sample each finished prompt's first token (logits row i is requests[i]'s last position)."""
     params = [r.sampling for r in requests]
     firsts = sample(logits, params, [new_generator(p.seed) for p in params])
+    kvs = [exported_kv(kv) for kv in kvs]
     results = []
     for request, kv, first in zip(requests, kvs, firsts, strict=True):
         tracker = OutputTracker(tokenizer, request.sampling, eos_token_ids)
@@ -95,6 +96,17 @@ def _first_tokens(tokenizer, requests: list[PrefillRequest], kvs: list[Any], log
         results.append(PrefillResult(request.request_id, first, text, kv,
                                      len(request.prompt_token_ids), finish_reason))
     return results
+
+
+def exported_kv(kv: Any) -> Any:
+    """The prompt's KV as the engine contract hands it out: on the CPU. A GPU engine copies it out
+    once here (the KV codec and the nodes read host memory; the device copy is freed with the pass),
+    into pinned memory: it copies at the bus's full speed, and torch's host allocator reuses the
+    blocks of exports already sent instead of pinning new ones."""
+    if isinstance(kv, torch.Tensor) and kv.device.type != "cpu":
+        host = torch.empty(kv.shape, dtype=kv.dtype, pin_memory=True)
+        return host.copy_(kv)
+    return kv
 
 
 def plan_chunk(prompts: Sequence[tuple[int, int]], chunk_tokens: int) -> list[tuple[int, int, int]]:
