@@ -57,7 +57,8 @@ class LlamaEngine(Engine):
         self.max_model_len = min(self.config.max_model_len or model.config.max_position_embeddings,
                                  model.config.max_position_embeddings)
         self.runner = LlamaRunner(model.config, model.weights, dtype=resolve_dtype(self.config.dtype, self.config.device),
-                                  device=self.config.device, max_len=self.max_model_len)
+                                  device=self.config.device, max_len=self.max_model_len,
+                                  cuda_graphs=self.config.cuda_graphs)
         self.device = self.runner.device
         self.blocks = BlockManager(self.config.num_kv_blocks, self.config.block_size)
         self.sessions = SessionCache()

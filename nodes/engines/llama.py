@@ -12,7 +12,8 @@ KV caches laid out [layers, 2 (K, V), kv_heads, capacity, head_dim]:
 - `DecodeGroup`: one new token for each of several decode slots of a `[layers, slots, 2, kv_heads,
   capacity, head_dim]` slot cache, attended in ONE batched SDPA call over the slots with a length
   mask (no gathering of KV: the slots are views of one tensor); pure decode steps in bf16 run the
-  fused RoPE + KV write + attention kernel of bf16_attention.py instead.
+  fused RoPE + KV write + attention kernel of bf16_attention.py instead; on a CUDA device they replay
+  a CUDA graph of the whole step (cuda_graphs.py; `forward_eager` is the step without one).
 In bf16 with numba, RMSNorm and (for pure prefill steps) RoPE with the KV writes run on the
 kernels of bf16_prefill.py (through Bf16Gemv), bit-identical to the torch ops they replace.
 In float32 on CPUs where f32_dot's kernel runs, steps of at most 32 rows take their linear layers
@@ -29,6 +30,7 @@ import torch
 import torch.nn.functional as F
 
 from nodes.engines import bf16_gemv, f32_attention, f32_dot
+from nodes.engines.cuda_graphs import DecodeGraphs
 from nodes.engines.model_config import LlamaConfig
 from nodes.engines.rope import rope_tables
 
@@ -78,7 +80,7 @@ class LlamaRunner:
     def __init__(self, config: LlamaConfig, weights: dict[str, torch.Tensor], *,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                  max_len: int | None = None, pack_weights: bool | None = None,
-                 use_gemv: bool = True) -> None:
+                 use_gemv: bool = True, cuda_graphs: bool = True) -> None:
         self.config = config
         self.dtype = dtype
         self.device = torch.device(device)
@@ -118,6 +120,8 @@ class LlamaRunner:
             self.gemv.set_rope(self.cos, self.sin)
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
+        # On a GPU, pure decode steps replay CUDA graphs (cuda_graphs.py): launches, not the GPU, bound them.
+        self.graphs = DecodeGraphs(self) if cuda_graphs and self.device.type == "cuda" else None
 
     @staticmethod
     def _layer(get, get_matrix, prefix: str, packed: bool) -> LayerWeights:
@@ -150,6 +154,12 @@ class LlamaRunner:
 
     @torch.inference_mode()
     def forward(self, batch: ForwardBatch) -> torch.Tensor:
+        if self.graphs is not None and self.graphs.can_run(batch):
+            return self.graphs.run(batch)
+        return self.forward_eager(batch)
+
+    @torch.inference_mode()
+    def forward_eager(self, batch: ForwardBatch) -> torch.Tensor:
         c = self.config
         x = self.embed[batch.token_ids]
         cos = self.cos[batch.positions][:, None, :]

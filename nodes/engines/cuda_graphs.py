@@ -1,0 +1,126 @@
+"""CUDA graphs for pure decode steps: one graph replay instead of some 500 kernel launches a step.
+
+Contract: `DecodeGraphs(runner, max_graphs=)` serves `LlamaRunner.forward` on a CUDA device.
+`can_run(batch)` says whether a `ForwardBatch` is a step a graph can serve: pure decode (no prefill
+span) over dense slots (rows are slots 0..n-1, as the engine keeps them) with every row sampled.
+`run(batch)` returns that step's logits [rows, vocab] float32, as the eager forward does up to
+rounding (the graph attends over a bucket of keys, the eager step over exactly the longest context;
+masked keys weigh 0 either way). `num_captures` / `num_replays` count what it did.
+
+Why: on a GPU a decode step of a small model is bound by kernel launches, not by the GPU: 30 layers
+of some 16 small kernels each, every launch a few microseconds of Python and driver time, while the
+step's arithmetic takes microseconds on an H200. A graph replays the whole step in one launch
+(vLLM and SGLang capture their decode steps the same way).
+
+How: one graph per (rows, key bucket) for the current slot-cache layout, captured the first time
+that key is met. That step runs eagerly on the graph's static input buffers (a real step: its
+logits are returned, its KV written), then the same forward is captured, which executes nothing.
+Later steps of that key copy their token ids, positions and sample rows into the static buffers and
+replay. The keys attended are a power-of-two bucket of the longest context (at least `MIN_KEYS`, at
+most the cache's capacity), masked per row inside the graph from the positions, so a growing
+context is captured again only when it crosses a bucket. Graphs hold the slot cache's addresses:
+a new layout (the store grew or moved, kv_slots.py) drops them all. At most `max_graphs` are kept,
+the least recently used dropped first; all share one memory pool, which is safe because replays
+never overlap (one stream, one step at a time).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+
+MIN_KEYS = 128
+
+
+@dataclass(slots=True, eq=False)
+class _Captured:
+    graph: Any                 # torch.cuda.CUDAGraph
+    token_ids: torch.Tensor    # the static inputs the graph reads
+    positions: torch.Tensor
+    sample_rows: torch.Tensor
+    logits: torch.Tensor       # the static output it writes
+
+
+def key_bucket(max_len: int, capacity: int) -> int:
+    """Keys a graph attends over for a longest context of `max_len`: a power of two, at least
+    MIN_KEYS, never past the cache's `capacity`."""
+    return min(capacity, max(MIN_KEYS, 1 << (max_len - 1).bit_length()))
+
+
+class DecodeGraphs:
+    def __init__(self, runner: Any, max_graphs: int = 128) -> None:
+        self.runner = runner
+        self.max_graphs = max_graphs
+        self._graphs: OrderedDict[tuple[int, int], _Captured] = OrderedDict()
+        self._layout: tuple | None = None
+        self._pool = None
+        self.num_captures = 0
+        self.num_replays = 0
+
+    def can_run(self, batch: Any) -> bool:
+        group = batch.decode
+        return (group is not None and not batch.spans and group.dense and group.cache.is_cuda
+                and batch.token_ids.shape[0] == group.num_slots == batch.sample_rows.shape[0])
+
+    def run(self, batch: Any) -> torch.Tensor:
+        group = batch.decode
+        layout = (group.cache.data_ptr(), tuple(group.cache.shape))
+        if layout != self._layout:   # the graphs read the old store's addresses
+            self._graphs.clear()
+            self._layout = layout
+        key = (group.num_slots, key_bucket(group.max_len, group.cache.shape[4]))
+        captured = self._graphs.get(key)
+        if captured is None:
+            return self._capture(key, batch)
+        self._graphs.move_to_end(key)
+        captured.token_ids.copy_(batch.token_ids)
+        captured.positions.copy_(group.positions)
+        captured.sample_rows.copy_(batch.sample_rows)
+        captured.graph.replay()
+        self.num_replays += 1
+        return captured.logits.clone()
+
+    def _capture(self, key: tuple[int, int], batch: Any) -> torch.Tensor:
+        num_rows, num_keys = key
+        cache = batch.decode.cache
+        token_ids, positions = batch.token_ids.clone(), batch.decode.positions.clone()
+        sample_rows = batch.sample_rows.clone()
+        rows = torch.arange(num_rows, device=cache.device)
+
+        def forward() -> torch.Tensor:
+            return self.runner.forward_eager(self._static_batch(token_ids, positions, sample_rows, rows,
+                                                                cache, num_keys))
+
+        device = cache.device
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):   # this step for real (and the warm-up capture needs)
+            logits = forward()
+        torch.cuda.current_stream(device).wait_stream(side)
+        if self._pool is None:
+            self._pool = torch.cuda.graph_pool_handle()
+        graph = torch.cuda.CUDAGraph()
+        # Recorded, not run: the KV is written once. thread_local: a node's other threads may use CUDA meanwhile.
+        with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
+            static_logits = forward()
+        self._graphs[key] = _Captured(graph, token_ids, positions, sample_rows, static_logits)
+        while len(self._graphs) > self.max_graphs:
+            self._graphs.popitem(last=False)
+        self.num_captures += 1
+        return logits
+
+    def _static_batch(self, token_ids: torch.Tensor, positions: torch.Tensor, sample_rows: torch.Tensor,
+                      rows: torch.Tensor, cache: torch.Tensor, num_keys: int) -> Any:
+        """The step over the static buffers, its mask computed on the GPU (inside the graph)."""
+        from nodes.engines.llama import DecodeGroup, ForwardBatch
+
+        keys = torch.arange(num_keys, device=cache.device)
+        hidden = (keys[None, :] > positions[:, None])[:, None, None, :]   # row i sees keys 0..position_i
+        mask = torch.zeros(hidden.shape, dtype=self.runner.dtype, device=cache.device).masked_fill_(
+            hidden, float("-inf"))
+        group = DecodeGroup(rows=rows, slots=rows, positions=positions, cache=cache, num_slots=rows.shape[0],
+                            mask=mask, max_len=num_keys, dense=True)
+        return ForwardBatch(token_ids=token_ids, positions=positions, sample_rows=sample_rows, decode=group)
