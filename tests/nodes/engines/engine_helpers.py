@@ -1,6 +1,12 @@
-"""Helpers shared by the engine tests (not fixtures: plain functions)."""
+"""Helpers shared by the engine tests (not fixtures: plain functions).
+
+`make_engine` builds engines on `$PDBUS_TEST_DEVICE` (default "cpu"): `PDBUS_TEST_DEVICE=cuda pytest
+tests/nodes/engines` runs the engine tests that use it on a GPU (harness/device/cuda_checks.sh).
+"""
 
 from __future__ import annotations
+
+import os
 
 import numpy as np
 import torch
@@ -16,7 +22,12 @@ GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
 
 def make_engine(model, **settings) -> LlamaEngine:
     settings.setdefault("dtype", "float32")
+    settings.setdefault("device", engine_device())
     return LlamaEngine(model, EngineConfig(**settings))
+
+
+def engine_device() -> str:
+    return os.environ.get("PDBUS_TEST_DEVICE", "cpu")
 
 
 def raw_pieces(kv: torch.Tensor, chunk_bytes: int) -> RawPieces:
@@ -53,8 +64,9 @@ def generate(engine: LlamaEngine, prompt, sampling=GREEDY, request_id="r") -> li
 def full_logits(runner: LlamaRunner, token_ids: list[int]) -> torch.Tensor:
     """Logits of every position by one uncached forward pass (the reference)."""
     n = len(token_ids)
-    batch = ForwardBatch(torch.tensor(token_ids), torch.arange(n), torch.arange(n),
-                         spans=[PrefillSpan(0, n, 0, runner.new_kv(n))])
+    device = runner.device
+    batch = ForwardBatch(torch.tensor(token_ids, device=device), torch.arange(n, device=device),
+                         torch.arange(n, device=device), spans=[PrefillSpan(0, n, 0, runner.new_kv(n))])
     return runner.forward(batch)
 
 
