@@ -11,10 +11,10 @@ export OMP_NUM_THREADS ?= 1
 # Benchmarks share one lock so two never run at once on this 2-core machine.
 BENCH    := flock /tmp/pdbus-bench.lock $(PY)
 
-.PHONY: help install test test-no-amx test-all lint demo broker node prefill decode cluster colocated \
+.PHONY: help install test test-no-amx test-gpu test-all lint demo broker node prefill decode cluster colocated \
         gateway client model model-info \
         install-vllm test-vllm \
-        bench-bus bench-scheduler bench-kv bench-kv-quality bench-engine bench-kv-memory bench-gateway bench bench-quick chaos clean
+        bench-bus bench-scheduler bench-kv bench-kv-quality bench-engine bench-engine-cuda bench-kv-memory bench-gateway bench bench-quick chaos clean
 
 help:            ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -36,6 +36,9 @@ test: install    ## run the test suite (everything but tests marked slow/vllm/gp
 # here on a CPU with it: pdbus leaves its tile kernels, oneDNN its tiles.
 test-no-amx: install ## run the test suite as on a CPU without AMX (PDBUS_NO_AMX=1)
 	PDBUS_NO_AMX=1 ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 $(BIN)/pytest -m "not slow and not vllm and not gpu" $(PYTEST_ARGS)
+
+test-gpu: install ## the engine's tests on a CUDA GPU (marked gpu; they skip where torch sees none)
+	$(BIN)/pytest -m gpu $(PYTEST_ARGS)
 
 test-all: install ## run every test that can run here, slow real-model ones included
 	$(BIN)/pytest -m "not vllm and not gpu" $(PYTEST_ARGS)
@@ -105,6 +108,9 @@ bench-kv-quality: install ## quality of each KV quantization mode on the real mo
 
 bench-engine: install ## engine prefill/decode speed beside transformers and rooflines
 	$(BENCH) -m harness.bench.engine
+
+bench-engine-cuda: install ## the same on a CUDA GPU: the engine with and without CUDA graphs, transformers, rooflines
+	$(BENCH) -m harness.bench.engine --device cuda --steps 60
 
 bench-kv-memory: install ## decode KV memory reserved at node start vs on demand: what requests wait (~1 min)
 	$(BENCH) -m harness.bench.kv_memory

@@ -16,6 +16,8 @@ For each dtype (default: float32 and bfloat16), with the same torch thread count
 Then the thread study: decode steps of one engine process alone (1 or 2 torch threads) and of two
 processes (1 thread each) sharing the two cores, under OpenMP's default wait policy and under
 OMP_WAIT_POLICY=PASSIVE, interleaved and repeated.
+`--device cuda` runs the same tables on a GPU (the engine with and without CUDA graphs, transformers
+and the rooflines on the device, its memory's read bandwidth; no thread study); `make bench-engine-cuda`.
 Prints tables; `--json PATH` also writes the figures. Run under `flock /tmp/pdbus-bench.lock`.
 """
 
@@ -38,6 +40,7 @@ from harness.bench.roofline import (
     plain_weights,
     read_bandwidth,
     roofline_with_attention_seconds,
+    synchronize,
 )
 from nodes.engines.base import DecodeRequest, EngineConfig, PrefillRequest, SamplingParams
 from nodes.engines.engine import LlamaEngine, resolve_dtype
@@ -93,15 +96,15 @@ def engine_decode_seconds(engine: LlamaEngine, batch: int, num_steps: int) -> fl
     return seconds
 
 
-def hf_model(dtype: torch.dtype):
+def hf_model(dtype: torch.dtype, device: str = "cpu"):
     from transformers import AutoModelForCausalLM
-    return AutoModelForCausalLM.from_pretrained(prepare_model(), dtype=dtype).eval()
+    return AutoModelForCausalLM.from_pretrained(prepare_model(), dtype=dtype).to(device).eval()
 
 
 @torch.inference_mode()
 def hf_prefill_seconds(model, num_tokens: int, last_logits_only: bool) -> float:
     """`model(ids)` computes logits for every prompt token; `generate` asks for the last only."""
-    ids = torch.tensor([random_prompt(num_tokens, num_tokens)])
+    ids = torch.tensor([random_prompt(num_tokens, num_tokens)], device=model.device)
     keep = 1 if last_logits_only else 0
     return best_time(lambda: model(input_ids=ids, use_cache=True, logits_to_keep=keep), 3)
 
@@ -114,30 +117,35 @@ def hf_decode_seconds(model, batch: int, num_steps: int) -> float:
     head_dim = c.hidden_size // c.num_attention_heads
     for layer in range(c.num_hidden_layers):
         shape = (batch, c.num_key_value_heads, CONTEXT, head_dim)
-        cache.update(torch.randn(shape, dtype=model.dtype), torch.randn(shape, dtype=model.dtype), layer)
-    ids = torch.randint(100, 40_000, (batch, 1))
+        cache.update(torch.randn(shape, dtype=model.dtype, device=model.device),
+                     torch.randn(shape, dtype=model.dtype, device=model.device), layer)
+    ids = torch.randint(100, 40_000, (batch, 1), device=model.device)
     times = []
     for step in range(num_steps + 2):
+        synchronize()
         t0 = time.perf_counter()
         # `past_key_values`: an unknown keyword (`cache=`) is swallowed by **kwargs, and the step
         # then runs without its context (how the runs before 2026-12-01 01:20 UTC measured it).
         out = model(input_ids=ids, past_key_values=cache, use_cache=True,
-                    position_ids=torch.full((batch, 1), CONTEXT + step))
+                    position_ids=torch.full((batch, 1), CONTEXT + step, device=model.device))
         ids = out.logits[:, -1].argmax(-1, keepdim=True)
+        synchronize()
         times.append(time.perf_counter() - t0)
     return sorted(times[2:])[len(times[2:]) // 2]   # median step after warm-up
 
 
-def bench_dtype(model, dtype_name: str, threads: int, num_steps: int) -> dict:
-    dtype = resolve_dtype(dtype_name)
-    engine = LlamaEngine(model, EngineConfig(dtype=dtype_name, num_threads=threads, num_kv_blocks=8192,
-                                             max_batch_tokens=4096))
-    weights = plain_weights(model, dtype)
+def bench_dtype(model, dtype_name: str, threads: int, num_steps: int, device: str = "cpu") -> dict:
+    dtype = resolve_dtype(dtype_name, device)
+    settings = dict(dtype=dtype_name, device=device, num_threads=threads, num_kv_blocks=8192, max_batch_tokens=4096)
+    engine = LlamaEngine(model, EngineConfig(**settings))
+    # On a GPU the same engine without CUDA graphs too: what the graphs buy, side by side.
+    eager = LlamaEngine(model, EngineConfig(**settings, cuda_graphs=False)) if engine.runner.graphs else None
+    weights = plain_weights(model, dtype, device)
     bandwidth = read_bandwidth(weights)
     weight_bytes = sum(w.numel() * w.element_size() for w in weights)   # what one decode step reads
     floor_s = weight_bytes / (max(bandwidth.values()) * 1e9)
-    hf = hf_model(dtype)
-    result = {"dtype": dtype_name, "threads": threads, "weight_bytes": weight_bytes, **bandwidth,
+    hf = hf_model(dtype, device)
+    result = {"dtype": dtype_name, "device": device, "threads": threads, "weight_bytes": weight_bytes, **bandwidth,
               "floor_step_ms": floor_s * 1e3, "prefill": {}, "decode": {}}
     for n in PREFILL_LENGTHS:
         ours, theirs = engine_prefill_seconds(engine, n), hf_prefill_seconds(hf, n, last_logits_only=True)
@@ -152,7 +160,7 @@ def bench_dtype(model, dtype_name: str, threads: int, num_steps: int) -> dict:
               f"{n / chunked:6.0f})  hf {n / theirs:8.0f} (all logits {n / theirs_all:6.0f})  gemm {n / gemm:8.0f} "
               f"(with attention {n / with_attention:6.0f})",
               flush=True)
-    peak = peak_mac_rate(dtype)
+    peak = peak_mac_rate(dtype, 1024 if device == "cpu" else 8192, device)
     result["peak_gmacs"] = peak / 1e9
     for b in DECODE_BATCHES:
         ours = engine_decode_seconds(engine, b, num_steps)
@@ -163,14 +171,20 @@ def bench_dtype(model, dtype_name: str, threads: int, num_steps: int) -> dict:
                                "engine_step_ms": ours * 1e3, "hf_step_ms": theirs * 1e3,
                                "floor_step_ms": floor["seconds"] * 1e3, "floor_gmacs": floor["macs"] / 1e9,
                                "floor_mb": floor["bytes"] / 1e6}
-        print(f"  decode  b={b:3d}: engine {b / ours:8.1f} tok/s ({ours * 1e3:6.1f} ms/step)  "
-              f"hf {b / theirs:7.1f} ({theirs * 1e3:6.1f} ms)  gemm {b / gemm:8.1f}", flush=True)
+        eager_note = ""
+        if eager is not None:
+            eager_s = engine_decode_seconds(eager, b, num_steps)
+            result["decode"][b] |= {"eager_tok_s": b / eager_s, "eager_step_ms": eager_s * 1e3}
+            eager_note = f"  without CUDA graphs {b / eager_s:8.1f} ({eager_s * 1e3:6.2f} ms)"
+        print(f"  decode  b={b:3d}: engine {b / ours:8.1f} tok/s ({ours * 1e3:6.2f} ms/step)  "
+              f"hf {b / theirs:7.1f} ({theirs * 1e3:6.2f} ms)  gemm {b / gemm:8.1f}{eager_note}", flush=True)
     return result
 
 
 def print_summary(result: dict) -> None:
     p, d = result["prefill"], result["decode"]
-    print(f"\n## {result['dtype']}, {result['threads']} thread(s); weights {result['weight_bytes'] / 2**20:.0f} MiB; "
+    where = result.get("device", "cpu")
+    print(f"\n## {result['dtype']} on {where}, {result['threads']} thread(s); weights {result['weight_bytes'] / 2**20:.0f} MiB; "
           f"read bandwidth {result['dram_gbs']:.1f} GB/s (1 GiB buffer), {result['weights_pass_gbs']:.1f} GB/s "
           f"(pass over the weights); batch-1 floor {result['floor_step_ms']:.1f} ms/step")
     print("| prefill tokens | engine tok/s | hf last-token logits tok/s | engine/hf | hf all logits tok/s | "
@@ -184,14 +198,18 @@ def print_summary(result: dict) -> None:
               f"{r['gemm_tok_s']:.0f} | {r['engine_tok_s'] / r['gemm_tok_s']:.0%} | "
               f"{with_attention:.0f} | {r['engine_tok_s'] / with_attention:.0%} | "
               f"{r['engine_chunked_tok_s']:.0f} | {r['engine_chunked_tok_s'] / r['engine_tok_s']:.2f}x |")
-    print("| decode batch (ctx 512) | engine tok/s | transformers tok/s | engine/hf | GEMM roofline tok/s | vs batch 1 |")
-    print("|---|---|---|---|---|---|")
+    graphs = all("eager_tok_s" in r for r in d.values())
+    print("| decode batch (ctx 512) | engine tok/s | transformers tok/s | engine/hf | GEMM roofline tok/s | vs batch 1 |"
+          + (" without CUDA graphs tok/s | graphs/eager |" if graphs else ""))
+    print("|---|---|---|---|---|---|" + ("---|---|" if graphs else ""))
     for b, r in d.items():
-        print(f"| {b} | {r['engine_tok_s']:.1f} ({r['engine_step_ms']:.1f} ms/step) | {r['hf_tok_s']:.1f} | "
+        print(f"| {b} | {r['engine_tok_s']:.1f} ({r['engine_step_ms']:.2f} ms/step) | {r['hf_tok_s']:.1f} | "
               f"{r['engine_tok_s'] / r['hf_tok_s']:.2f}x | {r['gemm_tok_s']:.0f} | "
-              f"{r['engine_tok_s'] / d[1]['engine_tok_s']:.1f}x |")
-    print(f"batch-1 step: {d[1]['engine_step_ms']:.1f} ms = {d[1]['engine_step_ms'] / result['floor_step_ms']:.2f}x "
-          f"the bandwidth floor ({result['floor_step_ms']:.1f} ms)")
+              f"{r['engine_tok_s'] / d[1]['engine_tok_s']:.1f}x |"
+              + (f" {r['eager_tok_s']:.1f} ({r['eager_step_ms']:.2f} ms/step) | "
+                 f"{r['engine_tok_s'] / r['eager_tok_s']:.2f}x |" if graphs else ""))
+    print(f"batch-1 step: {d[1]['engine_step_ms']:.2f} ms = {d[1]['engine_step_ms'] / result['floor_step_ms']:.2f}x "
+          f"the bandwidth floor ({result['floor_step_ms']:.3f} ms)")
     if "peak_gmacs" in result:
         print(f"step floors (multiply-adds at torch.matmul's best rate here, {result['peak_gmacs']:.0f} G/s on a "
               f"1024^3 product, or bytes at {max(result['dram_gbs'], result['weights_pass_gbs']):.1f} GB/s, "
@@ -263,6 +281,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m harness.bench.engine", description=__doc__.split("\n")[0])
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:N (the thread study runs on cpu only)")
     parser.add_argument("--steps", type=int, default=12, help="timed decode steps per batch size")
     parser.add_argument("--skip-threads", action="store_true", help="skip the OMP wait-policy study")
     parser.add_argument("--only-threads", action="store_true", help="run only the OMP wait-policy study")
@@ -270,14 +289,16 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     model = None if args.only_threads else load_model(dtype=torch.float32)
+    if args.device != "cpu":
+        print(f"device {args.device}: {torch.cuda.get_device_name(torch.device(args.device))}")
     print(f"torch {torch.__version__}, {args.threads} thread(s), OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'default')}")
     results = {"speed": [], "threads": {}}
     for dtype_name in [] if args.only_threads else args.dtypes.split(","):
         print(f"[{dtype_name}]", flush=True)
-        results["speed"].append(bench_dtype(model, dtype_name, args.threads, args.steps))
+        results["speed"].append(bench_dtype(model, dtype_name, args.threads, args.steps, args.device))
     for result in results["speed"]:
         print_summary(result)
-    if not args.skip_threads:
+    if not args.skip_threads and args.device == "cpu":
         print("\n[threads] two engine processes on this machine's cores", flush=True)
         results["threads"] = thread_study(args.dtypes.split(",")[-1], 8, 6.0)
     if args.json:

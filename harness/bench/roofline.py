@@ -2,13 +2,13 @@
 read bandwidth, and the GEMM rooflines.
 
 Contract: `best_time(fn, repeats)` is the best of `repeats` timed calls after a warm-up;
-`read_bandwidth(weights)` the single-thread read bandwidth of a 1 GiB buffer and of one pass over
-the weights (GB/s); `plain_weights(model, dtype)` the model's linear weights fused as the engine
+`read_bandwidth(weights)` the read bandwidth of a 1 GiB buffer and of one pass over the weights
+(GB/s; one thread on a CPU, on a GPU its memory's); `plain_weights(model, dtype)` the model's linear weights fused as the engine
 fuses them, the head last; `gemm_seconds(weights, tokens, logit_rows)` torch.matmul of exactly
 those layers; `linear_flops` their FLOPs, `attention_flops(config, tokens)` a causal prefill's
 attention products, `roofline_with_attention_seconds` the linear roofline plus the attention's
 FLOPs at the rate torch.matmul reached on the weights (why that rate: its docstring).
-`peak_mac_rate(dtype)` is the best multiply-add rate torch.matmul reaches on this core (a square
+`peak_mac_rate(dtype)` is the best multiply-add rate torch.matmul reaches on this core (or GPU) (a square
 product, oneDNN's or MKL's best case); `decode_step_floor(config, weights, batch, context, peak,
 bandwidth_gbs)` the least time a decode step of `batch` rows at `context` tokens of KV could take:
 its multiply-adds (every linear layer and the head for each row, attention's two products) at that
@@ -25,14 +25,22 @@ from collections.abc import Callable
 import torch
 
 
+def synchronize() -> None:
+    """Wait for queued GPU work (a no-op without CUDA): timings on a GPU must include it."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        torch.cuda.synchronize()
+
+
 def best_time(fn: Callable[[], object], repeats: int, min_seconds: float = 0.0) -> float:
     """Best of `repeats` timed calls after one warm-up (the least disturbed run on a shared machine)."""
     fn()
+    synchronize()
     best = float("inf")
     start = time.perf_counter()
     for i in range(repeats):
         t0 = time.perf_counter()
         fn()
+        synchronize()
         best = min(best, time.perf_counter() - t0)
         if i >= 1 and time.perf_counter() - start > max(min_seconds, 30):
             break
@@ -40,8 +48,9 @@ def best_time(fn: Callable[[], object], repeats: int, min_seconds: float = 0.0) 
 
 
 def read_bandwidth(weights: list[torch.Tensor]) -> dict[str, float]:
-    """Single-thread read bandwidth, GB/s: a 1 GiB buffer (DRAM) and one pass over the weights."""
-    buffer = torch.empty(256 * 1024 * 1024).uniform_()
+    """Read bandwidth, GB/s, on the weights' device (single-thread on a CPU): a 1 GiB buffer (DRAM,
+    or the GPU's memory) and one pass over the weights."""
+    buffer = torch.empty(256 * 1024 * 1024, device=weights[0].device).uniform_()
     dram = buffer.numel() * 4 / best_time(buffer.sum, 5) / 1e9
     del buffer
     num_bytes = sum(w.numel() * w.element_size() for w in weights)
@@ -49,9 +58,9 @@ def read_bandwidth(weights: list[torch.Tensor]) -> dict[str, float]:
     return {"dram_gbs": dram, "weights_pass_gbs": passes}
 
 
-def plain_weights(model, dtype: torch.dtype) -> list[torch.Tensor]:
+def plain_weights(model, dtype: torch.dtype, device: str = "cpu") -> list[torch.Tensor]:
     """The model's linear weights as plain [out, in] tensors, fused the way the engine fuses them."""
-    w = {k: v.to(dtype) for k, v in model.weights.items()}
+    w = {k: v.to(device=device, dtype=dtype) for k, v in model.weights.items()}
     layers = []
     for i in range(model.config.num_layers):
         p = f"model.layers.{i}"
@@ -65,7 +74,7 @@ def gemm_seconds(weights: list[torch.Tensor], num_tokens: int, num_logit_rows: i
     """torch.matmul of exactly the model's linear layers for `num_tokens` rows, every layer."""
     inputs = {}
     for w in weights:
-        inputs.setdefault(w.shape[1], torch.randn(num_tokens, w.shape[1], dtype=w.dtype))
+        inputs.setdefault(w.shape[1], torch.randn(num_tokens, w.shape[1], dtype=w.dtype, device=w.device))
     *layers, head = weights
     last = inputs[head.shape[1]][:num_logit_rows]
 
@@ -98,9 +107,9 @@ def roofline_with_attention_seconds(config, weights: list[torch.Tensor], num_tok
     return gemm_s + attention_flops(config, num_tokens) / rate
 
 
-def peak_mac_rate(dtype: torch.dtype, size: int = 1024) -> float:
+def peak_mac_rate(dtype: torch.dtype, size: int = 1024, device: str = "cpu") -> float:
     """Multiply-adds per second of torch.matmul on a size x size x size product, best of 5."""
-    a, b = torch.randn(size, size, dtype=dtype), torch.randn(size, size, dtype=dtype)
+    a, b = (torch.randn(size, size, dtype=dtype, device=device) for _ in range(2))
     return size ** 3 / best_time(lambda: torch.matmul(a, b), 5)
 
 

