@@ -134,10 +134,11 @@ def hf_decode_seconds(model, batch: int, num_steps: int) -> float:
     return sorted(times[2:])[len(times[2:]) // 2]   # median step after warm-up
 
 
-def bench_dtype(model, dtype_name: str, threads: int, num_steps: int, device: str = "cpu") -> dict:
+def bench_dtype(model, dtype_name: str, threads: int, num_steps: int, device: str = "cpu",
+                cuda_graphs: bool = True) -> dict:
     dtype = resolve_dtype(dtype_name, device)
     settings = dict(dtype=dtype_name, device=device, num_threads=threads, num_kv_blocks=8192, max_batch_tokens=4096)
-    engine = LlamaEngine(model, EngineConfig(**settings))
+    engine = LlamaEngine(model, EngineConfig(**settings, cuda_graphs=cuda_graphs))
     # On a GPU the same engine without CUDA graphs too: what the graphs buy, side by side.
     eager = LlamaEngine(model, EngineConfig(**settings, cuda_graphs=False)) if engine.runner.graphs else None
     weights = plain_weights(model, dtype, device)
@@ -282,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--dtypes", default="float32,bfloat16")
     parser.add_argument("--threads", type=int, default=1)
     parser.add_argument("--device", default="cpu", help="cpu, or cuda / cuda:N (the thread study runs on cpu only)")
+    parser.add_argument("--no-cuda-graphs", action="store_true", help="on a GPU, the engine without CUDA graphs only")
     parser.add_argument("--steps", type=int, default=12, help="timed decode steps per batch size")
     parser.add_argument("--skip-threads", action="store_true", help="skip the OMP wait-policy study")
     parser.add_argument("--only-threads", action="store_true", help="run only the OMP wait-policy study")
@@ -295,7 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     results = {"speed": [], "threads": {}}
     for dtype_name in [] if args.only_threads else args.dtypes.split(","):
         print(f"[{dtype_name}]", flush=True)
-        results["speed"].append(bench_dtype(model, dtype_name, args.threads, args.steps, args.device))
+        results["speed"].append(bench_dtype(model, dtype_name, args.threads, args.steps, args.device,
+                                            cuda_graphs=not args.no_cuda_graphs))
     for result in results["speed"]:
         print_summary(result)
     if not args.skip_threads and args.device == "cpu":

@@ -38,9 +38,10 @@ MIN_KEYS = 128
 @dataclass(slots=True, eq=False)
 class _Captured:
     graph: Any                 # torch.cuda.CUDAGraph
-    token_ids: torch.Tensor    # the static inputs the graph reads
-    positions: torch.Tensor
+    token_ids: torch.Tensor    # the static inputs the graph reads: kept alive here, since a freed one's
+    positions: torch.Tensor    # memory would be reused and the replay read whatever lands there
     sample_rows: torch.Tensor
+    rows: torch.Tensor         # 0..rows-1, the slots the graph writes and attends
     logits: torch.Tensor       # the static output it writes
 
 
@@ -106,7 +107,7 @@ class DecodeGraphs:
         # Recorded, not run: the KV is written once. thread_local: a node's other threads may use CUDA meanwhile.
         with torch.cuda.graph(graph, pool=self._pool, capture_error_mode="thread_local"):
             static_logits = forward()
-        self._graphs[key] = _Captured(graph, token_ids, positions, sample_rows, static_logits)
+        self._graphs[key] = _Captured(graph, token_ids, positions, sample_rows, rows, static_logits)
         while len(self._graphs) > self.max_graphs:
             self._graphs.popitem(last=False)
         self.num_captures += 1

@@ -58,13 +58,15 @@ def recording(engine) -> dict[str, list[torch.Tensor]]:
     return seen
 
 
-def run_arrivals(engine, prompts, arrivals: dict[int, list[int]], sampling=SAMPLING) -> dict[str, list[int]]:
-    """Requests join at the given steps; each request's tokens."""
+def run_arrivals(engine, prompts, arrivals: dict[int, list[int]], sampling=SAMPLING,
+                 samplings: dict[int, SamplingParams] | None = None) -> dict[str, list[int]]:
+    """Requests join at the given steps (sampling per request where `samplings` has it); each request's tokens."""
     events: dict[str, list] = {}
     last_arrival = max(arrivals)
     for step in range(2000):
         for i in arrivals.get(step, []):
-            assert engine.add_request(DecodeRequest(str(i), prompts[i], sampling)).ok
+            params = (samplings or {}).get(i, sampling)
+            assert engine.add_request(DecodeRequest(str(i), prompts[i], params)).ok
         for event in engine.step():
             events.setdefault(event.request_id, []).append(event)
         if step >= last_arrival and not engine.has_unfinished():
@@ -139,17 +141,20 @@ def test_cuda_graph_steps_equal_eager_steps(tiny_model):
 
 @needs_cuda
 def test_cuda_graphs_follow_a_growing_slot_cache_and_longer_contexts(tiny_model):
-    """Twelve requests join one a step (the slot cache grows past 8 slots: a new layout) and run
-    past 128 tokens of context (a new key bucket): the graphs are captured again, tokens unchanged."""
+    """Four requests decode (graphs captured), eight more join (the slot cache grows past 8 slots: a
+    new layout, which the old graphs must not write into), finish first (the batch is back at four
+    rows: captured again for the new layout), and the four run past 128 tokens of context (a new key
+    bucket). Every token equals the eager engine's."""
     prompts = [encode(tiny_model, PROMPTS[i % 4])[: 5 + i] for i in range(12)]
-    sampling = SamplingParams(temperature=0.0, max_tokens=140, ignore_eos=True)
-    arrivals = {i: [i] for i in range(12)}
+    long, short = (SamplingParams(temperature=0.0, max_tokens=n, ignore_eos=True) for n in (140, 40))
+    samplings = {i: long if i < 4 else short for i in range(12)}
+    arrivals = {0: [0, 1, 2, 3], 20: list(range(4, 12))}
     outputs = []
     for graphs in (True, False):
         engine = device_engine(tiny_model, cuda_graphs=graphs, preallocate_kv=False)
-        outputs.append(run_arrivals(engine, prompts, arrivals, sampling))
-        if graphs:
-            assert engine.runner.graphs.num_captures > 12
+        outputs.append(run_arrivals(engine, prompts, arrivals, samplings=samplings))
+        if graphs and ON_CUDA:
+            assert engine.runner.graphs.num_captures >= 4
     assert outputs[0] == outputs[1]
 
 

@@ -33,7 +33,7 @@ def test_runner_matches_transformers_on_the_tiny_model(tiny_model):
     with torch.no_grad():
         expected = hf(torch.tensor([ids])).logits[0]
     engine = make_engine(tiny_model)
-    assert torch.allclose(full_logits(engine.runner, ids), expected, atol=1e-5)
+    assert torch.allclose(full_logits(engine.runner, ids).cpu(), expected, atol=1e-5)
 
 
 def test_colocated_greedy_equals_uncached_recomputation(tiny_model):
