@@ -49,7 +49,7 @@ real)
         > "$OUT/engine-cuda.txt" 2>&1 \
         || python3 -m harness.bench.engine --device cuda --steps 60 --no-cuda-graphs \
             --json "$OUT/engine-cuda-eager.json" > "$OUT/engine-cuda-eager.txt" 2>&1
-    tail -45 "$OUT"/engine-cuda*.txt
+    tail -n 45 "$OUT"/engine-cuda*.txt
     python3 -m pytest -p no:cacheprovider -q -s -m gpu tests/nodes/engines/test_engine_cuda.py \
         2>&1 | tee "$OUT/gpu-tests-all.log" | tail -40
     ;;

@@ -158,6 +158,51 @@ def test_cuda_graphs_follow_a_growing_slot_cache_and_longer_contexts(tiny_model)
     assert outputs[0] == outputs[1]
 
 
+GROWING_BATCH = """
+import torch
+from nodes.engines.base import DecodeRequest, EngineConfig, SamplingParams
+from nodes.engines.engine import LlamaEngine
+from nodes.engines.model_loader import build_tiny_model
+model = build_tiny_model(seed=0)
+c = model.config
+sampling = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
+outputs = []
+for graphs in (True, False):
+    engine = LlamaEngine(model, EngineConfig(dtype="float32", device="{device}", num_kv_blocks=4096,
+                                             cuda_graphs=graphs))
+    tokens = []
+    for batch in (1, 8, 32):   # as bench-engine does: each batch aborted, the next one larger
+        for i in range(batch):
+            kv = torch.randn(c.num_layers, 2, c.num_kv_heads, 100, c.head_dim, generator=torch.Generator().manual_seed(i))
+            assert engine.add_request(DecodeRequest(f"{{batch}}-{{i}}", (5,) * 100, sampling, kv=kv, first_token_id=7)).ok
+        for _ in range(4):
+            tokens.append([e.token_id for e in engine.step()])
+        for i in range(batch):
+            engine.abort(f"{{batch}}-{{i}}")
+    outputs.append(tokens)
+    if graphs:
+        print("captures", engine.runner.graphs.num_captures, "enabled", engine.runner.graphs.enabled)
+assert outputs[0] == outputs[1]
+"""
+
+
+@needs_cuda
+def test_cuda_graphs_stay_on_when_the_batch_outgrows_the_slot_cache_in_a_fresh_process():
+    """bench-engine's sequence (batch 1, 8, then 32 after aborts), in a process of its own so its
+    first capture is the process's first: on the H200 the capture after the 32-slot layout dropped
+    the first graphs hit torch's `use_count > 0` assert while the pool was reused. Graphs must
+    stay on (the fall-back to eager would hide it) and give the eager tokens."""
+    import subprocess
+    import sys
+
+    from tests.conftest import REPO_ROOT
+    done = subprocess.run([sys.executable, "-c", GROWING_BATCH.format(device=DEVICE)], cwd=REPO_ROOT,
+                          capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    captures, enabled = done.stdout.split()[1], done.stdout.split()[3]
+    assert enabled == "True" and int(captures) >= 3, done.stdout
+
+
 def test_prefill_kv_leaves_the_device_on_the_cpu_and_imports_exactly(tiny_model):
     colocated, prefill_side, dense_side, pieces_side = (device_engine(tiny_model) for _ in range(4))
     for i, text in enumerate(PROMPTS):
