@@ -252,17 +252,22 @@ def test_admission_answers_full_rather_than_running_out_of_device_memory(tiny_mo
     assert len(tokens_of(drain(engine)["a"])) == 40
 
 
-def test_bfloat16_on_the_device_streams_coherently_with_float32():
-    model = build_tiny_model(seed=0, dtype=torch.float32)
+def top1_agreement(model, prompts: list[tuple[int, ...]]) -> float:
+    """Share of prompt positions where bfloat16 and float32 engines on the device agree on the top token."""
     fp32, bf16 = device_engine(model), device_engine(model, dtype="bfloat16")
     assert bf16.runner.dtype == torch.bfloat16
     agree = total = 0
-    for text in PROMPTS:
-        ids = list(encode(model, text))
-        a, b = full_logits(fp32.runner, ids).cpu(), full_logits(bf16.runner, ids).cpu()
+    for ids in prompts:
+        a, b = full_logits(fp32.runner, list(ids)).cpu(), full_logits(bf16.runner, list(ids)).cpu()
         agree += int((a.argmax(-1) == b.argmax(-1)).sum())
         total += len(ids)
-    assert agree / total >= 0.9, agree / total
+    print(f"bfloat16 top-1 agreement with float32: {agree / total:.1%} of {total} positions")
+    return agree / total
+
+
+def test_bfloat16_on_the_device_streams_coherently_with_float32():
+    model = build_tiny_model(seed=0, dtype=torch.float32)
+    assert top1_agreement(model, [encode(model, text) for text in PROMPTS]) >= 0.9
 
 
 # ---- the real model --------------------------------------------------------------------------------
@@ -308,12 +313,4 @@ def test_real_model_batch_with_graphs_equals_each_prompt_alone(smollm2):
 
 @pytest.mark.real_model
 def test_real_model_bfloat16_agrees_with_float32_on_the_top_token(smollm2):
-    fp32, bf16 = device_engine(smollm2), device_engine(smollm2, dtype="bfloat16")
-    agree = total = 0
-    for text in CHATS:
-        ids = list(chat_prompt(smollm2, text))
-        a, b = full_logits(fp32.runner, ids).cpu(), full_logits(bf16.runner, ids).cpu()
-        agree += int((a.argmax(-1) == b.argmax(-1)).sum())
-        total += len(ids)
-    print(f"bfloat16 top-1 agreement with float32: {agree / total:.1%} of {total} positions")
-    assert agree / total >= 0.9
+    assert top1_agreement(smollm2, [chat_prompt(smollm2, text) for text in CHATS]) >= 0.9
