@@ -57,6 +57,7 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--engine", choices=ENGINE_KINDS,
                         help="engine: the built-in torch one, or vLLM in-process (make install-vllm; docs/VLLM.md)")
     parser.add_argument("--dtype", help="engine dtype (default: [engine] dtype)")
+    parser.add_argument("--device", help="engine device: cpu, cuda or cuda:N (default: [engine] device)")
     parser.add_argument("--threads", type=int, help="torch threads (default: [engine] num_threads)")
     parser.add_argument("--kv-quant", choices=["raw", "bf16", "int8", "int8_sym"], help="KV mode on the wire")
     parser.add_argument("--kv-compression", choices=["auto", "lz4", "zstd", "none"])
@@ -80,10 +81,9 @@ def _engine_values(settings: dict, args: argparse.Namespace, role: str) -> dict:
     for key in ("num_kv_blocks", "max_num_seqs", "prefill_chunk_tokens", "preallocate_kv"):
         if key in decode and role != "prefill":
             values[key] = decode[key]
-    if getattr(args, "dtype", None):
-        values["dtype"] = args.dtype
-    if getattr(args, "threads", None):
-        values["num_threads"] = args.threads
+    for flag, key in (("dtype", "dtype"), ("device", "device"), ("threads", "num_threads")):
+        if getattr(args, flag, None):
+            values[key] = getattr(args, flag)
     return values
 
 

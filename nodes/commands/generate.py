@@ -33,15 +33,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--ignore-eos", action="store_true")
     parser.add_argument("--dtype", choices=["auto", *sorted(DTYPES)],
                         help="engine dtype (default: [engine] dtype or auto)")
+    parser.add_argument("--device", help="engine device: cpu, cuda or cuda:N (default: [engine] device or cpu)")
     parser.add_argument("--threads", type=int, help="torch threads (default: [engine] num_threads or 1)")
 
 
 def engine_config(args: argparse.Namespace, settings: dict) -> EngineConfig:
     values = dict(section(settings, "engine"))
-    if args.dtype:
-        values["dtype"] = args.dtype
-    if args.threads:
-        values["num_threads"] = args.threads
+    for flag, key in (("dtype", "dtype"), ("device", "device"), ("threads", "num_threads")):
+        if getattr(args, flag, None):
+            values[key] = getattr(args, flag)
     return EngineConfig.from_dict(values)
 
 
@@ -54,10 +54,10 @@ def main(args: argparse.Namespace) -> int:
                                   max_tokens=args.max_tokens, stop=tuple(args.stop), ignore_eos=args.ignore_eos)
         model = load_model(args.model or engine_settings.get("model", DEFAULT_MODEL),
                            model_dir=args.model_dir or engine_settings.get("model_dir"))
+        engine = LlamaEngine(model, config)
     except (ModelLoadError, ValueError) as exc:
         print(f"pdbus generate: {exc}", file=sys.stderr)
         return 2
-    engine = LlamaEngine(model, config)
     text = args.prompt
     if args.chat:
         text = model.tokenizer.apply_chat_template([{"role": "user", "content": text}])

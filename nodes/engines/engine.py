@@ -28,7 +28,7 @@ from nodes.engines.base import (
     TokenEvent,
 )
 from nodes.engines.block_manager import BlockManager, CachedSession, SessionCache
-from nodes.engines.engine_common import DTYPES, EngineStats, resolve_dtype
+from nodes.engines.engine_common import DTYPES, EngineStats, resolve_device, resolve_dtype
 from nodes.engines.kv_slots import SlotCache
 from nodes.engines.llama import DecodeGroup, ForwardBatch, LlamaRunner, PrefillSpan
 from nodes.engines.output import OutputTracker
@@ -56,8 +56,9 @@ class LlamaEngine(Engine):
         self.eos_token_ids = tuple(model.config.eos_token_ids)
         self.max_model_len = min(self.config.max_model_len or model.config.max_position_embeddings,
                                  model.config.max_position_embeddings)
+        device = resolve_device(self.config.device)
         self.runner = LlamaRunner(model.config, model.weights, dtype=resolve_dtype(self.config.dtype, self.config.device),
-                                  device=self.config.device, max_len=self.max_model_len,
+                                  device=device, max_len=self.max_model_len,
                                   cuda_graphs=self.config.cuda_graphs)
         self.device = self.runner.device
         self.blocks = BlockManager(self.config.num_kv_blocks, self.config.block_size)

@@ -36,6 +36,26 @@ class EngineStats:
     num_steps: int = 0
 
 
+def resolve_device(name: str) -> torch.device:
+    """`[engine] device` as a torch device: "cpu", "cuda" or "cuda:N". ValueError, saying what to do,
+    for an unknown name or a GPU this torch cannot see (a CPU build, no driver, no such index), so a
+    node exits with one line instead of a traceback from deep inside the weights' first copy."""
+    try:
+        device = torch.device(name)
+    except (RuntimeError, TypeError):
+        device = None
+    if device is None or device.type not in ("cpu", "cuda"):
+        raise ValueError(f"unknown [engine] device {name!r}: use \"cpu\", \"cuda\" or \"cuda:N\"")
+    if device.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ValueError(f"[engine] device = {name!r}, but torch {torch.__version__} sees no CUDA GPU "
+                             "(a CPU build, or no driver): use device = \"cpu\"")
+        if device.index is not None and device.index >= count:
+            raise ValueError(f"[engine] device = {name!r}, but torch sees {count} CUDA GPU(s) (cuda:0..cuda:{count - 1})")
+    return device
+
+
 def resolve_dtype(name: str, device: str = "cpu") -> torch.dtype:
     return DTYPES[resolve_dtype_name(name, device)]
 

@@ -6,6 +6,8 @@ import os
 import subprocess
 import sys
 
+import pytest
+
 from nodes.cli import SUBCOMMANDS, main
 
 
@@ -35,3 +37,14 @@ def test_a_decode_node_whose_kv_budget_exceeds_the_memory_exits_2_with_one_line(
     assert done.returncode == 2
     (line,) = done.stderr.strip().splitlines()
     assert line.startswith("pdbus decode: the KV budget") and "preallocate_kv = false" in line
+
+
+def test_a_node_asked_for_a_gpu_torch_cannot_see_exits_2_with_one_line():
+    import torch
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a CUDA GPU")
+    done = subprocess.run([sys.executable, "-m", "nodes.cli", "prefill", "--model", "tiny", "--device", "cuda",
+                           "--broker", "tcp://127.0.0.1:9"], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 2
+    assert done.stderr.strip().splitlines()[-1].startswith("pdbus prefill: [engine] device = 'cuda', but torch")
+    assert "Traceback" not in done.stderr

@@ -1,10 +1,11 @@
-"""`resolve_dtype`: names, "auto" by what the CPU multiplies bf16 with, and the PDBUS_NO_AMX switch."""
+"""`resolve_dtype`: names, "auto" by what the CPU multiplies bf16 with, and the PDBUS_NO_AMX switch.
+`resolve_device`: cpu, cuda, cuda:N, and a clear error for a device this torch cannot use."""
 
 import pytest
 import torch
 
 from nodes.engines import amx_tiles, engine_common
-from nodes.engines.engine_common import resolve_dtype, resolve_dtype_name
+from nodes.engines.engine_common import resolve_device, resolve_dtype, resolve_dtype_name
 
 
 @pytest.fixture
@@ -61,3 +62,27 @@ def test_pdbus_no_amx_switches_amx_off(cpu, monkeypatch):
     assert resolve_dtype_name("auto") == "bfloat16"    # AVX512-BF16 is still there
     monkeypatch.setenv("PDBUS_NO_AMX", "0")
     assert engine_common.cpu_has_amx()
+
+
+def test_cpu_is_always_a_device():
+    assert resolve_device("cpu") == torch.device("cpu")
+
+
+@pytest.mark.parametrize("name", ["gpu", "cuda:x", "mps", ""])
+def test_an_unknown_device_is_a_clear_error(name):
+    with pytest.raises(ValueError, match=r'unknown \[engine\] device .*"cpu", "cuda" or "cuda:N"'):
+        resolve_device(name)
+
+
+def test_a_gpu_torch_cannot_see_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with pytest.raises(ValueError, match=r"device = 'cuda', but torch .* sees no CUDA GPU .*use device = \"cpu\""):
+        resolve_device("cuda")
+
+
+def test_a_gpu_index_past_the_last_one_is_a_clear_error(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert resolve_device("cuda:1") == torch.device("cuda:1") and resolve_device("cuda").type == "cuda"
+    with pytest.raises(ValueError, match=r"'cuda:2', but torch sees 2 CUDA GPU\(s\) \(cuda:0..cuda:1\)"):
+        resolve_device("cuda:2")

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import pytest
+import torch
+
 from nodes.cli import main
 
 
@@ -26,3 +29,20 @@ def test_bad_settings_and_models_exit_2_with_one_line(capsys):
     assert "temperature" in capsys.readouterr().err
     assert main(["generate", "--model", "/no/such/model", "--prompt", "x"]) == 2
     assert "unknown model" in capsys.readouterr().err
+
+
+def test_a_device_this_torch_cannot_use_exits_2_with_one_line(capsys):
+    assert main(["generate", "--model", "tiny", "--prompt", "x", "--device", "gpu"]) == 2
+    assert capsys.readouterr().err.strip() == 'pdbus generate: unknown [engine] device \'gpu\': use "cpu", "cuda" or "cuda:N"'
+    if not torch.cuda.is_available():
+        assert main(["generate", "--model", "tiny", "--prompt", "x", "--device", "cuda"]) == 2
+        assert "sees no CUDA GPU" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("device", ["cpu", "cuda"])
+def test_the_device_flag_reaches_the_engine(device, capsys):
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("no CUDA device")
+    assert main(["generate", "--model", "tiny", "--prompt", "Hi", "--max-tokens", "3", "--ignore-eos",
+                 "--dtype", "float32", "--device", device]) == 0
+    assert "3 generated" in capsys.readouterr().err
