@@ -1,4 +1,4 @@
-"""CUDA graphs for pure decode steps: one graph replay instead of some 500 kernel launches a step.
+"""CUDA graphs for pure decode steps: one graph replay instead of some 600 kernel launches a step.
 
 Contract: `DecodeGraphs(runner, max_graphs=, recorder=)` serves `LlamaRunner.forward` on a CUDA
 device; `recorder` (default `CudaRecorder`) is what touches CUDA: the eager run on a side stream,
@@ -13,9 +13,10 @@ fails turns the graphs off for good (`enabled`, logged once): the step it failed
 logits of its eager run, so no request notices, and later steps run eagerly.
 
 Why: on a GPU a decode step of a small model is bound by kernel launches, not by the GPU: 30 layers
-of some 16 small kernels each, every launch a few microseconds of Python and driver time, while the
+of some 20 small kernels each, every launch microseconds of Python and driver time, while the
 step's arithmetic takes microseconds on an H200. A graph replays the whole step in one launch
-(vLLM and SGLang capture their decode steps the same way).
+(vLLM and SGLang capture their decode steps the same way). On an H200 a float32 batch-1 step of
+SmolLM2 took 16.6 ms eagerly and 4.6 ms replayed (docs/BENCHMARKS.md, "On a GPU").
 
 How: one graph per (rows, key bucket) for the current slot-cache layout, captured the first time
 that key is met. That step runs eagerly on the graph's static input buffers (a real step: its
@@ -29,8 +30,9 @@ the least recently used dropped first; the graphs of one layout share one memory
 safe because replays never overlap (one stream, one step at a time). Dropping them all starts a new
 pool: torch's allocator refuses a capture into a pool whose graphs are all gone while a block of it
 is still held (an internal assert, `use_count > 0`, seen on the H200 when the benchmark's batch grew
-from 1 to 8 requests; a block the capture allocated outlives its graphs, plausibly cuBLAS's
-workspace for the capture stream).
+from 8 to 32 requests, the first layout change after the process's first capture; the same change
+after earlier captures in other pools passed. So some block allocated in the first capture outlives
+its graphs: plausibly cuBLAS's workspace for torch's shared capture stream, not established).
 """
 
 from __future__ import annotations
