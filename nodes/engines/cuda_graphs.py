@@ -28,11 +28,13 @@ context is captured again only when it crosses a bucket. Graphs hold the slot ca
 a new layout (the store grew or moved, kv_slots.py) drops them all. At most `max_graphs` are kept,
 the least recently used dropped first; the graphs of one layout share one memory pool, which is
 safe because replays never overlap (one stream, one step at a time). Dropping them all starts a new
-pool: torch's allocator refuses a capture into a pool whose graphs are all gone while a block of it
-is still held (an internal assert, `use_count > 0`, seen on the H200 when the benchmark's batch grew
-from 8 to 32 requests, the first layout change after the process's first capture; the same change
-after earlier captures in other pools passed. So some block allocated in the first capture outlives
-its graphs: plausibly cuBLAS's workspace for torch's shared capture stream, not established).
+pool. A pool whose graphs are all gone stays in torch's allocator, at use count 0, for as long as a
+block of it is still held. A capture naming it then fails the allocator's `use_count > 0` assert
+(c10 CUDACachingAllocator's create_or_incref_pool), whereas a new handle makes a new pool. This was
+seen on the H200 when the benchmark's batch grew from 8 to 32 requests, the first layout change
+after the process's first capture; the same change after earlier captures in other pools passed.
+So some block allocated in the first capture outlives its graphs: plausibly cuBLAS's workspace for
+torch's shared capture stream, not established.
 """
 
 from __future__ import annotations
