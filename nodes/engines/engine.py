@@ -170,7 +170,9 @@ class LlamaEngine(Engine):
         batch = ForwardBatch(torch.tensor(token_ids, device=device), torch.tensor(positions, device=device),
                              torch.tensor([sample_rows[id(c)] for c in chunks if c.samples], dtype=torch.long, device=device),
                              spans=prefill_spans, decode=self._decode_group(decode))
-        logits = self.runner.forward(batch).cpu()
+        # On a GPU the logits stay there: sampling copies out a token id per greedy row, not a row of
+        # 49,152 logits (sampling.py), and only a random-sampled row's logits come to the CPU.
+        logits = self.runner.forward(batch)
         self.stats.num_steps += 1
         self.stats.num_prefilled_tokens += sum(max(0, min(c.start + c.num_tokens, c.seq.num_prompt_tokens) - c.start)
                                                for c in chunks)

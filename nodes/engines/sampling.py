@@ -1,8 +1,9 @@
 """Token sampling for a batch: greedy, temperature, top-k, top-p, per-request seeds.
 
 Contract: `sample(logits, params, generators) -> list[int]`, one token per row of `logits`
-[batch, vocab]. Greedy rows (temperature 0 or top_k 1) take the argmax. The other rows are
-filtered and normalised together (vectorised); each then draws one uniform number from its own
+[batch, vocab], on the CPU or a GPU. Greedy rows (temperature 0 or top_k 1) take the argmax (on a
+GPU there, so only the token ids are copied out). The other rows come to the CPU and are filtered
+and normalised together (vectorised); each then draws one uniform number from its own CPU
 generator, so a seeded request samples the same tokens whatever else shares its batch.
 `new_generator(seed)` makes that generator (None = the process-wide default stream).
 """
@@ -34,7 +35,7 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
     tokens = greedy_tokens(logits)
     random_rows = [i for i, p in enumerate(params) if not p.is_greedy]
     if random_rows:
-        chosen = _sample_random(logits[random_rows].float(), [params[i] for i in random_rows],
+        chosen = _sample_random(logits[random_rows].float().cpu(), [params[i] for i in random_rows],
                                 [generators[i] for i in random_rows])
         for row, token in zip(random_rows, chosen, strict=True):
             tokens[row] = token

@@ -7,6 +7,7 @@ What holds on a GPU, in float32 (TF32 off, torch's default for matmuls) with los
   the slot cache grows and contexts cross key buckets;
 - a prefill's KV leaves the device as a CPU tensor (the codec's input) and imported into another
   engine on the device, as a tensor or as raw pieces, decodes the one-engine tokens;
+- sampling on device logits: seeded requests reproduce, greedy rows beside them keep their tokens;
 - a KV budget larger than the GPU is a clear KVMemoryError from the allocator's real refusal;
 - on the real model (real_model): logits match transformers on the same device within 5e-4, greedy
   text is identical, and bfloat16 agrees with float32 on the top token at >= 90 % of positions.
@@ -240,6 +241,22 @@ def test_a_kv_budget_larger_than_the_gpu_is_a_clear_error_and_the_engine_still_s
         engine.reserve_kv_memory()
     assert engine.slots.num_bytes == 0
     assert generate(engine, encode(tiny_model, PROMPTS[0]))   # on demand, as without preallocation
+
+
+def test_seeded_sampling_on_the_device_is_reproducible_and_leaves_greedy_rows_alone(tiny_model):
+    """Sampling takes the logits where they are: greedy rows' argmax on the device, random rows' on
+    the CPU with their own generators. A seeded request gives the same tokens run alone or beside
+    others, and a greedy request beside it gives its solo tokens."""
+    prompts = [encode(tiny_model, t) for t in PROMPTS[:2]]
+    seeded = SamplingParams(temperature=0.8, top_p=0.9, seed=7, max_tokens=10, ignore_eos=True)
+    alone = generate(device_engine(tiny_model), prompts[0], seeded, "s")
+    assert generate(device_engine(tiny_model), prompts[0], seeded, "s") == alone
+    greedy_alone = generate(device_engine(tiny_model), prompts[1], SAMPLING, "g")
+    engine = device_engine(tiny_model)
+    for rid, prompt, params in (("s", prompts[0], seeded), ("g", prompts[1], SAMPLING)):
+        assert engine.add_request(DecodeRequest(rid, prompt, params)).ok
+    events = drain(engine)
+    assert tokens_of(events["s"]) == alone and tokens_of(events["g"]) == greedy_alone
 
 
 def test_admission_answers_full_rather_than_running_out_of_device_memory(tiny_model):
