@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import random
 import signal
 import socket
 import subprocess
@@ -58,9 +59,29 @@ def gateway_ready(proc: Proc, url: str, timeout: float) -> bool:
 
 
 def free_port() -> int:
-    with socket.socket() as probe:
+    """A loopback TCP port free now, for a child process to bind later. It is taken below the
+    kernel's ephemeral range where it can: a port that bind(0) handed out is back in that range, and
+    any connect() may take it as its source port before the child binds it (with dozens of
+    processes connecting during a test run, that is a flake waiting to happen)."""
+    low = _ephemeral_low()
+    for _ in range(64):
+        port = random.randrange(max(1024, low - 12_000), low)
+        with socket.socket() as probe:
+            try:
+                probe.bind(("127.0.0.1", port))
+            except OSError:
+                continue
+            return port
+    with socket.socket() as probe:   # every probe taken: the kernel's choice after all
         probe.bind(("127.0.0.1", 0))
         return probe.getsockname()[1]
+
+
+def _ephemeral_low() -> int:
+    try:
+        return int(Path("/proc/sys/net/ipv4/ip_local_port_range").read_text().split()[0])
+    except (OSError, ValueError, IndexError):
+        return 32768   # Linux's default
 
 
 class Proc:
@@ -189,9 +210,23 @@ class ClusterProcs:
         for role, count in self.counts.items():
             for i in range(count):
                 self.start_node(role, f"{role}-{i}")
-        for node_id in self.nodes:
-            self.broker.wait_for("node_joined", timeout=timeout, node_id=node_id)
+        deadline = time.monotonic() + timeout
+        for node_id, node in self.nodes.items():
+            self._wait_joined(node_id, node, deadline)
         return self
+
+    def _wait_joined(self, node_id: str, node: Proc, deadline: float) -> None:
+        """The broker's node_joined for `node_id`; a node that exits first fails at once, with its
+        own log tail (waiting out the timeout on the broker's log would say nothing of why)."""
+        while not self.broker.find("node_joined", node_id=node_id):
+            if not node.alive:
+                node.process.wait(5)
+                node._reader.join(5)   # its last lines
+                raise AssertionError(f"{node_id} exited with {node.process.returncode} before joining; "
+                                     "its log tail:\n" + "".join(node.raw[-25:]))
+            if time.monotonic() > deadline:
+                self.broker.wait_for("node_joined", timeout=0, node_id=node_id)   # raises, with the broker's tail
+            time.sleep(0.02)
 
     def kill(self, node_id: str, number: int = signal.SIGKILL) -> None:
         self.nodes[node_id].signal(number)
