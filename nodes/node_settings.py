@@ -81,10 +81,15 @@ def _engine_values(settings: dict, args: argparse.Namespace, role: str) -> dict:
     for key in ("num_kv_blocks", "max_num_seqs", "prefill_chunk_tokens", "preallocate_kv"):
         if key in decode and role != "prefill":
             values[key] = decode[key]
-    for flag, key in (("dtype", "dtype"), ("device", "device"), ("threads", "num_threads")):
-        if getattr(args, flag, None):
-            values[key] = getattr(args, flag)
-    return values
+    return values | engine_flag_values(args)
+
+
+ENGINE_FLAGS = (("dtype", "dtype"), ("device", "device"), ("threads", "num_threads"))   # flag -> [engine] key
+
+
+def engine_flag_values(args: argparse.Namespace) -> dict:
+    """The [engine] settings given as flags (`--dtype`, `--device`, `--threads`), which win over the config."""
+    return {key: getattr(args, flag) for flag, key in ENGINE_FLAGS if getattr(args, flag, None)}
 
 
 def _engine_kind(engine: dict, args: argparse.Namespace) -> str:

@@ -16,6 +16,7 @@ import time
 from nodes.engines.base import DecodeRequest, EngineConfig, SamplingParams
 from nodes.engines.engine import DTYPES, LlamaEngine
 from nodes.engines.model_loader import DEFAULT_MODEL, ModelLoadError, load_model
+from nodes.node_settings import engine_flag_values
 from nodes.settings import load_settings, section
 
 
@@ -38,11 +39,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def engine_config(args: argparse.Namespace, settings: dict) -> EngineConfig:
-    values = dict(section(settings, "engine"))
-    for flag, key in (("dtype", "dtype"), ("device", "device"), ("threads", "num_threads")):
-        if getattr(args, flag, None):
-            values[key] = getattr(args, flag)
-    return EngineConfig.from_dict(values)
+    return EngineConfig.from_dict(dict(section(settings, "engine")) | engine_flag_values(args))
 
 
 def main(args: argparse.Namespace) -> int:
