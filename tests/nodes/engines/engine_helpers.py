@@ -61,6 +61,30 @@ def generate(engine: LlamaEngine, prompt, sampling=GREEDY, request_id="r") -> li
     return tokens_of(drain(engine)[request_id])
 
 
+def record_logits(engine: LlamaEngine) -> dict[str, list[torch.Tensor]]:
+    """From now on, every sampled row's logits, per request, in step order."""
+    seen: dict[str, list[torch.Tensor]] = {}
+    engine.on_logits = lambda ids, logits: [seen.setdefault(r, []).append(x) for r, x in zip(ids, logits, strict=True)]
+    return seen
+
+
+def run_arrivals(engine: LlamaEngine, prompts, arrivals: dict[int, list[int]], sampling=GREEDY,
+                 samplings: dict[int, SamplingParams] | None = None) -> dict[str, list[int]]:
+    """Request i (id str(i), prompts[i]) joins at the step `arrivals` lists it under, with
+    `samplings[i]` where given, else `sampling`; steps until all are done: each request's tokens."""
+    events: dict[str, list[TokenEvent]] = {}
+    last_arrival = max(arrivals)
+    for step in range(2000):
+        for i in arrivals.get(step, []):
+            params = (samplings or {}).get(i, sampling)
+            assert engine.add_request(DecodeRequest(str(i), prompts[i], params)).ok
+        for event in engine.step():
+            events.setdefault(event.request_id, []).append(event)
+        if step >= last_arrival and not engine.has_unfinished():
+            return {rid: tokens_of(e) for rid, e in events.items()}
+    raise AssertionError("engine did not finish")
+
+
 def full_logits(runner: LlamaRunner, token_ids: list[int]) -> torch.Tensor:
     """Logits of every position by one uncached forward pass (the reference)."""
     n = len(token_ids)

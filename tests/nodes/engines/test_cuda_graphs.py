@@ -9,10 +9,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from nodes.engines.base import DecodeRequest, SamplingParams
+from nodes.engines.base import SamplingParams
 from nodes.engines.cuda_graphs import MIN_KEYS, DecodeGraphs, key_bucket
 from nodes.engines.llama import LlamaRunner
-from tests.nodes.engines.engine_helpers import make_engine, tokens_of
+from tests.nodes.engines.engine_helpers import make_engine, record_logits, run_arrivals
 
 PROMPTS = ["Hello world! How are you today?", "The quick brown fox", "def main(): return 0",
            "Once upon a time there was a little model that wanted to write stories about the sea"]
@@ -58,18 +58,9 @@ def engine_with(model, recorder=None, max_graphs: int = 128, **settings):
 
 
 def run(engine, prompts, arrivals, samplings) -> tuple[dict[str, list[int]], dict[str, list[torch.Tensor]]]:
-    """Requests join at the given steps; each request's tokens and sampled logits."""
-    events: dict[str, list] = {}
-    seen: dict[str, list[torch.Tensor]] = {}
-    engine.on_logits = lambda ids, logits: [seen.setdefault(r, []).append(x) for r, x in zip(ids, logits, strict=True)]
-    for step in range(2000):
-        for i in arrivals.get(step, []):
-            assert engine.add_request(DecodeRequest(str(i), prompts[i], samplings[i])).ok
-        for event in engine.step():
-            events.setdefault(event.request_id, []).append(event)
-        if step >= max(arrivals) and not engine.has_unfinished():
-            return {rid: tokens_of(e) for rid, e in events.items()}, seen
-    raise AssertionError("engine did not finish")
+    """Each request's tokens and sampled logits (engine_helpers.run_arrivals)."""
+    seen = record_logits(engine)
+    return run_arrivals(engine, prompts, arrivals, samplings=samplings), seen
 
 
 def scenario(model, num_requests: int = 4, max_tokens: int = 12):

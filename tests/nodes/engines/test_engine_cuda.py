@@ -29,6 +29,8 @@ from tests.nodes.engines.engine_helpers import (
     generate,
     make_engine,
     raw_pieces,
+    record_logits,
+    run_arrivals,
     tokens_of,
 )
 
@@ -50,29 +52,6 @@ def device_engine(model, **settings):
 
 def encode(model, text: str) -> tuple[int, ...]:
     return tuple(model.tokenizer.encode(text))
-
-
-def recording(engine) -> dict[str, list[torch.Tensor]]:
-    """Every sampled row's logits, per request, in step order."""
-    seen: dict[str, list[torch.Tensor]] = {}
-    engine.on_logits = lambda ids, logits: [seen.setdefault(r, []).append(x) for r, x in zip(ids, logits, strict=True)]
-    return seen
-
-
-def run_arrivals(engine, prompts, arrivals: dict[int, list[int]], sampling=SAMPLING,
-                 samplings: dict[int, SamplingParams] | None = None) -> dict[str, list[int]]:
-    """Requests join at the given steps (sampling per request where `samplings` has it); each request's tokens."""
-    events: dict[str, list] = {}
-    last_arrival = max(arrivals)
-    for step in range(2000):
-        for i in arrivals.get(step, []):
-            params = (samplings or {}).get(i, sampling)
-            assert engine.add_request(DecodeRequest(str(i), prompts[i], params)).ok
-        for event in engine.step():
-            events.setdefault(event.request_id, []).append(event)
-        if step >= last_arrival and not engine.has_unfinished():
-            return {rid: tokens_of(e) for rid, e in events.items()}
-    raise AssertionError("engine did not finish")
 
 
 def assert_close_steps(ours: dict[str, list[torch.Tensor]], theirs: dict[str, list[torch.Tensor]]) -> float:
@@ -113,12 +92,12 @@ def test_continuous_batching_matches_solo_runs_at_every_step(tiny_model):
     solo_tokens = {}
     for i, prompt in enumerate(prompts):
         engine = device_engine(tiny_model)
-        seen = recording(engine)
+        seen = record_logits(engine)
         solo_tokens[str(i)] = generate(engine, prompt, SAMPLING, str(i))
         solo[str(i)] = seen[str(i)]
     engine = device_engine(tiny_model, max_batch_tokens=24, prefill_chunk_tokens=8)
-    batched = recording(engine)
-    assert run_arrivals(engine, prompts, {0: [0], 3: [1, 2], 5: [3]}) == solo_tokens
+    batched = record_logits(engine)
+    assert run_arrivals(engine, prompts, {0: [0], 3: [1, 2], 5: [3]}, SAMPLING) == solo_tokens
     assert_close_steps(batched, solo)
 
 
@@ -129,8 +108,8 @@ def test_cuda_graph_steps_equal_eager_steps(tiny_model):
     outputs, logits = [], []
     for graphs in (True, False):
         engine = device_engine(tiny_model, cuda_graphs=graphs)
-        logits.append(recording(engine))
-        outputs.append(run_arrivals(engine, prompts, arrivals))
+        logits.append(record_logits(engine))
+        outputs.append(run_arrivals(engine, prompts, arrivals, SAMPLING))
         if graphs:
             stats = engine.runner.graphs
             assert stats.num_replays > stats.num_captures > 0
