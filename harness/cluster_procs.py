@@ -112,7 +112,16 @@ class Proc:
             if self.process.poll() is not None and not self._reader.is_alive():
                 break
             time.sleep(0.02)
-        raise AssertionError(f"no {name} {fields} (x{count}) within {timeout}s; log tail:\n" + "".join(self.raw[-25:]))
+        raise AssertionError(f"no {name} {fields} (x{count}) within {timeout}s; log tail:\n" + self.log_tail())
+
+    def log_tail(self, num_lines: int = 25) -> str:
+        return "".join(self.raw[-num_lines:])
+
+    def wait_exit(self, timeout: float = 5.0) -> int | None:
+        """The exit code of a process that has ended, once its last log lines are read."""
+        self.process.wait(timeout)
+        self._reader.join(timeout)
+        return self.process.returncode
 
     @property
     def alive(self) -> bool:
@@ -220,12 +229,11 @@ class ClusterProcs:
         own log tail (waiting out the timeout on the broker's log would say nothing of why)."""
         while not self.broker.find("node_joined", node_id=node_id):
             if not node.alive:
-                node.process.wait(5)
-                node._reader.join(5)   # its last lines
-                raise AssertionError(f"{node_id} exited with {node.process.returncode} before joining; "
-                                     "its log tail:\n" + "".join(node.raw[-25:]))
+                raise AssertionError(f"{node_id} exited with {node.wait_exit()} before joining; "
+                                     "its log tail:\n" + node.log_tail())
             if time.monotonic() > deadline:
-                self.broker.wait_for("node_joined", timeout=0, node_id=node_id)   # raises, with the broker's tail
+                raise AssertionError(f"no node_joined for {node_id} in time; the broker's log tail:\n"
+                                     + self.broker.log_tail())
             time.sleep(0.02)
 
     def kill(self, node_id: str, number: int = signal.SIGKILL) -> None:
