@@ -98,15 +98,14 @@ def _first_tokens(tokenizer, requests: list[PrefillRequest], kvs: list[Any], log
     return results
 
 
-def exported_kv(kv: Any) -> Any:
+def exported_kv(kv: torch.Tensor) -> torch.Tensor:
     """The prompt's KV as the engine contract hands it out: on the CPU. A GPU engine copies it out
     once here (the KV codec and the nodes read host memory; the device copy is freed with the pass),
-    into pinned memory: it copies at the bus's full speed, and torch's host allocator reuses the
-    blocks of exports already sent instead of pinning new ones."""
-    if isinstance(kv, torch.Tensor) and kv.device.type != "cpu":
-        host = torch.empty(kv.shape, dtype=kv.dtype, pin_memory=True)
-        return host.copy_(kv)
-    return kv
+    into pinned memory, which the copy needs no staging buffer for and which torch's host allocator
+    hands out again once an export already sent is freed."""
+    if kv.device.type == "cpu":
+        return kv
+    return torch.empty(kv.shape, dtype=kv.dtype, pin_memory=True).copy_(kv)
 
 
 def plan_chunk(prompts: Sequence[tuple[int, int]], chunk_tokens: int) -> list[tuple[int, int, int]]:
