@@ -13,7 +13,7 @@ KVFrameError. docs/PROTOCOL.md part 2 is the normative description.
 
 from __future__ import annotations
 
-from dataclasses import astuple, dataclass
+from dataclasses import dataclass
 from typing import Any
 
 import msgpack
@@ -127,17 +127,23 @@ class Done:
 Message = Chunk | End | Abort | Ack | Nack | Done
 KINDS: dict[type, int] = {Chunk: CHUNK, End: END, Abort: ABORT, Ack: ACK, Nack: NACK, Done: DONE}
 TYPES = {kind: cls for cls, kind in KINDS.items()}
+_FRAMES_FIELD = Chunk.__slots__.index("frames")
 
 
 def encode_header(message: Message) -> bytes:
-    fields = list(astuple(message)) if not isinstance(message, Chunk) else _chunk_fields(message)
+    # Plain attribute reads: dataclasses.astuple deep-copies every field, which cost more than the
+    # msgpack and the checksum together on the data plane's per-chunk path.
+    if isinstance(message, Chunk):
+        fields = _chunk_fields(message)
+    else:
+        fields = [getattr(message, name) for name in type(message).__slots__]
     body = MAGIC + bytes((VERSION, KINDS[type(message)])) + msgpack.packb(fields, use_bin_type=True)
     return body + xxhash.xxh3_64_intdigest(body).to_bytes(8, "little")
 
 
 def _chunk_fields(chunk: Chunk) -> list[Any]:
     fields = [getattr(chunk, name) for name in Chunk.__slots__]
-    fields[Chunk.__slots__.index("frames")] = [astuple(f) for f in chunk.frames]
+    fields[_FRAMES_FIELD] = [[f.codec, f.shuffle, f.raw_len, f.wire_len] for f in chunk.frames]
     return fields
 
 
