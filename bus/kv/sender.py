@@ -107,10 +107,14 @@ class KVSender:
                 await self._put(connection, frames, loop)
             if transfer.finished:
                 return
-            deadline = transfer.next_deadline() or loop.time()
             wakeup.clear()
-            with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(wakeup.wait(), max(0.0, deadline - loop.time()))
+            # A timer handle rather than asyncio.wait_for: no task and no timeout context per wait,
+            # and a transfer of a few chunks waits for credits several times.
+            timer = loop.call_at(transfer.next_deadline() or loop.time(), wakeup.set)
+            try:
+                await wakeup.wait()
+            finally:
+                timer.cancel()
             transfer.poll(loop.time())
 
     async def _put(self, connection: _Connection, frames: list[Any], loop: asyncio.AbstractEventLoop) -> None:
@@ -194,7 +198,9 @@ class KVSender:
     def _read_ready(self, connection: _Connection, now: float) -> None:
         """Take the replies already here. A send on the socket can consume the edge of its
         (edge-triggered) descriptor, so the reader task saw ACKs only every few chunks."""
-        while True:
+        # EVENTS first: a getsockopt is cheaper than the zmq.Again a NOBLOCK recv raises when
+        # nothing is there, which is most times this runs.
+        while connection.polled.get(zmq.EVENTS) & zmq.POLLIN:
             try:
                 frames = connection.polled.recv_multipart(zmq.NOBLOCK)
             except zmq.Again:
