@@ -48,6 +48,7 @@ from bus.security import Gatekeeper, Principal, SecurityConfig, apply_server, wi
 
 log = get_logger("kv.receiver")
 POLL_INTERVAL = 0.1
+MAX_DRAIN = 64   # messages taken in one go before the read loop yields to the event loop
 
 
 def numpy_allocator(dtype: str | None = None) -> Allocate:
@@ -79,6 +80,7 @@ class KVReceiver:
         self._context = zmq.asyncio.Context() if security else (context or zmq.asyncio.Context.instance())
         self.gatekeeper: Gatekeeper | None = None
         self._socket: zmq.asyncio.Socket | None = None
+        self._polled: zmq.Socket | None = None
         self._tasks: list[asyncio.Task] = []
         self._waiters: dict[str, asyncio.Future] = {}
         self._unclaimed: OrderedDict[str, TransferResult] = OrderedDict()
@@ -94,6 +96,7 @@ class KVReceiver:
             self.gatekeeper = Gatekeeper(self._context, self.security).start()
             apply_server(self._socket, self.security)
         self._socket.bind(self.bind)
+        self._polled = zmq.Socket.shadow(self._socket.underlying)   # the same socket, synchronous
         self.endpoint = self.advertise or self._socket.getsockopt_string(zmq.LAST_ENDPOINT)
         if self.security is not None:
             self.endpoint = with_server_key(self.endpoint, self.security.public_key)
@@ -103,29 +106,47 @@ class KVReceiver:
 
     async def _read(self) -> None:
         loop = asyncio.get_running_loop()
+        polled = self._polled
         while True:
-            frames = await self._socket.recv_multipart(copy=False)
-            if len(frames) < 2:
-                continue
-            undecodable = self.core.undecodable
-            # ACK a verified chunk before decoding it: the sender's credit comes back a decode sooner.
-            replies = self.core.on_frames(frames[0].bytes, frames[1:], loop.time(), defer_decode=True)
-            if self.core.undecodable > undecodable:   # too broken to name its transfer: its timer resends
-                log.warning("kv_undecodable", count=self.core.undecodable)
-            await self._dispatch(replies)
-            await self._dispatch(self.core.run_decodes(loop.time()))
+            self._on_message(await self._socket.recv_multipart(copy=False), loop.time())
+            # Take what is already queued without a future per message. Bounded, then a yield:
+            # an await on a socket with a message waiting completes without yielding, so a sender
+            # that never pauses would otherwise starve this loop's other tasks (timers, results).
+            for _ in range(MAX_DRAIN):
+                if not polled.get(zmq.EVENTS) & zmq.POLLIN:
+                    break
+                try:
+                    frames = polled.recv_multipart(zmq.NOBLOCK, copy=False)
+                except zmq.Again:
+                    break
+                self._on_message(frames, loop.time())
+            else:
+                await asyncio.sleep(0)
+
+    def _on_message(self, frames: list[zmq.Frame], now: float) -> None:
+        if len(frames) < 2:
+            return
+        undecodable = self.core.undecodable
+        # ACK a verified chunk before decoding it: the sender's credit comes back a decode sooner.
+        replies = self.core.on_frames(frames[0].bytes, frames[1:], now, defer_decode=True)
+        if self.core.undecodable > undecodable:   # too broken to name its transfer: its timer resends
+            log.warning("kv_undecodable", count=self.core.undecodable)
+        self._dispatch(replies)
+        self._dispatch(self.core.run_decodes(now))
 
     async def _tick(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(POLL_INTERVAL)
-            await self._dispatch(self.core.poll(loop.time()))
+            self._dispatch(self.core.poll(loop.time()))
 
-    async def _dispatch(self, replies: list[Reply]) -> None:
+    def _dispatch(self, replies: list[Reply]) -> None:
+        # Synchronous sends: a ROUTER never blocks on send (it drops a message for a peer whose
+        # pipe is full, and the sender's timer resends), and a reply is a header frame.
         for peer, frames in replies:
             if self.faults is not None and (frames := self.faults.apply(frames)) is None:
                 continue
-            await self._socket.send_multipart([peer, *frames])
+            self._polled.send_multipart([peer, *frames])
         for result in self.core.pop_results():
             self._deliver(result)
 
@@ -180,7 +201,7 @@ class KVReceiver:
         """Drop an in-flight transfer (idempotent); the sender is told with DONE(ok=False)."""
         replies = self.core.cancel(transfer_id, asyncio.get_running_loop().time(), reason)
         for peer, frames in replies:
-            self._socket.send_multipart([peer, *frames])  # a DONE is small: never blocks for long
+            self._polled.send_multipart([peer, *frames])  # a ROUTER never blocks on send
         for result in self.core.pop_results():
             self._unclaimed.pop(result.transfer_id, None)
             if self.on_result is not None:

@@ -254,3 +254,38 @@ async def test_a_raw_transfer_kept_as_pieces_arrives_bit_exact_and_a_callback_ow
     finally:
         await sender.close()
         await receiver.close()
+
+
+async def test_a_queued_flood_is_read_in_bounded_batches_and_other_tasks_still_run(pair, monkeypatch):
+    """The read loop takes what is already queued without a future per message, at most MAX_DRAIN at a
+    time: every message is still handled, and the loop's other tasks run between two batches."""
+    import zmq
+    import zmq.asyncio
+
+    import bus.kv.receiver as receiver_module
+
+    monkeypatch.setattr(receiver_module, "MAX_DRAIN", 4)
+    sender, receiver, endpoint = pair
+    flood = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+    flood.connect(endpoint)
+    ticks = []
+
+    async def ticker():
+        while True:
+            ticks.append(receiver.core.undecodable)
+            await asyncio.sleep(0)
+
+    for _ in range(200):   # queued before the receiver reads any: one send, many messages waiting
+        await flood.send_multipart([b"\x00not a kv header", b"payload"])
+    task = asyncio.get_running_loop().create_task(ticker())
+    for _ in range(500):
+        if receiver.core.undecodable >= 200:
+            break
+        await asyncio.sleep(0.005)
+    task.cancel()
+    flood.close(linger=0)
+    assert receiver.core.undecodable == 200
+    interleaved = sorted({count for count in ticks if 0 < count < 200})
+    assert len(interleaved) >= 5   # the ticker ran while the flood was being read, not only after it
+    kv = synthetic_kv(tokens=8)   # and the receiver still serves a transfer
+    assert (await sender.send(endpoint, "t1", "r1", kv, mode="raw")).ok
