@@ -52,6 +52,7 @@ from harness.bench.kv_baselines import (  # noqa: E402
     run_chunking_floor,
     run_link_floor,
 )
+from harness.bench.kv_cpu import print_cpu_accounting, run_cpu_accounting  # noqa: E402
 from harness.bench.kv_model import real_kv_fp32  # noqa: E402
 from harness.bench.kv_stages import (  # noqa: E402
     auto_overhead,
@@ -69,6 +70,7 @@ CASES = [  # (source dtype, mode, compression); "none again": `none` twice a rou
     ("fp32", "int8", "lz4"), ("bf16", "raw", "none"), ("bf16", "raw", "auto"), ("bf16", "raw", "none again"),
     ("bf16", "int8", "auto"), ("bf16", "int8", "none"), ("bf16", "int8", "none again"),
 ]
+CPU_TRANSFERS = 100   # per case of the CPU accounting (kernel ticks are 10 ms: an average over many)
 AUTO_BASES = ("fp32 int8", "fp32 raw", "bf16 int8", "bf16 raw")
 
 
@@ -278,6 +280,7 @@ def main() -> int:
         shaped = asyncio.run(run_end_to_end(endpoints, sources, quantizer, chunk_bytes, args.repeats, gbit(10), gbit(10)))
         floor = asyncio.run(run_chunking_floor(endpoints, sources, quantizer, chunk_bytes, args.repeats))
         link_floor = asyncio.run(run_link_floor(endpoints, sources, chunk_bytes, args.repeats, gbit(10)))
+        cpu = asyncio.run(run_cpu_accounting(endpoints, peer.pid, sources, quantizer, chunk_bytes, CPU_TRANSFERS))
     finally:
         peer.stdin.close()
         peer.wait(timeout=30)
@@ -288,6 +291,7 @@ def main() -> int:
     print_null_pairs(loop_results, shaped)
     print_chunking_floor(floor)
     print_link_floor(link_floor, shaped, "10 Gbit/s")
+    print_cpu_accounting(cpu, CPU_TRANSFERS)
     if args.sweep:
         sweep(sources, quantizer, args.repeats, loopback_rate)
     print("\n### `auto` vs `none`: sender CPU per transfer, interleaved, best of 40 (same wire bytes when auto stores)\n")

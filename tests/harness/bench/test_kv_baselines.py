@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 
 import numpy as np
 import pytest
@@ -28,10 +27,9 @@ from harness.bench.kv_baselines import (
     raw_chunks,
     run_chunking_floor,
     run_link_floor,
-    serve_bare,
-    serve_checked,
 )
 from nodes.engines.kv_quant import TorchQuantizer
+from tests.harness.bench.kv_servers import start_baseline_servers, stop_servers
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -64,37 +62,16 @@ def test_raw_chunks_refuse_a_plan_that_splits_planes():
         raw_chunks(source, 256)
 
 
-async def _servers():
-    context = zmq.asyncio.Context.instance()
-    servers, endpoints, tasks = [], {}, []
-    for name, serve in (("bare", serve_bare), ("checked", serve_checked)):
-        server = context.socket(zmq.ROUTER)
-        server.bind("tcp://127.0.0.1:0")
-        tasks.append(asyncio.get_running_loop().create_task(serve(server)))
-        endpoints[name] = server.getsockopt_string(zmq.LAST_ENDPOINT)
-        servers.append(server)
-    return servers, endpoints, tasks
-
-
 @pytest.fixture
 async def peers():
-    servers, endpoints, tasks = await _servers()
+    servers, endpoints, tasks = await start_baseline_servers()
     clients = {name: zmq.asyncio.Context.instance().socket(zmq.DEALER) for name in endpoints}
     for name, client in clients.items():
         client.connect(endpoints[name])
     yield clients
-    await _stop(servers, tasks)
+    await stop_servers(servers, tasks)
     for client in clients.values():
         client.close(linger=0)
-
-
-async def _stop(servers, tasks) -> None:
-    for task in tasks:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-    for server in servers:
-        server.close(linger=0)
 
 
 async def test_both_baselines_move_the_bytes_over_tcp(peers):
@@ -142,11 +119,11 @@ async def test_the_floor_pass_times_every_case_and_pdbus_delivers_each_raw_trans
     received = []
     receiver = KVReceiver(lambda transfer_id, request_id, info, mode: RawPieces(info), quantizer=TorchQuantizer(),
                           on_result=received.append, config=ReceiveConfig(transfer_timeout=5.0))
-    servers, endpoints, tasks = await _servers()
+    servers, endpoints, tasks = await start_baseline_servers()
     endpoints["kv"] = await receiver.start()
     sources = {"fp32": torch.randn(4, 2, 3, 64, 16), "bf16": torch.randn(4, 2, 3, 64, 16).to(torch.bfloat16)}
     floor = await run_chunking_floor(endpoints, sources, TorchQuantizer(), 3 * 64 * 16 * 4, repeats=2)
-    await _stop(servers, tasks)
+    await stop_servers(servers, tasks)
     await receiver.close()
     assert set(floor) == {(name, case) for name in sources for case in FLOOR_CASES}
     assert FLOOR_CASES == ["bare pyzmq", "bare, a frame a chunk", "bare, chunk frames", "chunked, no checksum",
@@ -181,12 +158,12 @@ async def test_a_shaped_chunked_send_is_never_faster_than_its_link(peers):
 
 
 async def test_the_link_floor_times_both_chunk_sizes_and_prints_beside_pdbus(capsys):
-    servers, endpoints, tasks = await _servers()
+    servers, endpoints, tasks = await start_baseline_servers()
     # ~0.8 MB raw through a 20 MB/s link (~40 ms against int8's ~10): the gap dwarfs scheduling noise,
     # which at 49 KB through 200 MB/s once put raw below int8 in a clean-clone run.
     sources = {"fp32": torch.randn(2, 2, 3, 64, 256)}
     floor = await run_link_floor(endpoints, sources, 3 * 64 * 256 * 4, repeats=1, link=20e6)
-    await _stop(servers, tasks)
+    await stop_servers(servers, tasks)
     assert set(floor) == {("fp32", "raw-sized"), ("fp32", "int8-sized")}
     assert floor["fp32", "raw-sized"] > floor["fp32", "int8-sized"] > 0   # fewer bytes through the same link
     print_link_floor(floor, {"fp32 raw+none": (0.004,), "fp32 int8+auto": (0.002,)}, "test")
