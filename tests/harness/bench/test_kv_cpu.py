@@ -30,14 +30,23 @@ def _spin(seconds: float) -> None:
 
 
 def test_a_busy_thread_counts_in_other_and_the_caller_in_main():
+    spun, release = threading.Event(), threading.Event()
+
+    def work() -> None:
+        _spin(0.2)
+        spun.set()
+        release.wait()   # alive when read: a thread that ended is no longer listed
+
     before = thread_cpu_seconds(os.getpid())
-    worker = threading.Thread(target=_spin, args=(0.3,))
+    worker = threading.Thread(target=work)
     worker.start()
+    spun.wait()   # one at a time: two spinning threads would share the GIL however the OS pleases
     _spin(0.2)
-    after = thread_cpu_seconds(os.getpid())   # read while the worker still runs: it is listed
+    after = thread_cpu_seconds(os.getpid())
+    release.set()
     worker.join()
     assert after["main"] - before["main"] >= 0.15
-    assert after.get("other", 0.0) - before.get("other", 0.0) >= 0.1
+    assert after.get("other", 0.0) - before.get("other", 0.0) >= 0.15
     assert set(after) <= set(GROUPS)
 
 
