@@ -160,13 +160,10 @@ class DecodeGraphs:
 
     def _static_batch(self, token_ids: torch.Tensor, positions: torch.Tensor, sample_rows: torch.Tensor,
                       rows: torch.Tensor, cache: torch.Tensor, num_keys: int) -> Any:
-        """The step over the static buffers, its mask computed on the GPU (inside the graph)."""
+        """The step over the static buffers; its lengths and mask are computed on the GPU, inside the
+        graph (row i sees keys 0..position_i)."""
         from nodes.engines.llama import DecodeGroup, ForwardBatch
 
-        keys = torch.arange(num_keys, device=cache.device)
-        hidden = (keys[None, :] > positions[:, None])[:, None, None, :]   # row i sees keys 0..position_i
-        mask = torch.zeros(hidden.shape, dtype=self.runner.dtype, device=cache.device).masked_fill_(
-            hidden, float("-inf"))
         group = DecodeGroup(rows=rows, slots=rows, positions=positions, cache=cache, num_slots=rows.shape[0],
-                            mask=mask, max_len=num_keys, dense=True)
+                            lengths=positions + 1, max_len=num_keys, dense=True)
         return ForwardBatch(token_ids=token_ids, positions=positions, sample_rows=sample_rows, decode=group)

@@ -188,16 +188,11 @@ class LlamaEngine(Engine):
         lengths = torch.ones(num_slots, dtype=torch.long)   # idle slots attend one harmless key
         lengths[slots] = torch.tensor([c.start + 1 for c in decode])
         max_len = int(lengths.max())
-        mask = None
-        if int(lengths.min()) < max_len:
-            # Additive and built once per step: a bool mask costs two conversions in every layer.
-            mask = torch.zeros(num_slots, 1, 1, max_len, dtype=self.runner.dtype)
-            mask.masked_fill_((torch.arange(max_len)[None, :] >= lengths[:, None])[:, None, None, :], float("-inf"))
-            mask = mask.to(self.device)
         device = self.device
         return DecodeGroup(rows=torch.arange(len(decode), device=device), slots=torch.tensor(slots, device=device),
                            positions=torch.tensor([c.start for c in decode], device=device),
-                           cache=self.slots.tensor, num_slots=num_slots, mask=mask, max_len=max_len,
+                           cache=self.slots.tensor, num_slots=num_slots,
+                           lengths=lengths.to(device) if int(lengths.min()) < max_len else None, max_len=max_len,
                            dense=slots == list(range(num_slots)))
 
     def _postprocess(self, chunks: list[ScheduledChunk], logits: torch.Tensor) -> list[TokenEvent]:

@@ -50,9 +50,24 @@ class DecodeGroup:
     positions: torch.Tensor  # position of each row's token (= tokens already cached)
     cache: torch.Tensor      # [layers, slots, 2, kv_heads, capacity, head_dim]
     num_slots: int           # attend over slots [0, num_slots)
-    mask: torch.Tensor | None  # [num_slots, 1, 1, max_len] additive (0 / -inf), None = attend to all
+    lengths: torch.Tensor | None  # [num_slots] keys each slot attends, on the cache's device; None = max_len each
     max_len: int             # longest context among the slots (keys 0..max_len-1)
     dense: bool              # rows/slots are exactly 0..num_slots-1 (no scatter needed)
+    _mask: torch.Tensor | None = field(default=None, init=False, repr=False)
+
+    def attention_mask(self, dtype: torch.dtype) -> torch.Tensor | None:
+        """[num_slots, 1, 1, max_len] additive (0 / -inf) from `lengths`, None to attend to all. Made
+        on the first call, where it is made at all: only the SDPA path reads it (the decode kernels
+        take the positions), and inside a CUDA graph's capture it becomes part of the graph. Once a
+        step, not per layer: a bool mask would cost two conversions in every layer."""
+        if self.lengths is None:
+            return None
+        if self._mask is None:
+            keys = torch.arange(self.max_len, device=self.lengths.device)
+            hidden = (keys[None, :] >= self.lengths[:, None])[:, None, None, :]
+            self._mask = torch.zeros(hidden.shape, dtype=dtype, device=self.lengths.device).masked_fill_(
+                hidden, float("-inf"))
+        return self._mask
 
 
 @dataclass(slots=True)
@@ -296,7 +311,7 @@ class LlamaRunner:
             q_slots[group.slots] = q_rows
         max_len = group.max_len
         attn = F.scaled_dot_product_attention(q_slots, k_cache[:, :, :max_len], v_cache[:, :, :max_len],
-                                              attn_mask=group.mask, enable_gqa=heads != c.num_kv_heads)
+                                              attn_mask=group.attention_mask(q.dtype), enable_gqa=heads != c.num_kv_heads)
         if not group.dense:
             attn = attn[group.slots]
         return attn.reshape(-1, self.q_size)

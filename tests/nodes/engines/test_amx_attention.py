@@ -124,7 +124,7 @@ def test_a_prefill_beside_decode_rows_attends_with_the_same_kernel():
     kv = runner.new_kv(48)
     slot_cache = (torch.randn(c.num_layers, 1, 2, c.num_kv_heads, 16, c.head_dim) * 0.5).to(torch.bfloat16)
     decode = DecodeGroup(rows=torch.tensor([40]), slots=torch.tensor([0]), positions=torch.tensor([9]),
-                         cache=slot_cache, num_slots=1, mask=None, max_len=10, dense=True)
+                         cache=slot_cache, num_slots=1, lengths=None, max_len=10, dense=True)
     batch = ForwardBatch(torch.cat([ids, torch.tensor([5])]), torch.cat([torch.arange(40), torch.tensor([9])]),
                          torch.tensor([39, 40]), spans=[PrefillSpan(0, 40, 0, kv)], decode=decode)
     mixed_logits = runner.forward(batch)

@@ -71,11 +71,9 @@ def decode_batch(cache: torch.Tensor, positions: list[int], slots: list[int]) ->
     lengths = torch.ones(num_slots, dtype=torch.long)
     lengths[slots] = torch.tensor(positions) + 1
     max_len = int(lengths.max())
-    mask = torch.zeros(num_slots, 1, 1, max_len, dtype=cache.dtype)
-    mask.masked_fill_((torch.arange(max_len)[None, :] >= lengths[:, None])[:, None, None, :], float("-inf"))
     rows = torch.arange(len(slots))
     group = DecodeGroup(rows=rows, slots=torch.tensor(slots), positions=torch.tensor(positions), cache=cache,
-                        num_slots=num_slots, mask=mask, max_len=max_len, dense=slots == list(range(num_slots)))
+                        num_slots=num_slots, lengths=lengths, max_len=max_len, dense=slots == list(range(num_slots)))
     ids = torch.tensor([7, 11, 13, 17, 19, 23] * (len(slots) // 6 + 1))[:len(slots)]
     return ForwardBatch(ids, torch.tensor(positions), rows, decode=group)
 
