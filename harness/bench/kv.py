@@ -36,17 +36,16 @@ if __name__ == "__main__":   # the bench's own process only: an importer (a test
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("PDBUS_LOG_LEVEL", "warning")
 
-import numpy as np  # noqa: E402
 import torch  # noqa: E402
 import zmq  # noqa: E402
 import zmq.asyncio  # noqa: E402
 
-from bus.kv import KVSender, SendConfig  # noqa: E402
+from bus.kv import KVSender  # noqa: E402
 from bus.kv.link import LinkShaper, gbit  # noqa: E402
 from harness.bench.kv_baselines import (  # noqa: E402
-    WINDOW,
+    SEND_CONFIG,
+    bare_frames,
     bare_send_seconds,
-    flat_bytes,
     print_chunking_floor,
     print_link_floor,
     run_chunking_floor,
@@ -88,19 +87,18 @@ def start_peer(curve_keys: dict | None = None) -> tuple[subprocess.Popen, dict]:
 async def run_end_to_end(endpoints: dict, sources: dict, quantizer: TorchQuantizer, chunk_bytes: int,
                          repeats: int, link: float | None, loopback_rate: float, cases=CASES, bare_too=None) -> dict:
     rate = link or loopback_rate
-    sender = KVSender(quantizer=quantizer, chunk_bytes=chunk_bytes, link_bytes_per_s=rate,
-                      config=SendConfig(window=WINDOW, ack_timeout=5.0, transfer_timeout=60.0))
+    sender = KVSender(quantizer=quantizer, chunk_bytes=chunk_bytes, link_bytes_per_s=rate, config=SEND_CONFIG)
     context = zmq.asyncio.Context.instance()
     bare = context.socket(zmq.DEALER)
     bare.connect(endpoints["bare"])
-    bare_frames = {name: np.array_split(flat_bytes(source), 30) for name, source in sources.items()}
+    frames_of = {name: bare_frames(source) for name, source in sources.items()}
     # The bare baseline is a loopback figure: one multipart message cannot be pipelined through the
     # shaped link model, so it would pay the link and then loopback in full.
     bare_too = link is None if bare_too is None else bare_too
     times: dict[str, list[float]] = {}
     ratios: dict[str, float] = {}
     for round_ in range(repeats + 1):  # round 0 warms up sockets, pages and caches
-        for name, frames in (bare_frames.items() if bare_too else ()):
+        for name, frames in (frames_of.items() if bare_too else ()):
             seconds = await bare_send_seconds(bare, frames)
             if round_:
                 times.setdefault(f"{name} bare pyzmq", []).append(seconds)
@@ -189,9 +187,8 @@ def print_targets(loop: dict, shaped: dict) -> None:
 async def curve_cost(endpoints: dict, sources: dict, quantizer: TorchQuantizer, chunk_bytes: int,
                      repeats: int, security: object) -> dict[str, tuple[float, float]]:
     """Best-of-N seconds per case, plain vs CURVE, the two interleaved in every round."""
-    config = SendConfig(window=WINDOW, ack_timeout=5.0, transfer_timeout=60.0)
-    senders = {"plain": (KVSender(quantizer=quantizer, chunk_bytes=chunk_bytes, config=config), endpoints["kv"]),
-               "curve": (KVSender(quantizer=quantizer, chunk_bytes=chunk_bytes, config=config, security=security),
+    senders = {"plain": (KVSender(quantizer=quantizer, chunk_bytes=chunk_bytes, config=SEND_CONFIG), endpoints["kv"]),
+               "curve": (KVSender(quantizer=quantizer, chunk_bytes=chunk_bytes, config=SEND_CONFIG, security=security),
                          endpoints["kv_curve"])}
     times: dict[tuple[str, str], list[float]] = {}
     for round_ in range(repeats + 1):   # round 0 warms up (and does the CURVE handshake)

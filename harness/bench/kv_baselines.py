@@ -60,6 +60,7 @@ if TYPE_CHECKING:   # torch only where a sender splits a tensor: the peer proces
 
 
 WINDOW = 4   # unanswered chunks, as bench-kv's KVSenders are configured
+SEND_CONFIG = SendConfig(window=WINDOW, ack_timeout=5.0, transfer_timeout=60.0)   # bench-kv's KVSenders
 
 
 class ChecksumMismatch(RuntimeError):
@@ -84,6 +85,11 @@ def int8_wire_chunks(source: torch.Tensor, chunk_bytes: int) -> list[np.ndarray]
     rng = np.random.default_rng(0)
     return [rng.integers(0, 256, sum(payload_sizes("int8", spec, info, "f16")), dtype=np.uint8)
             for spec in plan_chunks(info, chunk_bytes_for(info, "int8", chunk_bytes))]
+
+
+def bare_frames(source: torch.Tensor) -> list[np.ndarray]:
+    """The source's bytes as the bare send carries them: one message of 30 frames (views, no copy)."""
+    return np.array_split(flat_bytes(source), 30)
 
 
 def raw_chunks(source: torch.Tensor, chunk_bytes: int) -> list[np.ndarray]:
@@ -186,15 +192,14 @@ async def run_chunking_floor(endpoints: dict, sources: dict, quantizer: Quantize
     first). A pass of its own, after the main ones:
     run inside their rounds, the baseline's checksum pass left the source in cache for whichever
     case came next, and moved raw+none and the auto / none pairs by more than the targets' margins."""
-    sender = KVSender(quantizer=quantizer, chunk_bytes=chunk_bytes,
-                      config=SendConfig(window=WINDOW, ack_timeout=5.0, transfer_timeout=60.0))
+    sender = KVSender(quantizer=quantizer, chunk_bytes=chunk_bytes, config=SEND_CONFIG)
     context = zmq.asyncio.Context.instance()
     bare, checked = context.socket(zmq.DEALER), context.socket(zmq.DEALER)
     bare.connect(endpoints["bare"])
     checked.connect(endpoints["checked"])
     times: dict[tuple[str, str], list[float]] = {}
     for name, source in sources.items():
-        frames = np.array_split(flat_bytes(source), 30)   # as bench-kv's bare send splits them
+        frames = bare_frames(source)
         whole, chunks = raw_chunks(source, chunk_bytes), raw_chunk_frames(source, chunk_bytes)
         for round_ in range(repeats + 1):   # round 0 warms up
             turn = round_ % len(FLOOR_CASES)

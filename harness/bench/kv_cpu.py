@@ -22,17 +22,17 @@ import time
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
 import zmq
 import zmq.asyncio
 
-from bus.kv import KVSender, SendConfig
+from bus.kv import KVSender
 from bus.kv.quant import Quantizer
 from harness.bench.kv_baselines import (
+    SEND_CONFIG,
     WINDOW,
+    bare_frames,
     bare_send_seconds,
     chunked_send_seconds,
-    flat_bytes,
     raw_chunk_frames,
 )
 
@@ -63,8 +63,7 @@ class _Sends:
 
     def __init__(self, endpoints: dict, quantizer: Quantizer, chunk_bytes: int) -> None:
         self.endpoint, self.chunk_bytes = endpoints["kv"], chunk_bytes
-        self.sender = KVSender(quantizer=quantizer, chunk_bytes=chunk_bytes,
-                               config=SendConfig(window=WINDOW, ack_timeout=5.0, transfer_timeout=60.0))
+        self.sender = KVSender(quantizer=quantizer, chunk_bytes=chunk_bytes, config=SEND_CONFIG)
         context = zmq.asyncio.Context.instance()
         self.bare, self.checked = context.socket(zmq.DEALER), context.socket(zmq.DEALER)
         self.bare.connect(endpoints["bare"])
@@ -72,7 +71,7 @@ class _Sends:
 
     def use(self, name: str, source) -> None:
         self.name, self.source = name, source
-        self.frames = np.array_split(flat_bytes(source), 30)   # as bench-kv's bare send splits them
+        self.frames = bare_frames(source)
         self.chunks = raw_chunk_frames(source, self.chunk_bytes)
 
     async def send(self, case: str, number: int) -> None:
