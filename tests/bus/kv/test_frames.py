@@ -274,5 +274,18 @@ def test_auto_decides_once_for_all_frames_of_a_raw_chunk():
     auto = Recording(1e9)
     auto.calls = []
     _, (header, _) = big_chunk("raw", "auto", auto)
-    assert auto.calls == [(("raw", "float32", 0), 4)] * 3
-    assert len({(f.codec, f.shuffle) for f in header.frames}) == 1
+    assert auto.calls == [(("raw", "float32", 0), 4)]   # asked once for the chunk's three frames
+    assert len(header.frames) == 3 and len({(f.codec, f.shuffle) for f in header.frames}) == 1
+
+
+def test_auto_is_asked_per_frame_kind_of_an_int8_chunk():
+    """int8's frames are two kinds (codes, params): each gets its own decision."""
+    class Recording(AutoCompression):
+        def choose(self, slot, data, itemsize):
+            self.calls.append(slot)
+            return super().choose(slot, data, itemsize)
+
+    auto = Recording(1e9)
+    auto.calls = []
+    big_chunk("int8", "auto", auto)
+    assert auto.calls == [("int8", "float32", 0), ("int8", "float32", 1)]
