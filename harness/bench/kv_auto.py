@@ -24,11 +24,9 @@ from __future__ import annotations
 import itertools
 import math
 import statistics
-import time
 
 from bus.kv import KVSender
-from bus.kv.link import LinkShaper
-from harness.bench.kv_baselines import SEND_CONFIG
+from harness.bench.kv_baselines import SEND_CONFIG, pdbus_send
 
 AUTO_BASES = ("fp32 int8", "fp32 raw", "bf16 int8", "bf16 raw")
 # 60 rounds resolved the shaped link's pairs to about ±1.5 % but left loopback's intervals ±5 % wide
@@ -86,12 +84,10 @@ async def _time_triples(sender: KVSender, endpoint: str, sources: dict, base: st
     times: dict[str, list[float]] = {case: [] for case in TRIPLE}
     for round_ in range(rounds + 1):   # round 0 warms up
         for case in ORDERS[round_ % len(ORDERS)]:
-            sender.shaper = LinkShaper(shaped) if shaped else None
-            started = time.perf_counter()
-            await sender.send(endpoint, f"auto-{link_name}-{base}-{case}-{round_}", "bench", sources[dtype],
-                              mode=mode, compression=case.split()[0])
+            seconds, _ = await pdbus_send(sender, endpoint, f"auto-{link_name}-{base}-{case}-{round_}", sources[dtype],
+                                          mode, case.split()[0], shaped)
             if round_:
-                times[case].append(time.perf_counter() - started)
+                times[case].append(seconds)
     return times
 
 

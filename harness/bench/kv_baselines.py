@@ -126,6 +126,16 @@ def _checksum(frames: list) -> bytes:
     return payload_checksum(frames).to_bytes(8, "little")
 
 
+async def pdbus_send(sender: KVSender, endpoint: str, transfer_id: str, source, mode: str, compression: str,
+                     link: float | None = None):
+    """(seconds, report) of one KVSender transfer, through a fresh shaped link of `link` bytes/s when
+    given (each transfer starts on an idle wire), else straight over the socket."""
+    sender.shaper = LinkShaper(link) if link else None
+    started = time.perf_counter()
+    report = await sender.send(endpoint, transfer_id, "bench", source, mode=mode, compression=compression)
+    return time.perf_counter() - started, report
+
+
 async def bare_send_seconds(socket: zmq.asyncio.Socket, frames: list) -> float:
     """One zero-copy multipart send of the same bytes and the peer's one-frame answer."""
     started = time.perf_counter()
