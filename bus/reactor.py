@@ -10,19 +10,37 @@ after each batch; `core.tick` runs every `tick_s`, always after draining what ha
 broker that was itself stalled judges liveness on the messages waiting for it, not on its own
 delay. The same reactor drives the broker and the benchmark's bare relay, so their difference
 is the protocol logic alone.
+`queued_messages(socket, limit, copy)` yields the messages already queued on a synchronous socket
+(at most `limit`) without blocking: the KV data plane's sender and receiver take what arrived
+between two awaits with it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import zmq
 
 _BATCH = 512
+
+
+def queued_messages(socket: zmq.Socket, limit: int | None = None, copy: bool = True) -> Iterator[list]:
+    """The messages already queued on `socket`, at most `limit` (None: all of them), received
+    NOBLOCK. EVENTS is read before each receive: a getsockopt is cheaper than the zmq.Again a
+    NOBLOCK receive raises when nothing is there, which is most times a caller looks."""
+    for _ in itertools.repeat(None) if limit is None else range(limit):
+        if not socket.get(zmq.EVENTS) & zmq.POLLIN:
+            return
+        try:
+            frames = socket.recv_multipart(zmq.NOBLOCK, copy=copy)
+        except zmq.Again:
+            return
+        yield frames
 
 
 class RouterReactor:

@@ -44,6 +44,7 @@ from bus.kv.quant import NumpyQuantizer, Quantizer
 from bus.kv.recv_core import NO_DESTINATION, Allocate, ReceiveConfig, ReceiverCore, Release, Reply
 from bus.kv.stats import TransferResult
 from bus.log import get_logger
+from bus.reactor import queued_messages
 from bus.security import Gatekeeper, Principal, SecurityConfig, apply_server, with_server_key
 
 log = get_logger("kv.receiver")
@@ -112,15 +113,11 @@ class KVReceiver:
             # Take what is already queued without a future per message. Bounded, then a yield:
             # an await on a socket with a message waiting completes without yielding, so a sender
             # that never pauses would otherwise starve this loop's other tasks (timers, results).
-            for _ in range(MAX_DRAIN):
-                if not polled.get(zmq.EVENTS) & zmq.POLLIN:
-                    break
-                try:
-                    frames = polled.recv_multipart(zmq.NOBLOCK, copy=False)
-                except zmq.Again:
-                    break
+            num_taken = 0
+            for frames in queued_messages(polled, MAX_DRAIN, copy=False):
                 self._on_message(frames, loop.time())
-            else:
+                num_taken += 1
+            if num_taken == MAX_DRAIN:
                 await asyncio.sleep(0)
 
     def _on_message(self, frames: list[zmq.Frame], now: float) -> None:

@@ -40,6 +40,7 @@ from bus.kv.quant import NumpyQuantizer, Quantizer
 from bus.kv.send_core import BufferPool, SendConfig, SendState, SendTransfer
 from bus.kv.stats import TransferReport
 from bus.log import get_logger
+from bus.reactor import queued_messages
 from bus.security import SecurityConfig, apply_client, split_server_key
 
 log = get_logger("kv.sender")
@@ -198,13 +199,7 @@ class KVSender:
     def _read_ready(self, connection: _Connection, now: float) -> None:
         """Take the replies already here. A send on the socket can consume the edge of its
         (edge-triggered) descriptor, so the reader task saw ACKs only every few chunks."""
-        # EVENTS first: a getsockopt is cheaper than the zmq.Again a NOBLOCK recv raises when
-        # nothing is there, which is most times this runs.
-        while connection.polled.get(zmq.EVENTS) & zmq.POLLIN:
-            try:
-                frames = connection.polled.recv_multipart(zmq.NOBLOCK)
-            except zmq.Again:
-                return
+        for frames in queued_messages(connection.polled):
             self._on_reply(connection, frames, now)
 
     @staticmethod
