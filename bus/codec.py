@@ -4,7 +4,11 @@ Contract:
 - `encode(message) -> list` of frames (header first). Payload frames are passed through
   untouched so the caller can send them with copy=False.
 - `decode(frames) -> Message` validates everything and raises `ProtocolError(reason, detail,
-  request_id)` on malformed, truncated or wrong-version input; never any other exception.
+  request_id)` on malformed, truncated or wrong-version input; never any other exception. Every
+  body is within `bus.wire_checks`' bounds (nesting depth, capacity maps, id lists, texts).
+- `pack(value)` raises `ProtocolError` (`malformed`) for a value no peer would accept (nested
+  deeper than MAX_BODY_DEPTH, ints beyond 64 bits, str that is not UTF-8 encodable, unknown
+  types), so `encode` fails in the caller, never on a peer.
 - `parse_header(frame) -> Command` is the cheap check the broker's hot path uses, so it can route
   on the header and the routing frames and pass body and payload frames through undecoded.
 Frame layouts (after the ROUTER identity): see docs/PROTOCOL.md part 1 and `_LAYOUT` below.
@@ -18,6 +22,7 @@ from typing import Any
 import msgpack
 
 from bus import constants as c
+from bus import wire_checks as checks
 from bus.constants import Command
 from bus.messages import (
     Cancel,
@@ -32,6 +37,7 @@ from bus.messages import (
     Ready,
     Request,
 )
+from bus.wire_checks import ProtocolError
 
 HEADERS: dict[Command, bytes] = {cmd: c.SIGNATURE + bytes((c.VERSION, cmd)) for cmd in Command}
 _COMMANDS = {int(cmd): cmd for cmd in Command}
@@ -43,26 +49,20 @@ MIN_FRAMES = {Command.READY: 2, Command.HEARTBEAT: 1, Command.DISCONNECT: 2, Com
 _HAS_PAYLOAD = {Command.REQUEST, Command.PARTIAL, Command.FINAL, Command.DIRECT}
 
 
-class ProtocolError(ValueError):
-    """Input we refuse. `reason` is a DropReason value; `request_id` is set when the message
-    could be tied to a request, so the sender can get a request-scoped ERROR."""
-
-    def __init__(self, reason: str, detail: str, request_id: str | None = None) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
-        self.request_id = request_id
-
-
 def pack(value: Any) -> bytes:
-    return msgpack.packb(value, use_bin_type=True)
+    checks.check_depth(value)
+    try:
+        return msgpack.packb(value, use_bin_type=True)
+    except (TypeError, ValueError, OverflowError) as exc:   # UnicodeEncodeError is a ValueError
+        raise ProtocolError(c.DropReason.MALFORMED, f"body cannot be encoded: {type(exc).__name__}") from None
 
 
 def unpack(data: Any) -> Any:
     try:
-        return msgpack.unpackb(data, raw=False)
+        value = msgpack.unpackb(data, raw=False)
     except Exception as exc:  # msgpack raises several unrelated types on bad input
-        raise ProtocolError(c.DropReason.MALFORMED, f"body is not msgpack: {exc}") from None
+        raise ProtocolError(c.DropReason.MALFORMED, f"body is not msgpack: {type(exc).__name__}") from None
+    return checks.check_depth(value)
 
 
 def raw_bytes(frame: Any) -> bytes:
@@ -117,6 +117,28 @@ def encode(message: Message) -> list[Any]:
     return _ENCODERS[type(message)](message)
 
 
+def encode_checked(message: Request | Direct) -> list[Any]:
+    """`encode`, after checking the routing frames a broker would refuse (ids, service, key,
+    peer of 1..MAX_ID_BYTES UTF-8 bytes; key may be empty): a message that cannot travel fails
+    here, in the sender, with ProtocolError, instead of on the bus."""
+    routing = ((message.service, "service"), (message.request_id, "request_id")) if isinstance(
+        message, Request) else ((message.peer, "peer"),)
+    for value, what in routing:
+        _check_routing(value, what, allow_empty=False)
+    if isinstance(message, Request):
+        _check_routing(message.key, "key", allow_empty=True)
+    return encode(message)
+
+
+def _check_routing(value: str, what: str, *, allow_empty: bool) -> None:
+    try:
+        size = len(value.encode())
+    except (AttributeError, UnicodeEncodeError):
+        raise ProtocolError(c.DropReason.MALFORMED, f"{what} must be UTF-8 text") from None
+    if size > c.MAX_ID_BYTES or (size == 0 and not allow_empty):
+        raise ProtocolError(c.DropReason.MALFORMED, f"{what} must be {int(not allow_empty)}..{c.MAX_ID_BYTES} bytes")
+
+
 def decode(frames: list[Any]) -> Message:
     """The message in `frames` (header first, no ROUTER identity)."""
     if not frames:
@@ -166,33 +188,25 @@ def _field(body: dict[str, Any], name: str, kind: type | tuple[type, ...], defau
     return value
 
 
-def _ids(body: dict[str, Any], name: str) -> tuple[str, ...]:
-    values = _field(body, name, list, [])
-    if not all(isinstance(v, str) and 0 < len(v.encode()) <= c.MAX_ID_BYTES for v in values):
-        raise ProtocolError(c.DropReason.MALFORMED, f"{name} must be a list of request ids")
-    return tuple(values)
-
-
 def capacity_of(value: Any) -> dict[str, float]:
-    """A capacity mapping, validated: str keys, int/float values."""
-    if not isinstance(value, dict) or not all(
-            isinstance(k, str) and isinstance(v, int | float) and not isinstance(v, bool)
-            for k, v in value.items()):
-        raise ProtocolError(c.DropReason.MALFORMED, "capacity must map names to numbers")
-    return value
+    """A capacity mapping, validated (`bus.wire_checks.capacity_map`)."""
+    return checks.capacity_map(value)
 
 
 def _decode_ready(frames: list[Any]) -> Ready:
+    if len(frames[1]) > c.MAX_READY_BYTES:
+        raise ProtocolError(c.DropReason.MALFORMED, f"READY body over {c.MAX_READY_BYTES} bytes")
     body = _map(frames[1], "READY")
     role = _field(body, "role", str)
     if role not in c.ROLES:
-        raise ProtocolError(c.DropReason.MALFORMED, f"unknown role {role!r}")
+        raise ProtocolError(c.DropReason.MALFORMED, "unknown role")
     node_id = _field(body, "node_id", str)
-    if not 0 < len(node_id.encode()) <= c.MAX_ID_BYTES:
+    if not 0 < len(node_id.encode(errors="replace")) <= c.MAX_ID_BYTES:
         raise ProtocolError(c.DropReason.MALFORMED, "node_id must be 1..128 bytes")
+    data_endpoint = checks.short_str(body.get("data_endpoint", ""), "data_endpoint", c.MAX_ENDPOINT_BYTES)
     return Ready(role=role, node_id=node_id, capacity=capacity_of(body.get("capacity", {})),
-                 data_endpoint=_field(body, "data_endpoint", str, ""),
-                 inflight=_ids(body, "inflight"), pending=_ids(body, "pending"))
+                 data_endpoint=data_endpoint, inflight=checks.id_list(body.get("inflight", []), "inflight"),
+                 pending=checks.id_list(body.get("pending", []), "pending"))
 
 
 def _decode_request(frames: list[Any]) -> Request:
@@ -219,22 +233,41 @@ def _decode_reply(kind: type[Partial] | type[Final], frames: list[Any]) -> Parti
 
 def _decode_error(frames: list[Any]) -> Error:
     request_id = text(frames[1], "request_id", allow_empty=True)  # "" = not request-scoped
-    body = _map(frames[2], "ERROR")
-    return Error(request_id=request_id, code=_field(body, "code", str),
-                 message=_field(body, "message", str, ""), details=_field(body, "details", dict, {}))
+    try:
+        body = _map(frames[2], "ERROR")
+        return Error(request_id=request_id, code=checks.short_str(body.get("code"), "code", c.MAX_CODE_BYTES),
+                     message=checks.free_text(body.get("message", ""), "message"),
+                     details=_field(body, "details", dict, {}))
+    except ProtocolError as exc:
+        exc.request_id = request_id or None
+        raise
+
+
+def _decode_disconnect(frames: list[Any]) -> Disconnect:
+    body = _map(frames[1], "DISCONNECT")
+    return Disconnect(reason=checks.short_str(body.get("reason"), "reason", c.MAX_CODE_BYTES),
+                      detail=checks.free_text(body.get("detail", ""), "detail"))
+
+
+def _decode_cancel(frames: list[Any]) -> Cancel:
+    request_id = text(frames[1], "request_id")
+    try:
+        reason = checks.short_str(_map(frames[2], "CANCEL").get("reason", ""), "reason", c.MAX_CODE_BYTES)
+    except ProtocolError as exc:
+        exc.request_id = request_id
+        raise
+    return Cancel(request_id=request_id, reason=reason)
 
 
 _DECODERS = {
     Command.READY: _decode_ready,
     Command.HEARTBEAT: lambda f: Heartbeat(),
-    Command.DISCONNECT: lambda f: Disconnect(reason=_field(_map(f[1], "DISCONNECT"), "reason", str),
-                                             detail=str(_map(f[1], "DISCONNECT").get("detail", ""))),
+    Command.DISCONNECT: _decode_disconnect,
     Command.CAPACITY: lambda f: CapacityUpdate(capacity=capacity_of(_map(f[1], "CAPACITY").get("capacity"))),
     Command.REQUEST: _decode_request,
     Command.PARTIAL: lambda f: _decode_reply(Partial, f),
     Command.FINAL: lambda f: _decode_reply(Final, f),
     Command.ERROR: _decode_error,
+    Command.CANCEL: _decode_cancel,
     Command.DIRECT: lambda f: Direct(peer=text(f[1], "peer"), body=unpack(f[2]), payload=tuple(f[3:])),
-    Command.CANCEL: lambda f: Cancel(request_id=text(f[1], "request_id"),
-                                     reason=str(_map(f[2], "CANCEL").get("reason", ""))),
 }

@@ -37,8 +37,10 @@ SERVICES_BY_ROLE: dict[str, tuple[str, ...]] = {
     "prefill": ("prefill",),
     "decode": ("decode",),
     "both": ("prefill", "decode", "both"),
-    "gateway": ("gateway",),
+    "gateway": (),   # a gateway only asks: no REQUEST or DIRECT is ever routed to one
 }
+# Roles that serve work: only these may send or receive DIRECTs, or announce `inflight` requests.
+SERVING_ROLES = frozenset({"prefill", "decode", "both"})
 
 # Capacity keys, by role (values are numbers; unknown keys are kept and passed to the policy).
 DECODE_CAPACITY_KEYS = ("kv_blocks_total", "kv_blocks_free", "max_running")
@@ -63,6 +65,8 @@ class DisconnectReason:
     MALFORMED = "malformed"
     OVERSIZED = "oversized"
     FORBIDDEN = "forbidden"           # broker -> peer: its CURVE key is not admitted for that role
+                                      # (or the node id is bound to another key)
+    OVERLOADED = "overloaded"         # broker -> peer: as many nodes registered as it keeps
     SHUTDOWN = "shutdown"             # node or broker is stopping cleanly
 
 
@@ -77,6 +81,9 @@ class ErrorCode:
     MALFORMED = "malformed"
     OVERSIZED = "oversized"
     CANCELLED = "cancelled"
+    FORBIDDEN = "forbidden"              # the sender's role may not send that (a gateway's DIRECT)
+    INTERNAL = "internal"                # the broker's routing policy failed on this request
+    BACKLOG_FULL = "backlog_full"        # the request never left its client: the backlog overflowed
 
 
 class CancelReason:
@@ -90,7 +97,8 @@ class DropReason:
     BAD_VERSION = "bad_version"
     OVERSIZED = "oversized"
     NOT_REGISTERED = "not_registered"
-    FORBIDDEN = "forbidden"              # READY for a role the sender's key is not admitted for
+    FORBIDDEN = "forbidden"              # READY for a role (or a node id) the sender's key may not take
+    OVERLOADED = "overloaded"            # READY for a new node id while MAX_NODES are registered
     UNKNOWN_REQUEST = "unknown_request"  # a reply/cancel for a request the broker does not know
     UNROUTABLE = "unroutable"            # the destination socket vanished or its queue is full
 
@@ -106,5 +114,16 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # gateway can export live nodes by role and queue depths without a side channel.
 BROKER_STATS_SERVICE = "pdbus.broker.stats"
 MAX_ID_BYTES = 128          # request ids, node ids, service names, routing keys
+# Bounds on what peers send, checked when a body is decoded (docs/PROTOCOL.md §1.7). Bodies nest
+# at most 4 deep today (a FINAL's token list); 32 leaves room, while Python's repr() and str()
+# of a value fail at about 1,000 levels, inside the very handlers that log a bad message.
+MAX_BODY_DEPTH = 32
+MAX_READY_BYTES = 16 << 20      # READY is unpacked before its sender's role is known: bound it first
+MAX_ANNOUNCED_IDS = 100_000     # READY inflight / pending, each (the endpoint backlog's size)
+MAX_CAPACITY_KEYS = 64          # CAPACITY / READY capacity: names of at most 64 bytes, finite numbers
+MAX_CAPACITY_KEY_BYTES = 64
+MAX_ENDPOINT_BYTES = 512        # READY data_endpoint
+MAX_TEXT_CHARS = 4096           # ERROR message, DISCONNECT detail: longer text is cut, not refused
+MAX_CODE_BYTES = 64             # ERROR code, CANCEL and DISCONNECT reasons
 # Reconnect back-off (node side): first retry after one interval, doubling, capped, jittered.
 DEFAULT_BACKOFF_CAP_S = 4.0
