@@ -8,7 +8,8 @@ Contract:
 - `add_listener(callback)`: `callback(event)` for every NodeJoined / NodeLeft /
   CapacityChanged / PeerRejected, on the broker's loop, after the core has handled it.
 - `security=SecurityConfig` (optional): CURVE on the ROUTER, a ZAP `Gatekeeper` admitting the
-  configured keys only, and READY accepted only for a role the sender's key is admitted for.
+  configured keys only, and READY accepted only for a role the sender's key is admitted for and
+  for a node id no other key registered first.
 - `run_broker(..., policy=)`: the `pdbus broker` process: uvloop, SIGINT/SIGTERM stop it cleanly.
 - A socket monitor on the ROUTER reports every closed connection to the core
   (`on_connection_closed`), so a killed node is found by probing, before its liveness expires.
@@ -47,7 +48,8 @@ class Broker:
         self.endpoint = endpoint
         self.security = security
         self.core = BrokerCore(heartbeat, policy, max_message_bytes,
-                               authorize=self._authorize if security else None)
+                               authorize=self._authorize if security else None,
+                               identify=self._identify if security else None)
         self.bound_endpoint: str | None = None
         self.log = get_logger("broker")
         # ZAP is per context: a CURVE broker owns its context, so its Gatekeeper is the only one.
@@ -127,6 +129,14 @@ class Broker:
         if role not in principal.roles:
             return f"key {principal.name!r} is not admitted as {role!r}"
         return None
+
+    @staticmethod
+    def _identify(header_frame: object) -> str | None:
+        """The sender's CURVE public key (ZAP made it the connection's User-Id): node ids bind to it."""
+        try:
+            return header_frame.get("User-Id") or None
+        except (AttributeError, zmq.ZMQError):
+            return None
 
     def _publish_events(self) -> None:
         if not self.core.events:

@@ -19,11 +19,15 @@ Contract:
   and is offered again on every join, CAPACITY and tick (see `bus.broker_routes`).
 - Routed messages (REQUEST, PARTIAL, FINAL, ERROR, DIRECT, CANCEL) are forwarded on their
   header and routing frames only; body and payload frames pass through untouched (zero copy).
-- `authorize(header_frame, role) -> reason | None` (optional, from the shell: CURVE keys -> roles):
-  a READY for a role the sender may not take is dropped (`dropped.forbidden`) and answered with
-  DISCONNECT `forbidden`; nothing of the sender is registered.
+- `authorize(header_frame, role) -> reason | None` and `identify(header_frame) -> owner | None`
+  (optional, from the shell: CURVE keys -> roles, and the sender's key): a READY for a role the
+  sender may not take, or for a node id bound to another key, is dropped (`dropped.forbidden`)
+  and answered with DISCONNECT `forbidden`; nothing of the sender is registered
+  (`bus.broker_admission`).
 - Never raises on peer input: bad input is dropped, counted under `dropped.<reason>` and
   answered with an ERROR (request-scoped) or a DISCONNECT; everyone else keeps being served.
+  A handler or policy that fails anyway is contained: the message is counted
+  (`failed.handler`), a request gets ERROR `internal`, and the broker goes on.
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ from typing import Any
 
 from bus import codec
 from bus import constants as c
+from bus.broker_admission import Admission
 from bus.broker_routes import RouteTable
 from bus.codec import HEADERS, ProtocolError
 from bus.constants import Command, DisconnectReason, DropReason, LeaveReason
@@ -52,8 +57,9 @@ class BrokerCore(RouteTable):
     def __init__(self, heartbeat: HeartbeatConfig | None = None, policy: RoutingPolicy | None = None,
                  max_message_bytes: int = c.DEFAULT_MAX_MESSAGE_BYTES,
                  orphan_grace_s: float | None = None,
-                 authorize: Callable[[Any, str], str | None] | None = None) -> None:
-        self.authorize = authorize
+                 authorize: Callable[[Any, str], str | None] | None = None,
+                 identify: Callable[[Any], str | None] | None = None) -> None:
+        self.admission = Admission(authorize, identify)
         self.heartbeat = heartbeat or HeartbeatConfig()
         self.policy: RoutingPolicy = policy or LeastOutstandingPolicy()
         self.max_message_bytes = max_message_bytes
@@ -84,12 +90,33 @@ class BrokerCore(RouteTable):
         except ProtocolError as exc:
             self._reject(identity, exc, frames)
             return
+        try:
+            self._handle(identity, command, frames, now)
+        except Exception as exc:   # a bug, not bad input: contain it to this one message
+            self.contain_failure(identity, command, frames, exc)
+
+    def _handle(self, identity: bytes, command: Command, frames: list, now: float) -> None:
         node = self.nodes_by_identity.get(identity)
         if node is None:
             self._on_unregistered(identity, command, frames, now)
             return
         node.timers.last_seen = now
         self._handlers[command](node, command, frames, now)
+
+    def contain_failure(self, identity: bytes, command: Command | None, frames: list, exc: Exception) -> None:
+        """A handler raised: count and report it; a request gets ERROR `internal` (its route,
+        if one was made, is kept consistent by `finish`)."""
+        self.metrics["failed.handler"] += 1
+        node = self.nodes_by_identity.get(identity)
+        self.events.append(PeerRejected("internal_error", f"{type(exc).__name__} handling {command!r}",
+                                        node.node_id if node else None, identity))
+        if command is Command.REQUEST:
+            request_id = codec.raw_bytes(frames[2])
+            route = self.routes.get(request_id)
+            if route is not None and route.client is node and route.server is None:
+                self.finish(route)
+            self.send_error(identity, request_id.decode(errors="replace"), c.ErrorCode.INTERNAL,
+                            "the broker failed on this request")
 
     def _validate(self, frames: list) -> Command:
         if not frames:
@@ -122,9 +149,9 @@ class BrokerCore(RouteTable):
             return
         assert isinstance(ready, Ready)
         identity = identity or node.identity
-        refusal = self.authorize(frames[0], ready.role) if self.authorize else None
+        refusal = self.admission.refusal(ready, frames[0], self.nodes_by_id)
         if refusal is not None:
-            self._reject(identity, ProtocolError(DropReason.FORBIDDEN, refusal), frames)
+            self._reject(identity, refusal, frames)
             return
         if node is not None:   # READY again on the same socket: start afresh, keep its requests
             self._unlist(node)
@@ -142,7 +169,7 @@ class BrokerCore(RouteTable):
         self.metrics["nodes.joined"] += 1
         self.events.append(NodeJoined(new.node_id, new.role, dict(new.capacity), new.data_endpoint,
                                       len(ready.inflight)))
-        self.policy.on_join(new)
+        self._tell_policy(self.policy.on_join, new)
         self.send(new, list(_HEARTBEAT), now)   # acknowledges the registration
         self.release_directs(new, now)
         if self.queue.by_id:
@@ -170,11 +197,20 @@ class BrokerCore(RouteTable):
     def _forget(self, node: Node, reason: str, now: float) -> None:
         """Drop `node`; fail what it was serving, cancel what it asked for."""
         self._unlist(node)
-        self.policy.on_leave(node, reason)
+        self._tell_policy(self.policy.on_leave, node, reason)
         lost = self.fail_node_requests(node, now)
         self.metrics["nodes.left"] += 1
         self.metrics[f"nodes.left.{reason}"] += 1
         self.events.append(NodeLeft(node.node_id, node.role, reason, lost, now - node.timers.last_seen))
+
+    def _tell_policy(self, hook: Callable[..., None], *args: Any) -> None:
+        """A registry change for the policy; its failure is counted, never the broker's."""
+        try:
+            hook(*args)
+        except Exception as exc:
+            self.metrics["failed.policy"] += 1
+            self.events.append(PeerRejected("internal_error", f"policy {hook.__name__}: {type(exc).__name__}",
+                                            None, b""))
 
     def _on_heartbeat(self, node: Node, command: Command, frames: list, now: float) -> None:
         pass   # on_frames already counted it as life
@@ -189,7 +225,7 @@ class BrokerCore(RouteTable):
             self._reject(node.identity, exc, frames)
             return
         node.capacity = dict(update.capacity)
-        self.policy.on_capacity(node)
+        self._tell_policy(self.policy.on_capacity, node)
         self.events.append(CapacityChanged(node.node_id, dict(node.capacity)))
         if self.queue.by_id:
             self.dispatch_queued(now)
@@ -198,6 +234,13 @@ class BrokerCore(RouteTable):
 
     def tick(self, now: float) -> None:
         """Expire silent nodes, heartbeat idle links, fail orphaned requests."""
+        try:
+            self._run_timers(now)
+        except Exception as exc:   # contained like a handler's failure; the next tick runs again
+            self.metrics["failed.tick"] += 1
+            self.events.append(PeerRejected("internal_error", f"{type(exc).__name__} in tick", None, b""))
+
+    def _run_timers(self, now: float) -> None:
         self.now = now
         config = self.heartbeat
         probing = now < self.probe_until

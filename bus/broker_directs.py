@@ -5,15 +5,17 @@ DIRECT before its peer is back (a prefill node's `kv_ready` to its decode node: 
 decode node never starts the stream). Holding it until the peer registers turns that race into
 a short delay instead of a stalled request.
 
-Contract (plain data, no sockets): `HeldDirects(grace_s, max_held)`;
+Contract (plain data, no sockets): `HeldDirects(grace_s, max_held, max_bytes)`;
 `hold(peer, sender_identity, frames, now) -> bool` keeps a copy of the frames to forward (False
-when `max_held` are already held: the caller refuses as it would without holding);
+when `max_held` messages or `max_bytes` are already held: the caller refuses as it would
+without holding);
 `release(peer) -> list[frames]` when `peer` registers, in the order they came;
 `expire(now) -> list[(sender_identity, peer)]`: those held past `grace_s`, which the caller answers
 with ERROR `unknown_node` as it did before (the sender learns the peer is gone).
 `DirectRoutes` is the DIRECT half of the broker's routing, a base of `bus.broker_routes.RouteTable`
 sharing its tables and output: `on_direct`, `release_directs(node, now)` on a registration,
-`expire_directs(now)` on a tick.
+`expire_directs(now)` on a tick. DIRECTs pass only between serving nodes (prefill, decode,
+both): a gateway neither sends nor receives one (ERROR `forbidden`, request id "").
 """
 
 from __future__ import annotations
@@ -23,8 +25,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from bus import constants as c
 from bus.codec import raw_bytes
 from bus.constants import Command, ErrorCode
+
+MAX_HELD_BYTES = 64 << 20   # what DIRECTs waiting for their peer may hold in all
 
 if TYPE_CHECKING:
     from bus.registry import Node
@@ -39,18 +44,22 @@ class _Held:
 
 
 class HeldDirects:
-    def __init__(self, grace_s: float, max_held: int = 1024) -> None:
+    def __init__(self, grace_s: float, max_held: int = 1024, max_bytes: int = MAX_HELD_BYTES) -> None:
         self.grace_s = grace_s
         self.max_held = max_held
+        self.max_bytes = max_bytes
+        self.num_bytes = 0
         self._held: deque[_Held] = deque()   # in arrival order, so expiry pops from the left
 
     def __len__(self) -> int:
         return len(self._held)
 
     def hold(self, peer: str, sender: bytes, frames: list, now: float) -> bool:
-        if len(self._held) >= self.max_held:
+        size = sum(map(len, frames))
+        if len(self._held) >= self.max_held or self.num_bytes + size > self.max_bytes:
             return False
         self._held.append(_Held(peer, sender, [bytes(f) for f in frames], now + self.grace_s))
+        self.num_bytes += size
         return True
 
     def release(self, peer: str) -> list[list]:
@@ -59,12 +68,14 @@ class HeldDirects:
         mine = [h.frames for h in self._held if h.peer == peer]
         if mine:
             self._held = deque(h for h in self._held if h.peer != peer)
+            self.num_bytes -= sum(len(f) for frames in mine for f in frames)
         return mine
 
     def expire(self, now: float) -> list[tuple[bytes, str]]:
         expired = []
         while self._held and self._held[0].until <= now:
             held = self._held.popleft()
+            self.num_bytes -= sum(map(len, held.frames))
             expired.append((held.sender, held.peer))
         return expired
 
@@ -77,9 +88,18 @@ class DirectRoutes:
     held_directs: HeldDirects
 
     def on_direct(self, node: Node, command: Command, frames: list, now: float) -> None:
-        peer = raw_bytes(frames[1]).decode(errors="replace")
+        peer_frame = raw_bytes(frames[1])
+        if not 0 < len(peer_frame) <= c.MAX_ID_BYTES:
+            self.metrics["dropped.malformed"] += 1
+            self.send_error(node.identity, "", ErrorCode.MALFORMED, "DIRECT peer must be 1..128 bytes")
+            return
+        peer = peer_frame.decode(errors="replace")
         delivered = [frames[0], node.node_id_frame, *frames[2:]]   # `peer` becomes the sender's id
         target = self.nodes_by_id.get(peer)
+        if node.role not in c.SERVING_ROLES or (target is not None and target.role not in c.SERVING_ROLES):
+            self.metrics["rejected.forbidden_direct"] += 1
+            self.send_error(node.identity, "", ErrorCode.FORBIDDEN, "DIRECTs pass only between serving nodes")
+            return
         if target is not None:
             target.timers.last_sent = now
             self.outbox.append([target.identity, *delivered])

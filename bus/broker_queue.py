@@ -4,7 +4,8 @@ Contract: plain data owned by `BrokerCore` (no I/O, no clock of its own). An ent
 REQUEST's frames as received, so a dispatched request is forwarded exactly as if it had been
 routed at once. `push` never checks the bound: the broker asks `num_queued(service)` first.
 Each service's queue is an insertion-ordered dict, so the head is O(1) and a cancel or a
-client's departure removes an entry from the middle in O(1) too.
+client's departure removes an entry from the middle in O(1) too. `num_bytes` is what the queued
+frames hold in all; the broker refuses to queue past `MAX_QUEUED_BYTES`.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 
 from bus.registry import Node
+
+MAX_QUEUED_BYTES = 256 << 20
 
 
 @dataclass(slots=True, eq=False)
@@ -27,11 +30,16 @@ class Deferred:
     deadline: float
     retry_after_s: float
 
+    @property
+    def num_bytes(self) -> int:
+        return sum(map(len, self.frames))
+
 
 class DeferredQueue:
     def __init__(self) -> None:
         self.by_id: dict[bytes, Deferred] = {}   # the hot path checks duplicates here
         self._by_service: dict[bytes, dict[bytes, Deferred]] = {}
+        self.num_bytes = 0
 
     def __len__(self) -> int:
         return len(self.by_id)
@@ -41,11 +49,13 @@ class DeferredQueue:
 
     def push(self, entry: Deferred) -> None:
         self.by_id[entry.request_id] = entry
+        self.num_bytes += entry.num_bytes
         self._by_service.setdefault(entry.service, {})[entry.request_id] = entry
 
     def remove(self, request_id: bytes) -> Deferred | None:
         entry = self.by_id.pop(request_id, None)
         if entry is not None:
+            self.num_bytes -= entry.num_bytes
             queue = self._by_service[entry.service]
             del queue[request_id]
             if not queue:

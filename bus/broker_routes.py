@@ -6,15 +6,13 @@ are forwarded as received. A route lives from REQUEST until FINAL, ERROR or CANC
 either end leaves: the client then gets ERROR `node_lost` (details: node_id, num_replies
 forwarded so far) and the serving node gets CANCEL `client_lost`.
 After a broker restart, routes are rebuilt from READY.inflight (server side) and READY.pending
-(client side); a route whose other end does not re-register within `orphan_grace_s` fails with
-ERROR `request_lost` / CANCEL `client_lost`. Replies to a route whose server re-registered first
-are held (at most `MAX_HELD_REPLIES`) and forwarded when its client re-registers, so a stream
-loses nothing in between. A DIRECT for a node id not registered is held for `orphan_grace_s` too
+(client side), replies held for clients not back yet (`bus.broker_restart`). A DIRECT for a node id not registered is held for `orphan_grace_s` too
 (`bus.broker_directs`) and forwarded if that node registers, else answered `unknown_node`.
 A request the policy defers (`bus.routing.Defer`) waits in `queue` (`bus.broker_queue`) with no
 route yet; `dispatch_queued(now)` offers the queues' heads again and `expire_queued(now)` answers
 the requests that waited too long with ERROR `overloaded`. A client's CANCEL or departure just
-drops its queued requests (no node has seen them).
+drops its queued requests (no node has seen them). Service names and keys are bounded (1..128
+and 0..128 bytes); a policy that raises fails only that request (ERROR `internal`).
 """
 
 from __future__ import annotations
@@ -24,10 +22,11 @@ from typing import TYPE_CHECKING
 from bus import codec
 from bus import constants as c
 from bus.broker_directs import DirectRoutes, HeldDirects
-from bus.broker_queue import Deferred, DeferredQueue
+from bus.broker_queue import MAX_QUEUED_BYTES, Deferred, DeferredQueue
+from bus.broker_restart import RestartRoutes
 from bus.codec import ProtocolError, raw_bytes
 from bus.constants import CancelReason, Command, ErrorCode
-from bus.messages import Cancel, Final, Ready
+from bus.messages import Cancel, Final
 from bus.registry import Node, Route
 from bus.routing import Defer, Refuse, RoutingPolicy
 
@@ -37,13 +36,13 @@ if TYPE_CHECKING:
 
 
 OVERLOADED = "overloaded"
-MAX_HELD_REPLIES = 4096   # per route waiting for its client after a broker restart
 
 
 _BROKER_STATS = c.BROKER_STATS_SERVICE.encode()
+_SERVICES = frozenset(service for services in c.SERVICES_BY_ROLE.values() for service in services)
 
 
-class RouteTable(DirectRoutes):
+class RouteTable(DirectRoutes, RestartRoutes):
     outbox: list[list]
     metrics: Counter[str]
     policy: RoutingPolicy
@@ -55,21 +54,30 @@ class RouteTable(DirectRoutes):
         self.routes: dict[bytes, Route] = {}
         self.orphans: dict[bytes, Route] = {}
         self.orphan_grace_s = orphan_grace_s
+        self.held_reply_bytes = 0
         self.queue = DeferredQueue()
         self.held_directs = HeldDirects(orphan_grace_s)
 
     # -- the hot path --------------------------------------------------------------------
 
     def on_request(self, node: Node, command: Command, frames: list, now: float) -> None:
-        request_id = raw_bytes(frames[2])
+        request_id, service, key = raw_bytes(frames[2]), raw_bytes(frames[1]), raw_bytes(frames[4])
         if not 0 < len(request_id) <= c.MAX_ID_BYTES:
             self.metrics["dropped.malformed"] += 1
             self.send_error(node.identity, "", ErrorCode.MALFORMED, "request_id must be 1..128 bytes")
             return
+        if not 0 < len(service) <= c.MAX_ID_BYTES or len(key) > c.MAX_ID_BYTES:
+            self.metrics["dropped.malformed"] += 1
+            self._refuse(node, request_id, ErrorCode.MALFORMED,
+                         "service must be 1..128 bytes and key at most 128 bytes")
+            return
+        if self.is_placeholder_of(request_id, node):
+            # Announced as pending in READY before it was sent (it waited in the client's
+            # backlog across a broker restart): this is the request itself, route it.
+            self.finish(self.routes[request_id])
         if request_id in self.routes or request_id in self.queue.by_id:
             self._refuse(node, request_id, ErrorCode.DUPLICATE_REQUEST, "request id already in flight")
             return
-        service = raw_bytes(frames[1])
         if service == _BROKER_STATS:
             self.metrics["answered.stats"] += 1
             self.send(node, codec.encode(Final(request_id.decode(errors="replace"), 0, self.stats())), now)
@@ -99,12 +107,16 @@ class RouteTable(DirectRoutes):
             return True
         except Defer as defer:
             return self._defer(node, request_id, service, frames, now, defer, queued)
+        except Exception as exc:   # the policy failed on this request: it alone gets the error
+            self.metrics["failed.policy"] += 1
+            self._refuse(node, request_id, ErrorCode.INTERNAL, f"routing failed: {type(exc).__name__}")
+            return True
         if not target:
             name = service.decode(errors="replace")
             # Per service too: `rejected.no_node.prefill` counts the clients that fall back to
-            # prefilling on their decode node.
-            self.metrics[f"rejected.{ErrorCode.NO_NODE}.{name}"] += 1
-            self._refuse(node, request_id, ErrorCode.NO_NODE, f"no live node serves {name!r}")
+            # prefilling on their decode node. Peer-chosen names share one counter.
+            self.metrics[f"rejected.{ErrorCode.NO_NODE}.{name if name in _SERVICES else 'other'}"] += 1
+            self._refuse(node, request_id, ErrorCode.NO_NODE, f"no live node serves {name[:64]!r}")
             return True
         self.routes[request_id] = Route(request_id, service.decode(errors="replace"), node, target, now)
         node.waiting.add(request_id)
@@ -120,7 +132,7 @@ class RouteTable(DirectRoutes):
         """PARTIAL, FINAL or ERROR from the node serving the request."""
         route = self.routes.get(raw_bytes(frames[1]))
         if route is not None and route.server is node and route.client is None and route.request_id in self.orphans:
-            self._hold(route, command, frames)
+            self.hold_reply(route, command, frames)
             return
         if route is None or route.server is not node or route.client is None:
             self.metrics["dropped.unknown_request"] += 1
@@ -150,31 +162,14 @@ class RouteTable(DirectRoutes):
             self.outbox.append([route.server.identity, *frames])
         self.metrics["routed.cancel"] += 1
 
-    def _hold(self, route: Route, command: Command, frames: list) -> None:
-        if len(route.held) >= MAX_HELD_REPLIES:
-            self.metrics["dropped.held_overflow"] += 1
-            return
-        route.held.append((command, [raw_bytes(f) for f in frames]))   # copies: the frames' buffers are reused
-        self.metrics["held.reply"] += 1
-
-    def _release_held(self, route: Route, now: float) -> None:
-        held, route.held = route.held, []
-        for command, frames in held:
-            route.num_replies += 1
-            route.client.timers.last_sent = now
-            self.outbox.append([route.client.identity, *frames])
-            self.metrics["routed.reply"] += 1
-            if command is not Command.PARTIAL:
-                self.finish(route)
-                return
-
     # -- the deferred-request queue ------------------------------------------------------
 
     def _defer(self, node: Node, request_id: bytes, service: bytes, frames: list, now: float,
                defer: Defer, queued: Deferred | None) -> bool:
         if queued is not None:
             return False
-        if self.queue.num_queued(service) >= defer.max_queued:
+        if (self.queue.num_queued(service) >= defer.max_queued
+                or self.queue.num_bytes + sum(map(len, frames)) > MAX_QUEUED_BYTES):
             self.metrics[f"rejected.{OVERLOADED}"] += 1
             self.send_error(node.identity, request_id.decode(errors="replace"), OVERLOADED,
                             f"{defer.message}; {defer.max_queued} requests already waiting",
@@ -210,6 +205,8 @@ class RouteTable(DirectRoutes):
     # -- route lifecycle -----------------------------------------------------------------
 
     def finish(self, route: Route) -> None:
+        if route.held:
+            self._drop_held(route)
         self.routes.pop(route.request_id, None)
         self.orphans.pop(route.request_id, None)
         if route.client is not None:
@@ -220,43 +217,6 @@ class RouteTable(DirectRoutes):
     def _refuse(self, node: Node, request_id: bytes, code: str, message: str) -> None:
         self.metrics[f"rejected.{code}"] += 1
         self.send_error(node.identity, request_id.decode(errors="replace"), code, message)
-
-    def adopt_requests(self, new: Node, ready: Ready, old: Node | None, now: float) -> None:
-        """Attach the requests a (re-)registering node announces; see the module docstring."""
-        for request_id in ready.inflight:
-            route = self._route_for(request_id.encode(), new.role, now)
-            if route.server is None or route.server is old:
-                if route.server is not None:
-                    route.server.serving.discard(route.request_id)
-                route.server = new
-                new.serving.add(route.request_id)
-            self._settle(route)
-        for request_id in ready.pending:
-            queued = self.queue.by_id.get(request_id.encode())
-            if queued is not None:   # still waiting for capacity: keep its place in the queue
-                queued.client = new
-                continue
-            route = self._route_for(request_id.encode(), "", now)
-            if route.client is None or route.client is old:
-                if route.client is not None:
-                    route.client.waiting.discard(route.request_id)
-                route.client = new
-                new.waiting.add(route.request_id)
-            self._settle(route)
-            if route.held:
-                self._release_held(route, now)
-
-    def _route_for(self, request_id: bytes, service: str, now: float) -> Route:
-        route = self.routes.get(request_id)
-        if route is None:
-            route = self.routes[request_id] = self.orphans[request_id] = Route(
-                request_id, service, None, None, now)
-            self.metrics["routes.adopted"] += 1
-        return route
-
-    def _settle(self, route: Route) -> None:
-        if route.client is not None and route.server is not None:
-            self.orphans.pop(route.request_id, None)
 
     def fail_node_requests(self, node: Node, now: float) -> tuple[str, ...]:
         """`node` is gone: its clients get ERROR node_lost, its servers get CANCEL client_lost."""
@@ -290,20 +250,6 @@ class RouteTable(DirectRoutes):
             route.server.timers.last_sent = now
             cancel = Cancel(route.request_id.decode(errors="replace"), CancelReason.CLIENT_LOST)
             self.outbox.append([route.server.identity, *codec.encode(cancel)])
-
-    def expire_orphans(self, now: float) -> None:
-        for route in list(self.orphans.values()):
-            if now - route.created_at <= self.orphan_grace_s:
-                continue
-            self.finish(route)
-            if route.client is None and route.held and route.held[-1][0] is not Command.PARTIAL:
-                self.metrics["dropped.unclaimed_reply"] += 1   # replayed after its client had it all
-                continue
-            self.metrics["failed.request_lost"] += 1
-            if route.client is not None:
-                self.send_error(route.client.identity, route.request_id.decode(errors="replace"),
-                                ErrorCode.REQUEST_LOST, "no node re-announced this request")
-            self._cancel_server(route, now)
 
     def fail_rejected_request(self, identity: bytes, node: Node | None, exc: ProtocolError) -> None:
         """A request-scoped message was refused: ERROR to its sender; if it was a serving

@@ -13,7 +13,8 @@ Contract (docs/CLUSTER.md "Services, keys and capacity"):
   A request without a key is placed by its request id and not remembered.
 - `prefill` requests: the live prefill node with the fewest outstanding prefill tokens (reported
   `queued_tokens` plus tokens routed since the report); a request's tokens are its key when the
-  key is a decimal number (clients may pass the prompt length), else `prefill_tokens_estimate`.
+  key is an ASCII decimal number of at most `MAX_PREFILL_KEY_DIGITS` digits (clients pass the
+  prompt length), else `prefill_tokens_estimate`.
   Ties: fewer outstanding requests, then fewer requests ever, then node id (deterministic).
   No prefill node at all never reaches the policy: the broker answers `no_node` and counts it
   as `rejected.no_node.prefill` (clients then fall back to decode-local prefill).
@@ -21,7 +22,8 @@ Contract (docs/CLUSTER.md "Services, keys and capacity"):
 - Deterministic: placements depend only on the node ids, their loads and capacity, and the
   sessions seen, never on join order or the process (xxh3 positions), so a restarted broker
   with the same nodes places new sessions as before.
-- `metrics` (a Counter): `placed.<service>.<node_id>`; `sessions.new|sticky|moved|returned|
+- `metrics` (a Counter): `placed.<service>.<node_id>` (dropped when the node leaves, so node
+  ids that come and go do not grow it); `sessions.new|sticky|moved|returned|
   orphaned|over_bound`; `decode.skipped_full` (full nodes passed over), `decode.all_full` (choices that found
   every node full, re-offers of a queued request included), `decode.overloaded` (refusals when
   there is no queue). The broker counts the requests themselves (`queue.*`, `rejected.*`).
@@ -40,6 +42,7 @@ from scheduler.ring import BoundedLoadRing
 from scheduler.sessions import SessionTable
 
 OVERLOADED = "overloaded"
+MAX_PREFILL_KEY_DIGITS = 9   # a prompt length; longer "numbers" are peer noise, not a load
 
 
 @dataclass(frozen=True, slots=True)
@@ -82,6 +85,8 @@ class ClusterPolicy:
             self.ring.add_node(node.node_id)
 
     def on_leave(self, node: NodeView, reason: str) -> None:
+        for service in ("decode", "prefill", "both"):
+            self.metrics.pop(f"placed.{service}.{node.node_id}", None)
         if node.role in DECODE_ROLES:
             self.ring.remove_node(node.node_id)
             self.metrics["sessions.orphaned"] += self.sessions.node_left(node.node_id)
@@ -150,5 +155,12 @@ class ClusterPolicy:
         loads = self.prefill_loads
         node = min(candidates, key=lambda n: (loads.outstanding_tokens(n), n.num_outstanding,
                                               n.num_assigned, n.node_id))
-        loads.add(node.node_id, int(key) if key.isdecimal() else self.settings.prefill_tokens_estimate)
+        loads.add(node.node_id, _prompt_tokens(key, self.settings.prefill_tokens_estimate))
         return node
+
+
+def _prompt_tokens(key: str, estimate: int) -> int:
+    """The prompt length a prefill key states, or `estimate` for anything else."""
+    if key.isascii() and key.isdecimal() and len(key) <= MAX_PREFILL_KEY_DIGITS:
+        return int(key)
+    return estimate

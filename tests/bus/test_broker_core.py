@@ -26,7 +26,7 @@ from bus.routing import Refuse
 from tests.bus.broker_helpers import BrokerDriver
 
 HB = HeartbeatConfig(interval_s=0.25, liveness=3)
-W, G, W2 = b"worker", b"gateway", b"worker2"
+W, G, W2, P = b"worker", b"gateway", b"worker2", b"prefill"
 
 
 @pytest.fixture
@@ -271,24 +271,38 @@ def test_only_the_serving_node_may_reply(pair):
 
 
 def test_direct_messages_carry_the_sender(pair):
-    pair.send(G, Direct("d1", {"kv": "ready"}, (b"blob",)))
+    pair.register(P, "prefill", "p1")
+    pair.outgoing()
+    pair.send(P, Direct("d1", {"kv": "ready"}, (b"blob",)))
     (message,) = pair.to(W)
-    assert (message.peer, message.body, bytes(message.payload[0])) == ("g1", {"kv": "ready"}, b"blob")
-    pair.send(G, Direct("nobody", None))
-    assert pair.to(G) == []                                   # held: "nobody" may be re-registering
+    assert (message.peer, message.body, bytes(message.payload[0])) == ("p1", {"kv": "ready"}, b"blob")
+    pair.send(P, Direct("nobody", None))
+    assert pair.to(P) == []                                   # held: "nobody" may be re-registering
     pair.tick(pair.core.orphan_grace_s + 0.01)
-    assert [m.code for m in pair.to(G) if isinstance(m, Error)] == [c.ErrorCode.UNKNOWN_NODE]
+    assert [m.code for m in pair.to(P) if isinstance(m, Error)] == [c.ErrorCode.UNKNOWN_NODE]
+
+
+def test_directs_pass_only_between_serving_nodes(pair):
+    """A gateway key can neither send a DIRECT (a forged kv_ready) nor receive one."""
+    pair.send(G, Direct("d1", {"type": "kv_ready"}))
+    assert pair.to(W) == []
+    pair.register(P, "prefill", "p1")
+    pair.outgoing()
+    pair.send(P, Direct("g1", {"type": "kv_ready"}))
+    assert [m.code for m in pair.to(P) if isinstance(m, Error)] == [c.ErrorCode.FORBIDDEN]
+    assert pair.core.metrics["rejected.forbidden_direct"] == 2
 
 
 def test_a_direct_for_a_node_not_back_yet_is_delivered_when_it_registers(pair):
     """After a broker restart a prefill node may resend its kv_ready before the decode node is back."""
-    pair.send(G, Direct("d9", {"type": "kv_ready"}))
+    pair.register(P, "prefill", "p1")
+    pair.send(P, Direct("d9", {"type": "kv_ready"}))
     pair.tick(0.5)
     pair.register(b"W9", "decode", "d9")
     (message,) = [m for m in pair.to(b"W9") if isinstance(m, Direct)]
-    assert (message.peer, message.body) == ("g1", {"type": "kv_ready"})
+    assert (message.peer, message.body) == ("p1", {"type": "kv_ready"})
     pair.tick(pair.core.orphan_grace_s)
-    assert [m for m in pair.to(G) if isinstance(m, Error)] == []   # delivered: no unknown_node later
+    assert [m for m in pair.to(P) if isinstance(m, Error)] == []   # delivered: no unknown_node later
 
 
 def test_capacity_update_replaces_capacity(pair):

@@ -127,3 +127,23 @@ def test_a_refused_node_is_not_left_half_registered(keys, curve_broker):
             with pytest.raises(TimeoutError):
                 worker.receive(timeout=0.5)
         assert curve_broker.call(lambda: set(curve_broker.broker.core.nodes_by_id)) == {"d1"}
+
+
+def test_an_admitted_key_cannot_take_over_another_nodes_id(keys, curve_broker):
+    """Issue #39 item 4: a gateway key registering under a decode node's id would receive its
+    DIRECTs and could answer into other clients' streams; the id stays bound to its first key."""
+    key_pairs, key_dir = keys
+    with Endpoint(curve_broker.endpoint, "decode", "d1",
+                  security=config_for(key_pairs, key_dir, "decode")) as worker:
+        assert worker.wait_registered(10)
+        echo_worker(worker)
+        with Endpoint(curve_broker.endpoint, "gateway", "d1",
+                      security=config_for(key_pairs, key_dir, "gateway")) as impostor:
+            assert not impostor.wait_registered(REFUSED_WAIT_S)
+        node = curve_broker.call(lambda: curve_broker.broker.core.nodes_by_id["d1"])
+        assert node.role == "decode"
+        assert curve_broker.call(lambda: curve_broker.broker.core.metrics["dropped.forbidden"]) >= 1
+        with BusClient(curve_broker.endpoint, "g1",
+                       security=config_for(key_pairs, key_dir, "gateway")) as client:
+            replies = client.call_blocking("decode", {"prompt": PROMPT}, timeout=10)
+    assert replies[-1].body == {"served_by": "d1"}
