@@ -9,9 +9,11 @@ Contract (every method is thread-safe and returns at once unless it says it wait
   `Direct`, `Cancel` or un-scoped `Error`; answer a Request with `reply(...)` (PARTIAL),
   `reply_final(...)` (FINAL) or `reply_error(...)` (ERROR). Sequence numbers are ours to keep.
 - client side: `request(service, body, payload, key=..., request_id=..., timeout=...)` returns a
-  `ReplyStream` (async or blocking iterator, PARTIAL... then FINAL, BusError on ERROR);
-  `cancel(request_id)`.
-- `send_direct(node_id, body, payload)`, `update_capacity(mapping)`.
+  `ReplyStream` (async or blocking iterator, PARTIAL... then FINAL, BusError on ERROR), or
+  raises `bus.codec.ProtocolError` (a ValueError) at once when the request cannot travel (ids
+  or key over 128 bytes, a body `bus.codec.pack` refuses); `cancel(request_id)`: replies that
+  were already on their way are dropped, never queued anywhere.
+- `send_direct(node_id, body, payload)` (raises ProtocolError likewise), `update_capacity(mapping)`.
 `security=SecurityConfig` (optional): the DEALER speaks CURVE to the broker (`server_key`).
 Payload items are sent zero-copy (bytes, memoryview, numpy buffers, zmq.Frame); received
 payload items are zmq.Frame objects (use `memoryview(frame)` or `frame.bytes`).
@@ -32,6 +34,7 @@ import uvloop
 import zmq
 
 from bus import constants as c
+from bus.codec import encode_checked
 from bus.endpoint_core import EndpointCore, LinkDown, LinkUp
 from bus.liveness import HeartbeatConfig
 from bus.log import get_logger
@@ -124,17 +127,23 @@ class Endpoint:
     def request(self, service: str, body: Any = None, payload: tuple = (), *, key: str = "",
                 request_id: str | None = None, timeout: float | None = None) -> ReplyStream:
         request_id = request_id or uuid.uuid4().hex
+        frames = encode_checked(Request(service, request_id, body, tuple(payload), "", key))
         stream = ReplyStream(request_id, self.cancel, timeout)
         self._streams[request_id] = stream   # before sending: the reply may come back at once
-        self._call(self.core.request, Request(service, request_id, body, tuple(payload), "", key))
+        self._call(self.core.request_encoded, request_id, frames)
         return stream
 
     def cancel(self, request_id: str) -> None:
+        self._call(self._cancel, request_id)
+
+    def _cancel(self, request_id: str, now: float) -> None:
+        # On the I/O thread, in order with the replies: whatever the core delivered before this
+        # went to the stream (which its owner dropped), and the core drops whatever comes after.
         self._streams.pop(request_id, None)
-        self._call(self.core.cancel, request_id)
+        self.core.cancel(request_id, now)
 
     def send_direct(self, node_id: str, body: Any = None, payload: tuple = ()) -> None:
-        self._call(self.core.direct, Direct(node_id, body, tuple(payload)))
+        self._call(self.core.direct_encoded, encode_checked(Direct(node_id, body, tuple(payload))))
 
     def update_capacity(self, capacity: Mapping[str, float]) -> None:
         self._call(self.core.update_capacity, dict(capacity))
@@ -151,7 +160,12 @@ class Endpoint:
         self._loop.call_soon_threadsafe(self._apply, method, args)
 
     def _apply(self, method: Any, args: tuple) -> None:
-        method(*args, time.monotonic())
+        try:
+            method(*args, time.monotonic())
+        except Exception as exc:   # node code's call, not the link: log it (never its arguments)
+            self.core.metrics["failed.call"] += 1
+            self.log.error("endpoint_call_failed", call=getattr(method, "__name__", "?"),
+                           error=type(exc).__name__)
         self._flush()
 
     def _run(self) -> None:
@@ -244,6 +258,8 @@ class Endpoint:
                 if not isinstance(event, Partial):
                     self._streams.pop(event.request_id, None)
                 stream.mailbox.put(event)
+            elif isinstance(event, Partial | Final):   # its stream was cancelled: nobody reads it
+                self.core.metrics["dropped.late_reply"] += 1
             elif isinstance(event, LinkUp):
                 self._registered.set()
                 self.log.info("registered", broker=self.broker_endpoint)

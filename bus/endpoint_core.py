@@ -10,6 +10,12 @@ Contract for the shell (bus.endpoint):
   (for the reply stream of a request this node sent), and `LinkUp` / `LinkDown`.
 - App calls (`request`, `reply`, `reply_error`, `direct`, `cancel`, `update_capacity`) queue
   frames; while unregistered they wait in a bounded backlog that is flushed on registration.
+  READY's `pending` names only requests that left the backlog (a new broker would otherwise make
+  a placeholder route for a request it has not seen); a request pushed out of a full backlog
+  ends its stream with ERROR `backlog_full`. A reply whose body cannot be encoded is sent as
+  ERROR `internal` instead, so the client's stream still ends.
+- A `gateway` endpoint serves nothing: a REQUEST, DIRECT or un-scoped ERROR reaching it is
+  dropped and counted (`dropped.not_served`), never queued for code that does not read it.
 Liveness (6/PPP, improved): any message from the broker counts as life; HEARTBEAT only after an
 idle interval; broker silent for interval*liveness -> LinkDown, new socket, READY again (with the
 requests in flight), each new attempt after a jittered, doubling, capped back-off.
@@ -32,6 +38,7 @@ from typing import Any
 
 from bus import codec
 from bus import constants as c
+from bus.backlog import Backlog
 from bus.codec import ProtocolError
 from bus.liveness import Backoff, HeartbeatConfig, LinkTimers
 from bus.messages import (
@@ -73,7 +80,7 @@ class EndpointCore:
         self.retry_at = 0.0
         self.serving: dict[str, int] = {}    # request id -> next seq of our reply stream
         self.streams: dict[str, int] = {}    # request id we sent -> next seq we expect
-        self.backlog: deque[list] = deque(maxlen=max_backlog)
+        self.backlog = Backlog(max_backlog)
         self.sent_replies: deque[tuple[float, str | None, list]] = deque()   # (sent at, request id or None for a DIRECT, frames)
         self.replay: list[tuple[str | None, list]] = []   # replies (and DIRECTs: None) to send again
         self.outbox: list[list] = []
@@ -95,7 +102,7 @@ class EndpointCore:
         inflight = dict.fromkeys([*self.serving, *(request_id for request_id, _ in self.replay if request_id)])
         return Ready(role=self.role, node_id=self.node_id, capacity=dict(self.capacity),
                      data_endpoint=self.data_endpoint, inflight=tuple(inflight),
-                     pending=tuple(self.streams))
+                     pending=tuple(r for r in self.streams if not self.backlog.holds_request(r)))
 
     def tick(self, now: float) -> bool:
         """Run the timers; True asks the shell for a fresh socket (then `on_socket_opened`)."""
@@ -132,8 +139,7 @@ class EndpointCore:
         self.events.append(LinkUp())
         self.outbox.extend(frames for _, frames in self.replay)
         self.replay.clear()
-        self.outbox.extend(self.backlog)
-        self.backlog.clear()
+        self.outbox.extend(self.backlog.take_all())
 
     # -- input ---------------------------------------------------------------------------
 
@@ -169,7 +175,16 @@ class EndpointCore:
         self.retry_at = min(self.retry_at, now + delay)
 
     def _on_request(self, message: Request) -> None:
+        if self.role not in c.SERVING_ROLES:
+            self.metrics["dropped.not_served"] += 1
+            return
         self.serving[message.request_id] = 0
+        self.events.append(message)
+
+    def _on_direct(self, message: Direct) -> None:
+        if self.role not in c.SERVING_ROLES:
+            self.metrics["dropped.not_served"] += 1
+            return
         self.events.append(message)
 
     def _on_cancel(self, message: Cancel) -> None:
@@ -179,8 +194,8 @@ class EndpointCore:
     def _on_reply(self, message: Partial | Final | Error) -> None:
         expected = self.streams.get(message.request_id)
         if expected is None:
-            if isinstance(message, Error) and (not message.request_id
-                                               or self.serving.pop(message.request_id, None) is not None):
+            if isinstance(message, Error) and self.role in c.SERVING_ROLES and (
+                    not message.request_id or self.serving.pop(message.request_id, None) is not None):
                 # Not tied to a stream of ours: about a DIRECT (unknown_node) or about a reply
                 # we sent that the broker refused; node code gets it with the requests.
                 self.events.append(message)
@@ -204,8 +219,12 @@ class EndpointCore:
     # -- app calls -----------------------------------------------------------------------
 
     def request(self, message: Request, now: float) -> None:
-        self.streams[message.request_id] = 0
-        self._send_app(codec.encode(message), now)
+        self.request_encoded(message.request_id, codec.encode(message), now)
+
+    def request_encoded(self, request_id: str, frames: list, now: float) -> None:
+        """`request` with the frames encoded by the caller (so an unencodable request fails there)."""
+        self.streams[request_id] = 0
+        self._send_app(frames, now, request_id)
 
     def reply(self, request_id: str, body: Any, payload: tuple, final: bool, now: float) -> bool:
         """Queue the next PARTIAL (or the FINAL); False if the request is not ours any more."""
@@ -213,12 +232,16 @@ class EndpointCore:
         if seq is None:
             self.metrics["dropped.reply_to_unknown_request"] += 1
             return False
+        try:
+            frames = codec.encode((Final if final else Partial)(request_id, seq, body, payload))
+        except ProtocolError as exc:   # node code's bug: the client gets an ERROR, not silence
+            self.metrics["failed.unencodable_reply"] += 1
+            return self.reply_error(request_id, c.ErrorCode.INTERNAL, f"reply not encodable: {exc.detail}", {}, now)
         if final:
             del self.serving[request_id]
-            self._send_replayable(request_id, codec.encode(Final(request_id, seq, body, payload)), now)
         else:
             self.serving[request_id] = seq + 1
-            self._send_replayable(request_id, codec.encode(Partial(request_id, seq, body, payload)), now)
+        self._send_replayable(request_id, frames, now)
         return True
 
     def reply_error(self, request_id: str, code: str, message: str, details: Mapping, now: float) -> bool:
@@ -229,13 +252,17 @@ class EndpointCore:
         return True
 
     def direct(self, message: Direct, now: float) -> None:
+        self.direct_encoded(codec.encode(message), now)
+
+    def direct_encoded(self, frames: list, now: float) -> None:
         # Kept in the replay window like a reply: a DIRECT the old broker never forwarded (a
         # prefill node's kv_ready) goes out again after re-registering; receivers ignore copies.
-        self._send_replayable(None, codec.encode(message), now)
+        self._send_replayable(None, frames, now)
 
     def cancel(self, request_id: str, now: float) -> None:
-        if self.streams.pop(request_id, None) is not None:
-            self._send_app(codec.encode(Cancel(request_id, c.CancelReason.CLIENT)), now)
+        if self.streams.pop(request_id, None) is None or self.backlog.withdraw(request_id):
+            return   # not ours, or it never left: taken back, no CANCEL needed
+        self._send_app(codec.encode(Cancel(request_id, c.CancelReason.CLIENT)), now)
 
     def update_capacity(self, capacity: Mapping[str, float], now: float) -> None:
         self.capacity = dict(capacity)
@@ -257,13 +284,16 @@ class EndpointCore:
             window.append((now, request_id, frames))
         self._send_app(frames, now)
 
-    def _send_app(self, frames: list, now: float) -> None:
+    def _send_app(self, frames: list, now: float, request_id: str | None = None) -> None:
         if self.registered:
             self._send_now(frames, now)
             return
-        if len(self.backlog) == self.backlog.maxlen:
-            self.metrics["dropped.backlog_full"] += 1
-        self.backlog.append(frames)
+        before = self.backlog.num_dropped
+        dropped = self.backlog.push(frames, request_id)
+        self.metrics["dropped.backlog_full"] += self.backlog.num_dropped - before
+        if dropped is not None and self.streams.pop(dropped, None) is not None:
+            self.events.append(Error(dropped, c.ErrorCode.BACKLOG_FULL,
+                                     "the request waited for the broker while the backlog overflowed"))
 
     def take_outbox(self) -> list[list]:
         outbox, self.outbox = self.outbox, []
@@ -276,6 +306,6 @@ class EndpointCore:
 
 _HANDLERS = {
     Request: EndpointCore._on_request, Cancel: EndpointCore._on_cancel,
-    Direct: lambda core, message: core.events.append(message),
+    Direct: EndpointCore._on_direct,
     Partial: EndpointCore._on_reply, Final: EndpointCore._on_reply, Error: EndpointCore._on_reply,
 }
