@@ -16,12 +16,19 @@ Failures: a decode node lost, stalled or timing out -> resume on another decode 
 prompt plus every token delivered (indices continue; duplicates dropped); a prefill node lost or
 `kv_failed` -> the prefill is re-sent with a new transfer id; `no_node` for prefill -> the decode
 request is re-asked with `prefill: "local"`. Every retry counts against `max_retries`; past it, or
-on `overloaded` / `rejected` / `bad_request`, iteration raises `ClusterError` (never a hang: every
+on `overloaded` / `rejected` / `bad_request` / `malformed`, iteration raises `ClusterError` (never a hang: every
 wait is bounded by `stall_timeout_s`, the wait for a plan by `plan_timeout_s`, which exceeds the
 broker queue's timeout). A decode node answering `full` (no KV room yet) is backpressure, not a
 failure: the request is offered again after a growing pause (the node now advertises `full`, so
 the broker places it elsewhere or holds it in its queue) without spending a retry, until it has
 waited `plan_timeout_s` for room in all; then `overloaded` (503 + Retry-After at the gateway).
+What the bus cannot carry never leaves: `generate` raises `cluster_wire.Uncarriable` (a ValueError
+naming the field) for a session id over the bus's routing-key bound, strings that are not UTF-8,
+ints beyond 64 bits, non-finite floats; and should the bus endpoint still refuse to encode a
+request (`ProtocolError`, raised by `stream()` in the caller), iteration raises `ClusterError`
+`malformed` at once, without a retry.
+Nothing is kept per request once it ends: its streams are cancelled (or finished) whatever the
+ending, and the client holds no table of generations.
 """
 
 from __future__ import annotations
@@ -255,8 +262,9 @@ class ClusterClient:
         prompt = tuple(int(t) for t in prompt)
         if not prompt:
             raise ValueError("empty prompt")
-        return Generation(self, prompt, sampling or SamplingParams(), session_id or uuid.uuid4().hex,
-                          request_id or uuid.uuid4().hex)
+        sampling, session_id = sampling or SamplingParams(), session_id or uuid.uuid4().hex
+        wire.check_request(prompt, sampling, session_id)   # wire.Uncarriable: nothing is sent
+        return Generation(self, prompt, sampling, session_id, request_id or uuid.uuid4().hex)
 
     def generate_blocking(self, prompt: Sequence[int] | str, sampling: SamplingParams | None = None,
                           **options: Any) -> GenerationResult:

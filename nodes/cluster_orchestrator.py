@@ -9,7 +9,9 @@ delivered before this attempt), drops duplicates and holds tokens that arrive ah
 until it is filled — by the stream itself or by the `tokens` list of the decode node's FINAL (or
 the prefill node's FINAL for index 0). A gap left at the end is a `Retry` from the delivered
 offset. Prefill failures are retried here with a new transfer id for the same decode request,
-spending the generation's retry budget (`generation.spend_retry`).
+spending the generation's retry budget (`generation.spend_retry`). A request the bus endpoint
+refuses to encode (a ValueError — `bus.codec.ProtocolError` — from `stream()`) is `Retry`
+`malformed`, which the generation treats as fatal.
 After a node loss the broker has already dropped the lost node, so the retry goes out at once
 (`Retry.delay_s` 0, `IMMEDIATE`); other retries wait the client's `retry_delay_s`. A prefill
 that recovers from a failure (a resumed stream, a re-sent prefill) is sent `urgent`: the prefill
@@ -33,6 +35,7 @@ NODE_LOSS = {"node_lost", "request_lost", wire.KV_TIMEOUT, "stalled", "gap"}
 # The broker reports these once the node is out of its registry: nothing to wait for.
 IMMEDIATE = {"node_lost", "request_lost"}
 PREFILL_GRACE_S = 2.0
+MALFORMED = "malformed"   # the bus refused to encode a request (fatal: the same body fails again)
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -88,15 +91,18 @@ class Attempt:
             self.g.emit(self.pending.pop(len(self.g.tokens)))
 
     def _open(self, service: str, body: dict, key: str = "") -> Any:
-        stream = self.g.client.stream(service, body, key=key)
+        try:
+            stream = self.g.client.stream(service, body, key=key)
+        except ValueError as exc:   # bus.codec.ProtocolError: the endpoint cannot encode it, nothing was sent
+            raise Retry(MALFORMED, str(exc), counts=False) from None
         self.streams.append(stream)
         return stream
 
     # -- the attempt -----------------------------------------------------------------------
     async def run(self) -> str:
-        body = {"prompt_token_ids": list(self.prompt), "sampling": wire.sampling_to_wire(self.sampling),
-                "session_id": self.g.session_id, "prefill": "local" if self.local else "auto",
-                "resume": {"num_delivered": self.base} if self.base else None}
+        body = wire.decode_request_body(self.prompt, self.sampling, self.g.session_id,
+                                        "local" if self.local else "auto",
+                                        {"num_delivered": self.base} if self.base else None)
         started = time.monotonic()
         decode = self._open(wire.DECODE, body, key=self.g.session_id)
         try:

@@ -6,8 +6,10 @@ Contract:
 - `build_app(gateway) -> web.Application`: routes (docs/API.md) and two middlewares: `errors`
   (ApiError -> OpenAI error JSON with its status and headers; aiohttp's HTTP errors in the same
   shape; anything unexpected -> 500 with no stack trace in the body, logged) and `auth` (Bearer
-  API key on /v1/*, 401; sets `request[IDENTITY]` for rate limiting: the key, or the client
-  address when no keys are configured).
+  API key on /v1/*, 401; sets `request[TENANT]`, the key's tenant tag that scopes its sessions
+  (nodes/gateway/tenants.py; "" without keys), and `request[IDENTITY]` for rate limiting: the
+  tenant, or the client address when no keys are configured; a refusal is counted under a fixed
+  endpoint label, never the path).
 - `run_gateway(config, broker_endpoint, model_info, stop)`: registers with the broker as a bus
   client, serves until `stop` is set, then closes the HTTP server and the bus client.
 """
@@ -30,12 +32,15 @@ from nodes.gateway.config import GatewayConfig
 from nodes.gateway.errors import ApiError, error_body
 from nodes.gateway.metrics import GatewayMetrics
 from nodes.gateway.protect import RateLimiter, check_api_key
-from nodes.gateway.serve import GATEWAY, IDENTITY
+from nodes.gateway.serve import GATEWAY, IDENTITY, TENANT
+from nodes.gateway.tenants import tenant_of
 from nodes.heap import freeze_startup_objects
 from nodes.settings import SettingsError
 
 log = get_logger("gateway")
 OPEN_PATHS = ("/health", "/ready", "/metrics")
+ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat", "/v1/stream": "websocket",
+             "/v1/models": "models"}
 
 
 class Gateway:
@@ -73,6 +78,7 @@ async def errors(request: web.Request, handler: Any) -> web.StreamResponse:
 @web.middleware
 async def auth(request: web.Request, handler: Any) -> web.StreamResponse:
     config = request.app[GATEWAY].config
+    request[TENANT] = ""
     if request.path in OPEN_PATHS or not config.api_keys:
         request[IDENTITY] = request.remote or "local"
     else:
@@ -80,10 +86,12 @@ async def auth(request: web.Request, handler: Any) -> web.StreamResponse:
         if header is None and "api_key" in request.query:
             header = f"Bearer {request.query['api_key']}"
         try:
-            request[IDENTITY] = "key:" + check_api_key(header, config.api_keys)
-        except ApiError as exc:
-            request.app[GATEWAY].metrics.observe_request(request.path, "unauthorized")
-            raise exc
+            request[TENANT] = tenant_of(check_api_key(header, config.api_keys))
+        except ApiError:
+            # A fixed set of labels: a client-chosen path must never become a metric series.
+            request.app[GATEWAY].metrics.observe_request(ENDPOINTS.get(request.path, "other"), "unauthorized")
+            raise
+        request[IDENTITY] = "key:" + request[TENANT]   # the limiter never holds the key itself
     return await handler(request)
 
 

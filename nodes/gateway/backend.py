@@ -5,8 +5,10 @@ Contract:
 - `load_model_info(spec, model_dir) -> ModelInfo(tokenizer, max_model_len)`: the tokenizer only
   (the weights stay on the nodes): "tiny" builds the tiny model's, a real model's converted folder
   (`prepare_model`, cached in `.models/`) gives `tokenizer.json` and `config.json`.
-- `Backend(client, model, config)`: `start_generation(api_request) -> Generation` (tokenize,
-  check the context, build SamplingParams; ApiError 400 for what cannot run),
+- `Backend(client, model, config)`: `start_generation(api_request, request_id, session_id) ->
+  Generation` (tokenize, check the context, build SamplingParams, start the cluster request on the
+  tenant-scoped `session_id`; ApiError 400 for what cannot run, and for anything the bus could
+  not carry: `cluster_wire.Uncarriable` from `ClusterClient.generate`, naming the API field),
   `await readiness() -> dict` (cached for `ready_cache_s`).
 Readiness: the broker has no query for its registry, so the gateway probes it with what it
 already has: one deliberately empty request to each service (`prefill`, `decode`). No live node
@@ -25,6 +27,7 @@ from typing import Any
 
 from bus.constants import BROKER_STATS_SERVICE
 from bus.mailbox import BusError
+from nodes.cluster_wire import Uncarriable
 from nodes.engines.base import SamplingParams
 from nodes.gateway.config import GatewayConfig
 from nodes.gateway.errors import bad_request
@@ -56,6 +59,14 @@ def load_model_info(spec: str, model_dir: str | None = None) -> ModelInfo:
     return ModelInfo(Tokenizer.from_folder(folder), int(config.get("max_position_embeddings", 2048)))
 
 
+def _field_of(path: str, chat: bool) -> str:
+    """The API field behind a cluster body path: `sampling.stop[1]` -> `stop`."""
+    if path.startswith("prompt_token_ids"):
+        return "messages" if chat else "prompt"
+    name = path.removeprefix("sampling.").split(".")[0].split("[")[0]
+    return {"stop_token_ids": "stop"}.get(name, name)
+
+
 class Backend:
     def __init__(self, client: Any, model: ModelInfo, config: GatewayConfig) -> None:
         self.client, self.model, self.config = client, model, config
@@ -64,15 +75,20 @@ class Backend:
         self._ready_at = 0.0
         self._ready_lock = asyncio.Lock()
 
-    def start_generation(self, request: ApiRequest, request_id: str) -> Any:
+    def start_generation(self, request: ApiRequest, request_id: str, session_id: str) -> Any:
+        """The cluster request on `session_id` (the cluster's, tenant-scoped); 400 for what it cannot
+        run, including anything the bus could not carry (the last guard before the bus)."""
         ids, max_tokens = tokenize(request, self.model.tokenizer, self.max_model_len, self.config.default_max_tokens)
         try:
             sampling = SamplingParams(temperature=request.temperature, top_k=request.top_k, top_p=request.top_p,
                                       seed=request.seed, max_tokens=max_tokens, stop=request.stop,
                                       ignore_eos=request.ignore_eos)
+            return self.client.generate(ids, sampling, session_id=session_id, request_id=request_id)
+        except Uncarriable as exc:
+            raise bad_request(f"the request cannot be sent to the cluster: {exc.why}",
+                              _field_of(exc.path, request.chat)) from None
         except ValueError as exc:
             raise bad_request(str(exc)) from exc
-        return self.client.generate(ids, sampling, session_id=request.session_id, request_id=request_id)
 
     async def readiness(self) -> dict[str, Any]:
         async with self._ready_lock:

@@ -25,8 +25,8 @@ from nodes.cluster_client import ClusterError
 from nodes.gateway.errors import ApiError, bad_request, error_body
 from nodes.gateway.openai_format import Shaper, pdbus_headers
 from nodes.gateway.relay import StalledConsumer, within
-from nodes.gateway.schema import parse_request
-from nodes.gateway.serve import GATEWAY, IDENTITY, Served, cluster_error
+from nodes.gateway.schema import MAX_DEPTH, parse_request
+from nodes.gateway.serve import GATEWAY, IDENTITY, TENANT, Served, cluster_error
 
 log = get_logger("gateway")
 
@@ -44,10 +44,18 @@ async def read_json(request: web.Request, max_bytes: int) -> object:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as exc:
         raise bad_request(f"the request body is not valid UTF-8 (byte {exc.start})") from exc
+    return parse_json(text, "request body")
+
+
+def parse_json(text: str, what: str) -> object:
+    """JSON, or a 400: malformed, or nested past the parser's recursion limit (RecursionError,
+    which is no ValueError); the schema then holds nesting to MAX_DEPTH."""
     try:
         return json.loads(text)
     except ValueError as exc:
-        raise bad_request(f"the request body is not valid JSON: {exc}") from exc
+        raise bad_request(f"the {what} is not valid JSON: {exc}") from None
+    except RecursionError:
+        raise bad_request(f"the {what} is nested deeper than {MAX_DEPTH} levels") from None
 
 
 def sse(data: object) -> bytes:
@@ -66,7 +74,8 @@ async def _openai(request: web.Request, chat: bool) -> web.StreamResponse:
     gateway = request.app[GATEWAY]
     config = gateway.config
     endpoint = "chat" if chat else "completions"
-    async with Served(gateway, endpoint, request[IDENTITY], "chatcmpl" if chat else "cmpl") as served:
+    async with Served(gateway, endpoint, request[IDENTITY], "chatcmpl" if chat else "cmpl",
+                      request[TENANT]) as served:
         body = await read_json(request, config.max_body_bytes)
         api = parse_request(body, chat=chat, model_name=config.model_name, max_tokens_limit=config.max_tokens_limit,
                             session_header=request.headers.get("X-Session-Id"))

@@ -4,13 +4,17 @@
 Contract: `Shaper(request, model_name, response_id, created)` builds, for its kind (completion or
 chat): `chunk(text)`, `first_chunk()` (chat's role delta; None for completions), `final_chunk(
 finish_reason, pdbus)`, `usage_chunk(usage)`, `response(text, finish_reason, usage, pdbus)`.
-`pdbus_info(trace, kv_mode)` says which nodes served the request, the KV mode, failovers and
-timings; `pdbus_headers(info)` is the same as `X-Pdbus-*` headers.
+`pdbus_info(trace, kv_mode, session_id=None)` says which nodes served the request, the KV mode,
+failovers and timings (`session_id`: the client's own id, shown instead of the cluster's);
+`pdbus_headers(info)` is the same as `X-Pdbus-*` headers, each value cut to printable ASCII
+(at most MAX_HEADER_CHARS), so nothing reaches a header unchecked.
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+MAX_HEADER_CHARS = 256
 
 
 def usage_body(usage: dict[str, int]) -> dict[str, int]:
@@ -18,10 +22,10 @@ def usage_body(usage: dict[str, int]) -> dict[str, int]:
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
 
 
-def pdbus_info(trace: Any, kv_mode: str) -> dict[str, Any]:
+def pdbus_info(trace: Any, kv_mode: str, session_id: str | None = None) -> dict[str, Any]:
     remote = "remote" in trace.plans
     return {
-        "request_id": trace.request_id, "session_id": trace.session_id,
+        "request_id": trace.request_id, "session_id": session_id or trace.session_id,
         "prefill_node": trace.prefill_node_ids[-1] if trace.prefill_node_ids else None,
         "decode_node": trace.decode_node_ids[-1] if trace.decode_node_ids else None,
         "prefill_nodes": list(trace.prefill_node_ids), "decode_nodes": list(trace.decode_node_ids),
@@ -33,7 +37,16 @@ def pdbus_info(trace: Any, kv_mode: str) -> dict[str, Any]:
     }
 
 
+def header_value(value: Any) -> str:
+    """Printable ASCII only (no CR/LF, no control or non-ASCII characters), at most MAX_HEADER_CHARS."""
+    return "".join(c for c in str(value)[:MAX_HEADER_CHARS] if " " <= c <= "~")
+
+
 def pdbus_headers(info: dict[str, Any]) -> dict[str, str]:
+    return {name: header_value(value) for name, value in _headers(info).items()}
+
+
+def _headers(info: dict[str, Any]) -> dict[str, str]:
     headers = {"X-Request-Id": info["request_id"], "X-Session-Id": info["session_id"]}
     if info.get("prefill_node") or info.get("plans"):
         headers["X-Pdbus-Prefill-Node"] = info.get("prefill_node") or (info["decode_node"] or "") + " (local)"

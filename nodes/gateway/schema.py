@@ -6,20 +6,26 @@ Contract: `parse_request(body, chat=..., config=..., session_header=None) -> Api
 string content or text parts), `max_tokens` (chat also `max_completion_tokens`), `temperature`,
 `top_p`, `top_k`, `seed`, `stop` (string or list), `n` (1 only), `stream`,
 `stream_options.include_usage`, `user`, `ignore_eos` (vLLM's extension), `session_id` (or the
-`X-Session-Id` header). Features we do not serve (`n` > 1, several prompts, `logprobs`, `echo`,
-`best_of` > 1, non-zero penalties, `suffix`, tools) are refused clearly; any other field is
-ignored and listed in `ignored_fields` (the caller logs them), as vLLM does.
+`X-Session-Id` header; visible ASCII, at most MAX_SESSION_ID_CHARS). Every value is held to what
+the cluster's bus carries (nodes/gateway/fields.py: UTF-8 text, 64-bit integers, finite numbers,
+at most MAX_DEPTH levels of nesting), so an accepted request can always be sent. Features we do
+not serve (`n` > 1, several prompts, `logprobs`, `echo`, `best_of` > 1, non-zero penalties,
+`suffix`, tools) are refused clearly; any other field is ignored and listed in `ignored_fields`
+(the caller logs them; printable ASCII, at most 32), as vLLM does.
 `tokenize(request, tokenizer, max_model_len)` turns it into prompt token ids and checks the
 context length (400 `context_length_exceeded`).
 """
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, field
 from typing import Any
 
+from nodes.gateway import fields
 from nodes.gateway.errors import ApiError, bad_request
+from nodes.gateway.fields import MAX_DEPTH, MAX_SESSION_ID_CHARS, boolean, integer, number, string, text
+
+__all__ = ["MAX_DEPTH", "MAX_SESSION_ID_CHARS", "ApiRequest", "parse_request", "tokenize"]
 
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream",
           "stream_options", "user", "ignore_eos", "session_id", "logprobs", "presence_penalty",
@@ -49,45 +55,6 @@ class ApiRequest:
     ignored_fields: tuple[str, ...] = field(default=())
 
 
-def _number(body: dict, name: str, default: float, low: float, high: float) -> float:
-    value = body.get(name)
-    if value is None:
-        return default
-    if isinstance(value, bool) or not isinstance(value, int | float) or not math.isfinite(value):
-        raise bad_request(f"'{name}' must be a number", name)
-    if not low <= value <= high:
-        raise bad_request(f"'{name}' must be between {low} and {high}, got {value}", name)
-    return float(value)
-
-
-def _integer(body: dict, name: str, low: int, high: int | None = None) -> int | None:
-    value = body.get(name)
-    if value is None:
-        return None
-    if isinstance(value, bool) or not isinstance(value, int):
-        raise bad_request(f"'{name}' must be an integer", name)
-    if value < low or (high is not None and value > high):
-        limit = f"between {low} and {high}" if high is not None else f">= {low}"
-        raise bad_request(f"'{name}' must be {limit}, got {value}", name)
-    return value
-
-
-def _boolean(body: dict, name: str) -> bool:
-    value = body.get(name, False)
-    if value is None:
-        return False
-    if not isinstance(value, bool):
-        raise bad_request(f"'{name}' must be a boolean", name)
-    return value
-
-
-def _string(body: dict, name: str) -> str | None:
-    value = body.get(name)
-    if value is not None and not isinstance(value, str):
-        raise bad_request(f"'{name}' must be a string", name)
-    return value
-
-
 def _stop(body: dict) -> tuple[str, ...]:
     stop = body.get("stop")
     if stop is None:
@@ -97,20 +64,20 @@ def _stop(body: dict) -> tuple[str, ...]:
         raise bad_request("'stop' must be a string or a list of strings", "stop")
     if len(stops) > MAX_STOPS:
         raise bad_request(f"'stop' takes at most {MAX_STOPS} strings", "stop")
-    return tuple(s for s in stops if s)
+    return tuple(text(s, "stop") for s in stops if s)
 
 
 def _refuse_unsupported(body: dict) -> None:
-    if _integer(body, "n", 1) not in (None, 1):
+    if integer(body, "n", 1, fields.INT64_MAX) not in (None, 1):
         raise bad_request("only n=1 is supported (one completion per request)", "n")
-    if _integer(body, "best_of", 1) not in (None, 1):
+    if integer(body, "best_of", 1, fields.INT64_MAX) not in (None, 1):
         raise bad_request("only best_of=1 is supported", "best_of")
     if body.get("logprobs") not in (None, False, 0) or body.get("top_logprobs") not in (None, 0):
         raise bad_request("logprobs are not supported", "logprobs")
     if body.get("echo") not in (None, False):
         raise bad_request("echo is not supported", "echo")
     for name in ("presence_penalty", "frequency_penalty"):
-        if _number(body, name, 0.0, -2.0, 2.0) != 0.0:
+        if number(body, name, 0.0, -2.0, 2.0) != 0.0:
             raise bad_request(f"'{name}' is not supported (use 0)", name)
     if body.get("suffix") or body.get("tools") or body.get("logit_bias"):
         name = next(n for n in ("suffix", "tools", "logit_bias") if body.get(n))
@@ -124,9 +91,9 @@ def _prompt(body: dict) -> tuple[str | None, tuple[int, ...] | None]:
     if isinstance(prompt, str):
         if not prompt:
             raise bad_request("'prompt' must not be empty", "prompt")
-        return prompt, None
+        return text(prompt, "prompt"), None
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
-        return None, tuple(prompt)
+        return None, fields.token_ids(prompt)
     if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
         raise bad_request("one prompt per request (batches of prompts are not supported)", "prompt")
     if prompt is None:
@@ -136,10 +103,10 @@ def _prompt(body: dict) -> tuple[str | None, tuple[int, ...] | None]:
 
 def _content(content: Any, index: int) -> str:
     if isinstance(content, str):
-        return content
+        return text(content, "messages")
     if isinstance(content, list) and all(isinstance(p, dict) and p.get("type") == "text"
                                          and isinstance(p.get("text"), str) for p in content):
-        return "".join(p["text"] for p in content)
+        return text("".join(p["text"] for p in content), "messages")
     raise bad_request(f"messages[{index}].content must be a string or a list of text parts", "messages")
 
 
@@ -158,9 +125,9 @@ def _messages(body: dict) -> tuple[dict, ...]:
 
 
 def _max_tokens(body: dict, chat: bool, limit: int) -> int | None:
-    value = _integer(body, "max_tokens", 1)
+    value = integer(body, "max_tokens", 1, fields.INT64_MAX)
     if chat and value is None:
-        value = _integer(body, "max_completion_tokens", 1)
+        value = integer(body, "max_completion_tokens", 1, fields.INT64_MAX)
     if value is not None and value > limit:
         raise bad_request(f"'max_tokens' is {value}, above this server's limit of {limit}", "max_tokens")
     return value
@@ -170,28 +137,34 @@ def parse_request(body: Any, *, chat: bool, model_name: str, max_tokens_limit: i
                   session_header: str | None = None) -> ApiRequest:
     if not isinstance(body, dict):
         raise bad_request("the request body must be a JSON object")
-    model = body.get("model")
-    if not isinstance(model, str):
-        raise bad_request("'model' is required and must be a string", "model")
-    if model != model_name:
-        raise ApiError(404, f"the model '{model}' does not exist; this server serves '{model_name}'",
-                       param="model", code="model_not_found")
+    fields.check_depth(body)
+    model = _model(body, model_name)
     _refuse_unsupported(body)
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise bad_request("'stream_options' must be an object", "stream_options")
     prompt, token_ids = (None, None) if chat else _prompt(body)
-    session_id = _string(body, "session_id") or session_header
     known = COMMON | ({"messages"} if chat else {"prompt"})
     return ApiRequest(
         chat=chat, model=model, prompt=prompt, prompt_token_ids=token_ids,
         messages=_messages(body) if chat else None, max_tokens=_max_tokens(body, chat, max_tokens_limit),
-        temperature=_number(body, "temperature", 1.0, 0.0, 2.0), top_p=_number(body, "top_p", 1.0, 1e-9, 1.0),
-        top_k=max(0, _integer(body, "top_k", -1) or 0), seed=_integer(body, "seed", -(2 ** 63), 2 ** 63 - 1),
-        stop=_stop(body), stream=_boolean(body, "stream"),
-        include_usage=bool(options and _boolean(options, "include_usage")),
-        user=_string(body, "user"), ignore_eos=_boolean(body, "ignore_eos"), session_id=session_id,
-        ignored_fields=tuple(sorted(set(body) - known)))
+        temperature=number(body, "temperature", 1.0, 0.0, 2.0), top_p=number(body, "top_p", 1.0, 1e-9, 1.0),
+        top_k=max(0, integer(body, "top_k", -1, fields.MAX_TOKEN_ID) or 0),
+        seed=integer(body, "seed", fields.INT64_MIN, fields.INT64_MAX),
+        stop=_stop(body), stream=boolean(body, "stream"),
+        include_usage=bool(options and boolean(options, "include_usage")),
+        user=string(body, "user"), ignore_eos=boolean(body, "ignore_eos"),
+        session_id=fields.session_id(body, session_header), ignored_fields=fields.field_names(set(body) - known))
+
+
+def _model(body: dict, model_name: str) -> str:
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise bad_request("'model' is required and must be a string", "model")
+    if text(model, "model") != model_name:
+        raise ApiError(404, f"the model {fields.shown(model)} does not exist; this server serves '{model_name}'",
+                       param="model", code="model_not_found")
+    return model
 
 
 def tokenize(request: ApiRequest, tokenizer: Any, max_model_len: int, default_max_tokens: int

@@ -1,10 +1,13 @@
 """One request being served, whatever the transport (SSE, JSON or WebSocket): admission (rate
 limits, in-flight gauge), the relay from the cluster, token timing, metrics and the access log.
 
-Contract: `async with Served(gateway, endpoint, identity) as served:` admits (ApiError 429) and
-always logs one `access` line and counts the outcome on exit; `served.start(api_request)` starts
-the cluster request behind a `Relay`; `async for token in served.tokens()` yields StreamTokens
-(ClusterError / StalledConsumer propagate); `served.info()` is the `pdbus` object.
+Contract: `async with Served(gateway, endpoint, identity, prefix, tenant) as served:` admits
+(ApiError 429) and always logs one `access` line and counts the outcome on exit;
+`served.start(api_request)` starts the cluster request behind a `Relay`, on the cluster session
+`tenants.cluster_session_id(tenant, session id)` (the client's session id, or a new one); `async
+for token in served.tokens()` yields StreamTokens (ClusterError / StalledConsumer propagate);
+`served.info()` is the `pdbus` object, which names the client's own session id, never the
+cluster's. Whatever the ending, `__aexit__` aborts the cluster request and releases the limits.
 `cluster_error(exc) -> ApiError` maps the cluster's refusals: `overloaded` -> 503 + Retry-After,
 `rejected`/`bad_request` -> 400, anything else -> 503.
 """
@@ -24,10 +27,12 @@ from nodes.cluster_client import ClusterError
 from nodes.gateway.errors import ApiError
 from nodes.gateway.openai_format import pdbus_info
 from nodes.gateway.relay import Relay, StalledConsumer
+from nodes.gateway.tenants import cluster_session_id, new_session_id
 
 BAD_INPUT_CODES = {"rejected", "bad_request", "malformed", "oversized"}
 GATEWAY = web.AppKey("gateway", object)      # the app's `Gateway` (nodes/gateway/app.py)
-IDENTITY = web.RequestKey("identity", str)   # who the rate limits count: the API key or client address
+IDENTITY = web.RequestKey("identity", str)   # who the rate limits count: the key's tenant or client address
+TENANT = web.RequestKey("tenant", str)       # whose sessions: tenants.tenant_of(API key), "" without keys
 log = get_logger("gateway")
 
 
@@ -59,9 +64,10 @@ def outcome_of(exc: BaseException | None) -> str:
 
 
 class Served:
-    def __init__(self, gateway: Any, endpoint: str, identity: str, prefix: str = "cmpl") -> None:
-        self.gateway, self.endpoint, self.identity = gateway, endpoint, identity
+    def __init__(self, gateway: Any, endpoint: str, identity: str, prefix: str = "cmpl", tenant: str = "") -> None:
+        self.gateway, self.endpoint, self.identity, self.tenant = gateway, endpoint, identity, tenant
         self.request_id = f"{prefix}-{uuid.uuid4().hex}"
+        self.session_id: str | None = None
         self.relay: Relay | None = None
         self.api_request: Any = None
         self.token_times: list[float] = []
@@ -115,7 +121,9 @@ class Served:
     def start(self, api_request: Any) -> None:
         self.api_request = api_request
         config = self.gateway.config
-        generation = self.gateway.backend.start_generation(api_request, self.request_id)
+        self.session_id = api_request.session_id or new_session_id()
+        generation = self.gateway.backend.start_generation(api_request, self.request_id,
+                                                           cluster_session_id(self.tenant, self.session_id))
         self.relay = Relay(generation, config.stream_buffer_tokens, config.stall_timeout_s)
         self.gateway.relays.add(self.relay)
 
@@ -125,7 +133,7 @@ class Served:
             yield token
 
     def info(self) -> dict[str, Any]:
-        return pdbus_info(self.relay.generation.trace, self.gateway.config.kv_mode)
+        return pdbus_info(self.relay.generation.trace, self.gateway.config.kv_mode, session_id=self.session_id)
 
     @property
     def result(self) -> Any:

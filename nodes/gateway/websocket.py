@@ -6,9 +6,11 @@ Contract: the client sends a JSON request, the same fields as `/v1/completions` 
 "pdbus"}`; or `{"type": "error", "error": {...OpenAI error..., "status"}}`. The client may send
 `{"type": "cancel"}` at any time: the cluster request is aborted and `done` comes with
 `finish_reason` "abort". One request at a time per socket; after `done` (or `error`) the next
-may be sent on the same socket (a chat keeps its `session_id`). Closing the socket aborts the
-request in flight. API keys: `Authorization: Bearer` header or `?api_key=` (browsers cannot set
-headers on a WebSocket). A client that stops reading is cut off after `stall_timeout_s`.
+may be sent on the same socket (a chat keeps its `session_id`). Every request gets an answer:
+its stream, or an `error` (bad JSON, input the bus cannot carry, a bug: 500), never silence.
+Closing the socket aborts the request in flight. API keys: `Authorization: Bearer` header or
+`?api_key=` (browsers cannot set headers on a WebSocket); the key scopes the sessions as on
+HTTP. A client that stops reading is cut off after `stall_timeout_s`.
 """
 
 from __future__ import annotations
@@ -17,15 +19,20 @@ import asyncio
 import contextlib
 import json
 import time
+from typing import Any
 
 from aiohttp import WSMsgType, web
 
+from bus.log import get_logger
 from nodes.cluster_client import ClusterError
 from nodes.gateway.errors import ApiError, bad_request
+from nodes.gateway.http import parse_json
 from nodes.gateway.openai_format import usage_body
 from nodes.gateway.relay import StalledConsumer, within
 from nodes.gateway.schema import parse_request
-from nodes.gateway.serve import GATEWAY, IDENTITY, Served, cluster_error
+from nodes.gateway.serve import GATEWAY, IDENTITY, TENANT, Served, cluster_error
+
+log = get_logger("gateway")
 
 
 async def stream(request: web.Request) -> web.WebSocketResponse:
@@ -35,19 +42,7 @@ async def stream(request: web.Request) -> web.WebSocketResponse:
     current: asyncio.Task | None = None
     try:
         async for message in ws:
-            if message.type != WSMsgType.TEXT:
-                await _send_error(ws, bad_request("send JSON text messages"), gateway.config.stall_timeout_s)
-                continue
-            body = _parse(message.data)
-            if isinstance(body, dict) and body.get("type") == "cancel":
-                if current is not None and not current.done():
-                    current.cancel()
-                continue
-            if current is not None and not current.done():
-                await _send_error(ws, bad_request("one request at a time: wait for 'done' or send a cancel"),
-                                  gateway.config.stall_timeout_s)
-                continue
-            current = asyncio.create_task(_serve(ws, request, body))
+            current = await _on_message(ws, request, message, current)
     finally:
         if current is not None and not current.done():
             current.cancel()   # the socket closed: abort the request in flight
@@ -56,11 +51,31 @@ async def stream(request: web.Request) -> web.WebSocketResponse:
     return ws
 
 
+async def _on_message(ws: web.WebSocketResponse, request: web.Request, message: Any,
+                      current: asyncio.Task | None) -> asyncio.Task | None:
+    """Start serving a request, cancel the one in flight, or answer an `error`: every message
+    the client sends gets an answer. Returns the request task now in flight (if any)."""
+    timeout = request.app[GATEWAY].config.stall_timeout_s
+    busy = current is not None and not current.done()
+    if message.type != WSMsgType.TEXT:
+        await _send_error(ws, bad_request("send JSON text messages"), timeout)
+        return current
+    body = _parse(message.data)
+    if isinstance(body, dict) and body.get("type") == "cancel":
+        if busy:
+            current.cancel()
+        return current
+    if busy:
+        await _send_error(ws, bad_request("one request at a time: wait for 'done' or send a cancel"), timeout)
+        return current
+    return asyncio.create_task(_serve(ws, request, body))
+
+
 def _parse(data: str) -> object:
     try:
-        return json.loads(data)
-    except ValueError as exc:
-        return ApiError(400, f"the message is not valid JSON: {exc}")
+        return parse_json(data, "message")
+    except ApiError as exc:
+        return exc
 
 
 async def _send(ws: web.WebSocketResponse, data: dict, timeout: float) -> None:
@@ -70,8 +85,9 @@ async def _send(ws: web.WebSocketResponse, data: dict, timeout: float) -> None:
 async def _send_error(ws: web.WebSocketResponse, error: ApiError, timeout: float) -> None:
     body = error.body()
     body["error"]["status"] = error.status
+    # ASCII escapes: an error may quote client input, and its frame must always encode.
     with contextlib.suppress(ConnectionError, TimeoutError, RuntimeError):
-        await _send(ws, {"type": "error", **body}, timeout)
+        await within(timeout, ws.send_str(json.dumps({"type": "error", **body})))
 
 
 async def _serve(ws: web.WebSocketResponse, request: web.Request, body: object) -> None:
@@ -81,7 +97,7 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, body: object) 
     chat = isinstance(body, dict) and "messages" in body
     served: Served | None = None
     try:
-        async with Served(gateway, "websocket", request[IDENTITY], "ws") as served:
+        async with Served(gateway, "websocket", request[IDENTITY], "ws", request[TENANT]) as served:
             if isinstance(body, ApiError):
                 raise body
             api = parse_request(body, chat=chat, model_name=config.model_name,
@@ -99,6 +115,9 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, body: object) 
         if served is not None:
             with contextlib.suppress(Exception):
                 await _send(ws, _done(served, "abort"), timeout)
+    except Exception:   # a bug: the client still gets an answer, the stack trace stays in the log
+        log.exception("internal_error", path=request.path)
+        await _send_error(ws, ApiError(500, "internal error (logged on the gateway)"), timeout)
 
 
 async def _relay(ws: web.WebSocketResponse, served: Served, timeout: float) -> None:

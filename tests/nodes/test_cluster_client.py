@@ -1,5 +1,7 @@
 """The client's delivery rules, sans I/O: indices are mapped onto the stream, duplicates dropped,
-tokens after a gap held until it fills; and the wire helpers both sides share."""
+tokens after a gap held until it fills; the wire helpers both sides share; what the bus cannot
+carry refused before it is sent; and, over a scripted bus, no stream left open however a request
+ends."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ from nodes import cluster_wire as wire
 from nodes.cluster_client import ClusterClient, Generation
 from nodes.cluster_orchestrator import Attempt, Retry, StreamToken, _retry_from, retry_delay
 from nodes.engines.base import SamplingParams
+from tests.nodes.gateway.fake_bus import FakeBus
 
 
 class FakeGeneration:
@@ -135,3 +138,70 @@ def test_the_pause_between_offers_grows_to_a_cap_and_honours_the_nodes_hint(monk
     pauses = [generation.wait_for_room(Retry("full")) for _ in range(5)]
     assert pauses == [0.2, 0.4, 0.8, 1.0, 1.0]
     assert generation.wait_for_room(Retry("full", delay_s=3.0)) == 3.0
+
+
+@pytest.mark.parametrize(("options", "path"), [
+    ({"session_id": "s" * 129}, "session_id"),
+    ({"session_id": "\ud800"}, "session_id"),
+    ({"sampling": SamplingParams(stop=("ok", "\udfff"))}, "sampling.stop[1]"),
+    ({"sampling": SamplingParams(seed=2 ** 70)}, "sampling.seed"),
+    ({"sampling": SamplingParams(temperature=float("nan"))}, "sampling.temperature"),
+    ({"prompt": [1, 2 ** 64]}, "prompt_token_ids[1]"),
+])
+def test_a_request_the_bus_cannot_carry_is_refused_before_anything_is_sent(options, path):
+    client = ClusterClient("tcp://127.0.0.1:1")
+    client.bus = FakeBus()
+    options = dict(options)
+    prompt = options.pop("prompt", [1, 2])
+    with pytest.raises(wire.Uncarriable) as info:
+        client.generate(prompt, options.pop("sampling", None), **options)
+    assert info.value.path == path and isinstance(info.value, ValueError) and not client.bus.sent
+
+
+def test_carriable_means_utf8_strings_64_bit_ints_finite_floats_and_bounded_depth():
+    wire.check_carriable({"a": [1, -(2 ** 63), 2 ** 64 - 1, 0.5, "é", b"\xff", None, True]})
+    nested: object = 1
+    for _ in range(wire.MAX_DEPTH):
+        nested = [nested]
+    wire.check_carriable(nested)   # MAX_DEPTH containers deep: the most the bus takes
+    for value, path in (([nested], "body" + "[0]" * wire.MAX_DEPTH), ({"k": 2 ** 64}, "body.k"),
+                        ({"\ud800": 1}, "body"), ({"f": float("inf")}, "body.f"), ({"o": object()}, "body.o"),
+                        ({1: 2}, "body")):
+        with pytest.raises(wire.Uncarriable) as info:
+            wire.check_carriable(value)
+        assert info.value.path == path
+
+
+def test_an_encoding_error_raised_by_stream_ends_the_request_at_once_as_malformed():
+    import asyncio
+    import time
+
+    from bus.codec import ProtocolError
+    from nodes.cluster_client import ClusterError
+    client = ClusterClient("tcp://127.0.0.1:1", plan_timeout_s=30.0, retry_delay_s=0.5)
+    client.bus = FakeBus("refuse_encoding")
+    started = time.monotonic()
+    with pytest.raises(ClusterError) as info:
+        asyncio.run(client.generate([1, 2]).collect())
+    assert info.value.code == "malformed" and time.monotonic() - started < 0.5
+    assert issubclass(ProtocolError, ValueError)
+
+
+async def test_every_stream_is_closed_when_a_generation_ends_any_way():
+    import asyncio
+
+    from nodes.cluster_client import ClusterError
+    client = ClusterClient("tcp://127.0.0.1:1", retry_delay_s=0.01)
+    client.bus = bus = FakeBus("slow")
+    sampling = SamplingParams(max_tokens=50)
+    generation = client.generate([1, 2], sampling)
+    assert (await anext(generation)).index == 0
+    await generation.aclose()                                    # aborted mid-stream
+    bus.mode = "error"
+    with pytest.raises(ClusterError):
+        await client.generate([1, 2], sampling).collect()       # the node refused it mid-stream
+    bus.mode = "ok"
+    await client.generate([1, 2], SamplingParams(max_tokens=3)).collect()   # served
+    client.generate([1, 2])                                     # never iterated
+    await asyncio.sleep(0.1)
+    assert bus.open == {} and not bus.tasks
