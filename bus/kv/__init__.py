@@ -3,7 +3,8 @@
 The seam, by side (docs/PROTOCOL.md part 2 is the wire contract):
 
 Prefill side (sender)
-    KVSender(quantizer=None, config=SendConfig(), chunk_bytes=4 MiB, link_bytes_per_s=10 Gbit/s)
+    KVSender(quantizer=None, config=SendConfig(), chunk_bytes=4 MiB, link_bytes_per_s=10 Gbit/s,
+             max_peers=128, peer_idle_s=60.0)     # idle data endpoints are closed (bus/kv/peers.py)
     await sender.send(endpoint, transfer_id, request_id, kv, mode="int8", compression="auto",
                       token_offset=0, dtype=None) -> TransferReport    # raises KVTransferFailed
     await sender.abort(transfer_id, reason) -> bool
@@ -11,6 +12,7 @@ Prefill side (sender)
 
 Decode side (receiver)
     KVReceiver(allocate=None, release=None, quantizer=None, config=ReceiveConfig(), bind=...)
+        ReceiveConfig bounds what a peer may send: max_transfer_bytes, max_chunk_bytes (and MAXMSGSIZE)
         allocate(transfer_id, request_id, info, mode) -> a buffer, or RawPieces(info) for raw
     await receiver.start() -> endpoint            # advertise it in READY
     await receiver.result(transfer_id, timeout) -> TransferResult (ok, kv, stats | reason)
@@ -21,8 +23,9 @@ Decode side (receiver)
 Compute seam: a `Quantizer` (numpy `NumpyQuantizer` here; `TorchQuantizer` in
 nodes/engines/kv_quant.py) encodes/decodes one chunk. Pure parts, usable without sockets:
 `ChunkEncoder` / `verify_and_decode` (chunk_codec), `SendTransfer` (send_core), `ReceiverCore`
-(recv_core), `encode_message` / `decode_message` (frames). Modes: raw | bf16 | int8 | int8_sym;
-compression: auto | none | lz4 | zstd. Every error is a `KVError`.
+(recv_core), `encode_message` / `decode_message` (frames; field checks in header_checks), `Peers`
+(peers). Modes: raw | bf16 | int8 | int8_sym; compression: auto | none | lz4 | zstd. Every error
+is a `KVError`.
 """
 
 from bus.kv.errors import (

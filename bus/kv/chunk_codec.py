@@ -10,6 +10,8 @@ between the two steps. A `RawPieces` destination (bus/kv/pieces.py) keeps a veri
 payload as it is instead of copying it; any other mode into one raises KVValueError.
 The checksum (xxh3_64) covers the wire bytes of the payload frames: every flipped bit is caught,
 even one an lz4 decoder would ignore, and nothing corrupt ever reaches a decompressor.
+A KV or a chunk plan beyond the protocol's bounds (bus/kv/header_checks.py) is refused with
+KVValueError when the encoder is made, before anything is sent.
 A raw or bf16 chunk is encoded into one buffer and sent as the frames of quant.frame_specs_of
 (views, no copy); each frame is compressed on its own, `auto` deciding once a chunk for all of them
 (one kind), and decoded (or kept) as the rows it holds.
@@ -25,6 +27,7 @@ import xxhash
 from bus.kv.compress import COMPRESSION_MODES, AutoCompression, compress_frame, decompress_frame
 from bus.kv.errors import KVChecksumError, KVValueError
 from bus.kv.frames import Chunk, FrameInfo
+from bus.kv.header_checks import MAX_CHUNK_BYTES, MAX_CHUNKS, MAX_DIM, MAX_KV_BYTES
 from bus.kv.layout import DEFAULT_CHUNK_BYTES, KVInfo, chunk_bytes_for, plan_chunks
 from bus.kv.pieces import RawPieces
 from bus.kv.quant import FRAMED_MODES, MODES, Quantizer, frame_specs_of, max_payload_sizes, payload_sizes
@@ -56,10 +59,20 @@ class ChunkEncoder:
             raise KVValueError("compression='auto' needs an AutoCompression (the link speed)")
         self.kv, self.quantizer = kv, quantizer
         self.info: KVInfo = quantizer.kv_info(kv, dtype)
+        if self.info.nbytes > MAX_KV_BYTES or max(self.info.shape) >= MAX_DIM:
+            raise KVValueError(f"KV of shape {self.info.shape} is over the protocol's bounds (header_checks)")
         self.specs = plan_chunks(self.info, chunk_bytes_for(self.info, mode, chunk_bytes))
         self.transfer_id, self.request_id, self.token_offset = transfer_id, request_id, token_offset
         self.mode, self.compression, self.auto = mode, compression, auto
+        self._check_plan()
         self.checksums = np.zeros(len(self.specs), np.uint64)
+
+    def _check_plan(self) -> None:
+        """Refuse, before any I/O, a plan every receiver would refuse chunk by chunk."""
+        largest = sum(self.buffer_sizes())
+        if len(self.specs) > MAX_CHUNKS or largest > MAX_CHUNK_BYTES:
+            raise KVValueError(f"{len(self.specs)} chunks of up to {largest} payload bytes: over the protocol's "
+                               f"{MAX_CHUNKS} chunks or {MAX_CHUNK_BYTES} bytes a chunk; choose another chunk_bytes")
 
     @property
     def num_chunks(self) -> int:

@@ -7,7 +7,8 @@ Every message is a multipart ZeroMQ message whose first frame is the header fram
 The trailing xxh3_64 covers everything before it, so a flipped bit anywhere in a header is caught
 before a field is trusted. CHUNK messages carry their payload as further frames (sent with
 copy=False); the others are header-only. `encode_message` / `decode_message` convert between the
-frozen dataclasses below and frames; `decode_message` validates every field and raises only
+frozen dataclasses below and frames; `decode_message` validates every field (bus/kv/header_checks.py:
+types, ranges, consistency with the transfer's shape, all before anything is built) and raises only
 KVFrameError. docs/PROTOCOL.md part 2 is the normative description.
 """
 
@@ -19,18 +20,15 @@ from typing import Any
 import msgpack
 import xxhash
 
-from bus.kv.compress import CODECS
+from bus.kv import header_checks as checks
 from bus.kv.errors import KVFrameError
-from bus.kv.layout import DTYPES, ChunkSpec, KVInfo
-from bus.kv.quant import MODES, SCALE_DTYPES, payload_sizes
+from bus.kv.layout import ChunkSpec, KVInfo
 
 MAGIC = b"PDKV"
 VERSION = 2   # 2: raw and bf16 payloads travel as frames of whole planes (layout.frame_specs)
 CHUNK, END, ABORT, ACK, NACK, DONE = 1, 2, 3, 17, 18, 19
 _PREFIX = len(MAGIC) + 2
 _TRAILER = 8
-MAX_ID_LEN = 128
-U64 = 2**64
 
 
 @dataclass(frozen=True, slots=True)
@@ -128,6 +126,7 @@ Message = Chunk | End | Abort | Ack | Nack | Done
 KINDS: dict[type, int] = {Chunk: CHUNK, End: END, Abort: ABORT, Ack: ACK, Nack: NACK, Done: DONE}
 TYPES = {kind: cls for cls, kind in KINDS.items()}
 _FRAMES_FIELD = Chunk.__slots__.index("frames")
+_SHAPE_FIELD = Chunk.__slots__.index("shape")
 
 
 def encode_header(message: Message) -> bytes:
@@ -154,6 +153,9 @@ def encode_message(message: Message, payload: list[Any] | None = None) -> list[A
 
 def decode_header(frame) -> Message:
     """Parse and validate a header frame; raises KVFrameError only."""
+    size = memoryview(frame).nbytes
+    if size > checks.MAX_HEADER_BYTES:   # refused before it is copied or unpacked
+        raise KVFrameError(f"header frame of {size} bytes is over MAX_HEADER_BYTES")
     data = bytes(frame)
     if len(data) < _PREFIX + _TRAILER + 1 or data[: len(MAGIC)] != MAGIC:
         raise KVFrameError("not a KV frame (bad magic or too short)")
@@ -174,6 +176,19 @@ def decode_header(frame) -> Message:
     return _VALIDATORS[cls](fields)
 
 
+def peek_transfer_id(frame) -> str:
+    """The transfer id a header frame names, for a log line about a message that failed; "" when
+    it names none. Validates nothing else: never trust what it returns beyond a log."""
+    try:
+        if memoryview(frame).nbytes > checks.MAX_HEADER_BYTES:
+            return ""
+        fields = msgpack.unpackb(bytes(frame)[_PREFIX:-_TRAILER], raw=False, strict_map_key=True)
+        transfer_id = fields[0] if isinstance(fields, list) and fields else ""
+    except Exception:   # a log helper must not raise: whatever the frame holds
+        return ""
+    return transfer_id if type(transfer_id) is str and len(transfer_id) <= checks.MAX_ID_LEN else ""
+
+
 def decode_message(frames: list[Any]) -> tuple[Message, list[Any]]:
     """(message, payload frames); checks frame count and wire lengths against the header."""
     if not frames:
@@ -190,75 +205,20 @@ def decode_message(frames: list[Any]) -> tuple[Message, list[Any]]:
     return message, payload
 
 
-def _check(condition: bool, what: str) -> None:
-    if not condition:
-        raise KVFrameError(f"invalid header field: {what}")
-
-
-def _is_int(value: Any, low: int = 0, high: int = U64) -> bool:
-    return type(value) is int and low <= value < high
-
-
-def _is_id(value: Any) -> bool:
-    return type(value) is str and 0 < len(value) <= MAX_ID_LEN
-
-
-def _is_text(value: Any) -> bool:
-    return type(value) is str and len(value) <= 1024
-
-
 def _chunk(fields: list[Any]) -> Chunk:
-    tid, rid, shape, dtype, mode, offset, count, index, p0, p1, t0, t1, scale, frames, checksum, attempt = fields
-    _check(_is_id(tid) and _is_id(rid), "transfer_id/request_id")
-    _check(isinstance(shape, list) and len(shape) == 5 and all(_is_int(n, 1, 2**31) for n in shape)
-           and shape[1] == 2, "shape")
-    _check(dtype in DTYPES and mode in MODES, "dtype/mode")
-    _check(_is_int(offset, 0, 2**40) and _is_int(count, 1, 2**31) and _is_int(index, 0, count), "chunk index")
-    planes = shape[0] * 2 * shape[2]
-    _check(_is_int(p0, 0, planes) and _is_int(p1, p0 + 1, planes + 1), "plane range")
-    _check(_is_int(t0, 0, shape[3]) and _is_int(t1, t0 + 1, shape[3] + 1), "token range")
-    _check(scale in SCALE_DTYPES if mode.startswith("int8") else scale == "", "scale_dtype")
-    _check(isinstance(frames, list) and all(isinstance(f, list) and len(f) == 4 for f in frames), "frames")
-    infos = tuple(FrameInfo(*f) for f in frames)
-    for f in infos:
-        _check(f.codec in CODECS and f.shuffle in (0, 2, 4) and _is_int(f.raw_len, 0, 2**40)
-               and _is_int(f.wire_len, 0, 2**40), "frame codec/lengths")
-        _check(f.codec != "none" or (f.shuffle == 0 and f.raw_len == f.wire_len), "stored frame")
-        _check(f.shuffle == 0 or f.raw_len % f.shuffle == 0, "shuffle element size")
-    _check(_is_int(checksum) and _is_int(attempt, 0, 2**16), "checksum/attempt")
-    chunk = Chunk(tid, rid, tuple(shape), dtype, mode, offset, count, index, p0, p1, t0, t1, scale,
-                  infos, checksum, attempt)
-    _check([f.raw_len for f in infos] == payload_sizes(mode, chunk.spec, chunk.info, scale), "payload sizes")
-    return chunk
+    checks.check_chunk(fields)
+    fields[_FRAMES_FIELD] = tuple(FrameInfo(*entry) for entry in fields[_FRAMES_FIELD])
+    fields[_SHAPE_FIELD] = tuple(fields[_SHAPE_FIELD])
+    return Chunk(*fields)
 
 
-def _end(fields: list[Any]) -> End:
-    tid, rid, count, raw_bytes, digest = fields
-    _check(_is_id(tid) and _is_id(rid) and _is_int(count, 1, 2**31), "end ids/count")
-    _check(_is_int(raw_bytes, 0, 2**50) and _is_int(digest), "end bytes/digest")
-    return End(tid, rid, count, raw_bytes, digest)
+def _checked(cls: type, check):
+    def build(fields: list[Any]) -> Message:
+        check(fields)
+        return cls(*fields)
+    return build
 
 
-def _abort(fields: list[Any]) -> Abort:
-    _check(_is_id(fields[0]) and _is_text(fields[1]), "abort")
-    return Abort(*fields)
-
-
-def _ack(fields: list[Any]) -> Ack:
-    _check(_is_id(fields[0]) and _is_int(fields[1], 0, 2**31), "ack")
-    return Ack(*fields)
-
-
-def _nack(fields: list[Any]) -> Nack:
-    _check(_is_id(fields[0]) and _is_int(fields[1], -1, 2**31) and _is_text(fields[2]), "nack")
-    return Nack(*fields)
-
-
-def _done(fields: list[Any]) -> Done:
-    tid, ok, reason, failures, rejected = fields
-    _check(_is_id(tid) and type(ok) is bool and _is_text(reason), "done")
-    _check(_is_int(failures, 0, 2**31) and _is_int(rejected, 0, 2**31), "done counters")
-    return Done(tid, ok, reason, failures, rejected)
-
-
-_VALIDATORS = {Chunk: _chunk, End: _end, Abort: _abort, Ack: _ack, Nack: _nack, Done: _done}
+_VALIDATORS = {Chunk: _chunk, End: _checked(End, checks.check_end), Abort: _checked(Abort, checks.check_abort),
+               Ack: _checked(Ack, checks.check_ack), Nack: _checked(Nack, checks.check_nack),
+               Done: _checked(Done, checks.check_done)}

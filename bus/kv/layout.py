@@ -11,7 +11,9 @@ split. `plan_chunks` is deterministic: sender and receiver derive the same plan 
 `chunk_bytes_for(info, mode, chunk_bytes)` is the chunk size a transfer in `mode` plans with (quantized
 chunks are sized by values: its docstring says why). `frame_specs(spec, info, value_bytes)` cuts a
 chunk whose payload is one value per element (raw, bf16) into its payload frames: consecutive row
-ranges of at most FRAME_BYTES, whole planes where a plane fits, else tokens of one plane.
+ranges of at most FRAME_BYTES, whole planes where a plane fits, else tokens of one plane;
+`num_frames(...)` is how many, by arithmetic (a received header is checked against it before any
+range is built).
 
 bfloat16 has no numpy dtype: it travels as uint16 bit patterns, and the helpers here convert.
 """
@@ -194,3 +196,15 @@ def frame_specs(spec: ChunkSpec, info: KVInfo, value_bytes: int, frame_bytes: in
     step = max(1, frame_bytes // row_bytes)
     return [ChunkSpec(spec.index, p, p + 1, t, min(t + step, spec.token_stop))
             for p in range(spec.plane_start, spec.plane_stop) for t in range(spec.token_start, spec.token_stop, step)]
+
+
+def num_frames(spec: ChunkSpec, info: KVInfo, value_bytes: int, frame_bytes: int = FRAME_BYTES) -> int:
+    """len(frame_specs(...)) without building them: O(1) whatever the ranges a header claims."""
+    row_bytes = info.head_dim * value_bytes
+    num_planes, num_tokens = spec.plane_stop - spec.plane_start, spec.token_stop - spec.token_start
+    plane_bytes = num_tokens * row_bytes
+    if spec.num_rows * row_bytes <= frame_bytes:
+        return 1
+    if plane_bytes <= frame_bytes:
+        return -(-num_planes // (frame_bytes // plane_bytes))
+    return num_planes * -(-num_tokens // max(1, frame_bytes // row_bytes))

@@ -17,7 +17,8 @@ verified payload buffers into a chunk of a preallocated destination of the engin
 Payload sizes are fixed by (mode, chunk, dtype, scale_dtype) and checked before decoding.
 A quantizer encodes a raw or bf16 chunk as one buffer and decodes one frame at a time:
 `payload_sizes` are the frames on the wire (`frame_specs_of` says which rows each holds),
-`max_payload_sizes` the buffers a quantizer writes.
+`max_payload_sizes` the buffers a quantizer writes; `num_payload_frames` and `payload_bytes` are
+their count and total by arithmetic alone, for checking a received header before building anything.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from bus.kv.layout import (
     bf16_bits_to_f32,
     f32_to_bf16_bits,
     frame_specs,
+    num_frames,
     numpy_kv_info,
 )
 
@@ -81,6 +83,16 @@ def payload_sizes(mode: str, spec: ChunkSpec, info: KVInfo, scale_dtype: str = "
         size = value_bytes(mode, info) * info.head_dim
         return [part.num_rows * size for part in frame_specs_of(mode, spec, info)]
     return _buffer_sizes(mode, spec, info, scale_dtype)
+
+
+def num_payload_frames(mode: str, spec: ChunkSpec, info: KVInfo) -> int:
+    """len(payload_sizes(...)) in O(1): raw and bf16 as layout.num_frames, the int8 modes two."""
+    return num_frames(spec, info, value_bytes(mode, info)) if mode in FRAMED_MODES else 2
+
+
+def payload_bytes(mode: str, spec: ChunkSpec, info: KVInfo, scale_dtype: str = "") -> int:
+    """sum(payload_sizes(...)) in O(1): the chunk's raw payload bytes."""
+    return sum(_buffer_sizes(mode, spec, info, scale_dtype))
 
 
 def max_payload_sizes(mode: str, max_rows: int, info: KVInfo) -> list[int]:

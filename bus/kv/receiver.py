@@ -23,7 +23,11 @@ so an advertised endpoint names its own port.
 `Gatekeeper` admitting only keys admitted as `prefill`/`both` (the only roles that send KV); the
 advertised endpoint carries this node's public key (`...;curve=<hex>`) for senders to check.
 `metrics` counts refusals: `refused.no_destination` (KV for a transfer nobody planned: forged,
-late or cancelled) and the Gatekeeper's `zap.denied`.
+late or cancelled) and the Gatekeeper's `zap.denied`; and `errors.message` / `errors.tick`:
+messages (or timer rounds) whose handling raised something unexpected. Such an error is logged
+with the message's transfer id and the loop goes on: no message, however malformed, ends the read
+loop. The ROUTER's MAXMSGSIZE is the largest frame a legitimate CHUNK carries
+(`header_checks.max_message_bytes(config.max_chunk_bytes)`): ZeroMQ drops a peer that sends more.
 """
 
 from __future__ import annotations
@@ -39,6 +43,8 @@ import zmq.asyncio
 
 from bus.kv.errors import KVTransferTimeout
 from bus.kv.faults import FaultInjector
+from bus.kv.frames import peek_transfer_id
+from bus.kv.header_checks import max_message_bytes
 from bus.kv.layout import DTYPES, KVInfo
 from bus.kv.quant import NumpyQuantizer, Quantizer
 from bus.kv.recv_core import NO_DESTINATION, Allocate, ReceiveConfig, ReceiverCore, Release, Reply
@@ -88,11 +94,13 @@ class KVReceiver:
         self._stream: asyncio.Queue[TransferResult] | None = None
         self.endpoint = ""
         self.num_refused = 0
+        self.num_errors = {"message": 0, "tick": 0}
 
     async def start(self) -> str:
         self._socket = self._context.socket(zmq.ROUTER)
         self._socket.setsockopt(zmq.LINGER, 0)
         self._socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
+        self._socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes(self.core.config.max_chunk_bytes))
         if self.security is not None:
             self.gatekeeper = Gatekeeper(self._context, self.security).start()
             apply_server(self._socket, self.security)
@@ -109,16 +117,29 @@ class KVReceiver:
         loop = asyncio.get_running_loop()
         polled = self._polled
         while True:
-            self._on_message(await self._socket.recv_multipart(copy=False), loop.time())
+            self._handle(await self._socket.recv_multipart(copy=False), loop.time())
             # Take what is already queued without a future per message. Bounded, then a yield:
             # an await on a socket with a message waiting completes without yielding, so a sender
             # that never pauses would otherwise starve this loop's other tasks (timers, results).
             num_taken = 0
             for frames in queued_messages(polled, MAX_DRAIN, copy=False):
-                self._on_message(frames, loop.time())
+                self._handle(frames, loop.time())
                 num_taken += 1
             if num_taken == MAX_DRAIN:
                 await asyncio.sleep(0)
+
+    def _handle(self, frames: list[zmq.Frame], now: float) -> None:
+        # The one guard of the read loop: the core raises nothing by contract, and this keeps a
+        # breach of it (or of the allocator's, the quantizer's) to the message that caused it.
+        try:
+            self._on_message(frames, now)
+        except Exception as exc:
+            self._count_error("message", exc, peek_transfer_id(frames[1]) if len(frames) > 1 else "")
+
+    def _count_error(self, where: str, exc: Exception, transfer_id: str = "") -> None:
+        self.num_errors[where] += 1
+        log.error(f"kv_{where}_failed", transfer_id=transfer_id, error=f"{type(exc).__name__}: {exc}"[:300],
+                  count=self.num_errors[where], exc_info=True)
 
     def _on_message(self, frames: list[zmq.Frame], now: float) -> None:
         if len(frames) < 2:
@@ -135,7 +156,10 @@ class KVReceiver:
         loop = asyncio.get_running_loop()
         while True:
             await asyncio.sleep(POLL_INTERVAL)
-            self._dispatch(self.core.poll(loop.time()))
+            try:   # a failing release callback must not stop every later timeout
+                self._dispatch(self.core.poll(loop.time()))
+            except Exception as exc:
+                self._count_error("tick", exc)
 
     def _dispatch(self, replies: list[Reply]) -> None:
         # Synchronous sends: a ROUTER never blocks on send (it drops a message for a peer whose
@@ -151,6 +175,7 @@ class KVReceiver:
     def metrics(self) -> dict[str, int]:
         counts = dict(self.gatekeeper.metrics) if self.gatekeeper else {}
         counts["refused.no_destination"] = self.num_refused
+        counts.update({f"errors.{where}": count for where, count in self.num_errors.items()})
         return counts
 
     def _deliver(self, result: TransferResult) -> None:

@@ -15,11 +15,16 @@ sends what that returns, so the sender's credit comes back a decode earlier. A t
 only after every queued decode ran; a decode that fails after its ACK fails the transfer closed.
 
 Rejections: a corrupt chunk (checksum), a malformed or mismatched header, or an overlapping chunk
-is counted and NACKed so the sender resends it; missing chunks are NACKed when END arrives. A chunk
-NACKed more than `max_nacks_per_chunk` times, a transfer older than `transfer_timeout`, a bad
-digest or no destination fails the transfer closed (DONE ok=False to the sender, a failed result
-to the caller). Duplicates of accepted chunks are counted and re-ACKed (the sender resends after
-an ACK timeout, so NACKing them would loop).
+is counted and NACKed so the sender resends it; missing chunks are NACKed when END arrives, at
+most `max_nacks_per_end` of them. A chunk NACKed more than `max_nacks_per_chunk` times, a transfer
+older than `transfer_timeout`, a bad digest or no destination fails the transfer closed (DONE
+ok=False to the sender, a failed result to the caller). Duplicates of accepted chunks are counted
+and re-ACKed (the sender resends after an ACK timeout, so NACKing them would loop). A chunk of a
+transfer from a peer other than the one that opened it is NACKed to that peer and spends nothing
+of the owner's. Bounds: a KV over `max_transfer_bytes` is refused before `allocate` is asked, and a
+chunk over `max_chunk_bytes` of raw payload before it is decompressed (refusing or failing its
+transfer); decode_message has already refused anything over the protocol's bounds
+(bus/kv/header_checks.py). `on_frames` raises nothing, whatever the frames.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ import numpy as np
 from bus.kv.chunk_codec import decode, transfer_digest, verify
 from bus.kv.errors import KVChecksumError, KVError, KVFrameError
 from bus.kv.frames import Abort, Ack, Chunk, Done, End, Nack, decode_message, encode_message
+from bus.kv.header_checks import MAX_CHUNK_BYTES
 from bus.kv.layout import KVInfo
 from bus.kv.quant import Quantizer
 from bus.kv.stats import TransferResult, TransferStats
@@ -49,6 +55,13 @@ class ReceiveConfig:
     max_nacks_per_chunk: int = 3
     transfer_timeout: float = 30.0
     remember_finished: int = 4096    # finished transfer ids kept to answer late duplicates
+    # One request's KV: 64 GiB is above a 128k-token cache of a 70B model in bf16 (40 GiB); the
+    # allocator, the coverage grid and the chunk table are sized from a header before any byte came.
+    max_transfer_bytes: int = 2**36
+    max_chunk_bytes: int = MAX_CHUNK_BYTES   # raw payload of one chunk; also sizes the socket's MAXMSGSIZE
+    # A sender has at most `window` chunks unacknowledged when it sends END, so that many are
+    # missing at most; a larger gap is recovered by its ACK timer, not by one END's NACK burst.
+    max_nacks_per_end: int = 64
 
 
 @dataclass(slots=True)
@@ -131,7 +144,12 @@ class ReceiverCore:
             inbound = self._open(peer, chunk, now)
             if isinstance(inbound, str):   # refused: the reason
                 return [self._done_reply(peer, chunk.transfer_id, False, inbound, None)]
-        if inbound.peer != peer or chunk.transfer_key() != inbound.key:
+        if inbound.peer != peer:   # answered to that peer: the owner's NACK budget is not its to spend
+            inbound.stats.rejected += 1
+            return [(peer, encode_message(Nack(chunk.transfer_id, chunk.index, "chunk from another peer")))]
+        if reason := self._over_bounds(chunk):
+            return self._fail(chunk.transfer_id, reason, now)
+        if chunk.transfer_key() != inbound.key:
             inbound.stats.rejected += 1
             return self._nack(chunk.transfer_id, inbound, chunk.index, "header does not match the transfer", now)
         if inbound.received[chunk.index]:
@@ -159,11 +177,8 @@ class ReceiverCore:
     def _open(self, peer: bytes, chunk: Chunk, now: float) -> _Inbound | str:
         """The new transfer's state, or why it has no destination (its failed result is out)."""
         info = chunk.info
-        reason = NO_DESTINATION
-        try:
-            dst = self.allocate(chunk.transfer_id, chunk.request_id, info, chunk.mode)
-        except Exception as exc:  # the engine's allocator failing must not kill the data plane
-            dst, reason = None, f"the allocator failed: {type(exc).__name__}: {exc}"[:200]
+        reason = self._over_bounds(chunk)
+        dst, reason = (None, reason) if reason else self._allocate(chunk)
         stats = TransferStats(chunk.transfer_id, chunk.request_id, chunk.mode, "", chunk.num_chunks,
                               info.nbytes, started_at=now)
         if dst is None:
@@ -174,6 +189,23 @@ class ReceiverCore:
                            np.zeros((info.num_planes, info.num_tokens), bool), stats)
         self._transfers[chunk.transfer_id] = inbound
         return inbound
+
+    def _allocate(self, chunk: Chunk) -> tuple[Any, str]:
+        """(the destination, "") or (None, why there is none)."""
+        try:
+            dst = self.allocate(chunk.transfer_id, chunk.request_id, chunk.info, chunk.mode)
+        except Exception as exc:  # the engine's allocator failing must not kill the data plane
+            return None, f"the allocator failed: {type(exc).__name__}: {exc}"[:200]
+        return dst, "" if dst is not None else NO_DESTINATION
+
+    def _over_bounds(self, chunk: Chunk) -> str:
+        """Why this chunk's transfer is too large for this receiver ("" when it is not)."""
+        if chunk.info.nbytes > self.config.max_transfer_bytes:
+            return f"KV too large: {chunk.info.nbytes} bytes, max_transfer_bytes is {self.config.max_transfer_bytes}"
+        raw_bytes = sum(f.raw_len for f in chunk.frames)
+        if raw_bytes > self.config.max_chunk_bytes:
+            return f"chunk too large: {raw_bytes} bytes, max_chunk_bytes is {self.config.max_chunk_bytes}"
+        return ""
 
     def _nack(self, transfer_id: str, inbound: _Inbound, index: int, reason: str, now: float) -> list[Reply]:
         count = inbound.nacks.get(index, 0) + 1
@@ -193,7 +225,7 @@ class ReceiverCore:
             inbound.stats.rejected += 1
             return self._fail(end.transfer_id, "END does not match the transfer", now)
         inbound.end = end
-        missing = np.flatnonzero(~inbound.received)
+        missing = np.flatnonzero(~inbound.received)[: self.config.max_nacks_per_end]
         replies: list[Reply] = []
         for index in missing.tolist():
             replies += self._nack(end.transfer_id, inbound, index, "missing", now)

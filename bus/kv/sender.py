@@ -16,14 +16,16 @@ are routed to transfers by transfer id. All protocol logic lives in send_core.Se
 see bus.security) is spoken to over CURVE, and only when that key is admitted as a decode node
 (so KV never goes to an unknown server); with security on, an endpoint without an admitted key
 is refused (KVTransferFailed) before a byte is sent.
+`max_peers` / `peer_idle_s`: how many data endpoints the sender keeps connected and how long an
+idle one stays (bus/kv/peers.py: a transfer in flight is never cut; with every peer busy a send to
+a new endpoint fails closed). Replies are header frames: the DEALER's MAXMSGSIZE is
+MAX_HEADER_BYTES, and a reply that is malformed or whose handling raises is logged, counted
+(`num_bad_replies`, `num_errors`) and dropped; the reader never stops on one.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections import deque
-from dataclasses import dataclass, field
 from typing import Any
 
 import zmq
@@ -33,9 +35,11 @@ from bus.kv.chunk_codec import ChunkEncoder
 from bus.kv.compress import AutoCompression
 from bus.kv.errors import KVFrameError, KVTransferFailed, KVTransferTimeout
 from bus.kv.faults import FaultInjector
-from bus.kv.frames import decode_message
+from bus.kv.frames import decode_message, peek_transfer_id
+from bus.kv.header_checks import MAX_HEADER_BYTES
 from bus.kv.layout import DEFAULT_CHUNK_BYTES
 from bus.kv.link import LinkShaper, gbit
+from bus.kv.peers import Connection, Peers
 from bus.kv.quant import NumpyQuantizer, Quantizer
 from bus.kv.send_core import BufferPool, SendConfig, SendState, SendTransfer
 from bus.kv.stats import TransferReport
@@ -46,22 +50,12 @@ from bus.security import SecurityConfig, apply_client, split_server_key
 log = get_logger("kv.sender")
 
 
-@dataclass
-class _Connection:
-    socket: zmq.asyncio.Socket
-    polled: zmq.Socket          # the same socket, synchronous: replies read between two encodes
-    reader: asyncio.Task | None = None
-    transfers: dict[str, tuple[SendTransfer, asyncio.Event]] = field(default_factory=dict)
-    link: asyncio.Task | None = None                      # shaped links only: the "wire"
-    outbox: deque = field(default_factory=deque)          # (release time, frames), in release order
-    queued: asyncio.Event = field(default_factory=asyncio.Event)
-
-
 class KVSender:
     def __init__(self, *, quantizer: Quantizer | None = None, config: SendConfig | None = None,
                  chunk_bytes: int = DEFAULT_CHUNK_BYTES, link_bytes_per_s: float = gbit(10),
                  shaper: LinkShaper | None = None, faults: FaultInjector | None = None,
-                 context: zmq.asyncio.Context | None = None, security: SecurityConfig | None = None) -> None:
+                 context: zmq.asyncio.Context | None = None, security: SecurityConfig | None = None,
+                 max_peers: int = 128, peer_idle_s: float = 60.0) -> None:
         self.security = security
         self.quantizer = quantizer or NumpyQuantizer()
         self.config = config or SendConfig()
@@ -69,8 +63,9 @@ class KVSender:
         self.auto = AutoCompression(link_bytes_per_s)
         self.shaper, self.faults = shaper, faults
         self._context = context or zmq.asyncio.Context.instance()
-        self._connections: dict[str, _Connection] = {}
+        self.peers = Peers(self._connect, max_peers, peer_idle_s)
         self._pool = BufferPool()
+        self.num_bad_replies = self.num_errors = 0
 
     async def send(self, endpoint: str, transfer_id: str, request_id: str, kv: Any, *, mode: str = "int8",
                    compression: str = "auto", token_offset: int = 0, dtype: str | None = None) -> TransferReport:
@@ -79,9 +74,18 @@ class KVSender:
                                token_offset=token_offset, dtype=dtype)
         loop = asyncio.get_running_loop()
         try:
-            connection = self._connect(endpoint)
+            connection = self.peers.take(endpoint)
         except KVTransferFailed as exc:
             raise KVTransferFailed(transfer_id, exc.reason) from None
+        try:   # _send_on registers the transfer before its first suspension: Peers.take's rule
+            transfer = await self._send_on(connection, encoder, loop)
+        finally:
+            self.peers.put(endpoint, connection)   # idle from now on if it was the last transfer
+        return TransferReport(transfer_id, request_id, True, "", transfer.stats)
+
+    async def _send_on(self, connection: Connection, encoder: ChunkEncoder,
+                       loop: asyncio.AbstractEventLoop) -> SendTransfer:
+        transfer_id, request_id = encoder.transfer_id, encoder.request_id
         if transfer_id in connection.transfers:
             raise KVTransferFailed(transfer_id, "a transfer with this id is already in flight")
         transfer = SendTransfer(encoder, self.config, loop.time(), self._pool)
@@ -99,9 +103,9 @@ class KVSender:
             error = KVTransferTimeout if transfer.timed_out else KVTransferFailed
             log.warning("kv_send_failed", transfer_id=transfer_id, request_id=request_id, reason=transfer.reason)
             raise error(transfer_id, transfer.reason)
-        return TransferReport(transfer_id, request_id, True, "", transfer.stats)
+        return transfer
 
-    async def _run(self, connection: _Connection, transfer: SendTransfer, wakeup: asyncio.Event,
+    async def _run(self, connection: Connection, transfer: SendTransfer, wakeup: asyncio.Event,
                    loop: asyncio.AbstractEventLoop) -> None:
         while not transfer.finished:
             while (frames := transfer.next_frames(loop.time())) is not None:
@@ -118,7 +122,7 @@ class KVSender:
                 timer.cancel()
             transfer.poll(loop.time())
 
-    async def _put(self, connection: _Connection, frames: list[Any], loop: asyncio.AbstractEventLoop) -> None:
+    async def _put(self, connection: Connection, frames: list[Any], loop: asyncio.AbstractEventLoop) -> None:
         if self.faults is not None and (frames := self.faults.apply(frames)) is None:
             return
         if self.shaper is None:
@@ -142,7 +146,7 @@ class KVSender:
         self._read_ready(connection, loop.time())
         await asyncio.sleep(0)
 
-    async def _send_waiting(self, connection: _Connection, frames: list[Any]) -> None:
+    async def _send_waiting(self, connection: Connection, frames: list[Any]) -> None:
         # A DEALER with no live pipe (the peer refused our CURVE key, or is gone) blocks a send
         # for ever: bound it by the transfer's own timeout so the transfer fails closed.
         try:
@@ -152,11 +156,11 @@ class KVSender:
                                         "it refused our key)") from None
 
     @staticmethod
-    def _send_due(connection: _Connection, now: float) -> None:
+    def _send_due(connection: Connection, now: float) -> None:
         while connection.outbox and connection.outbox[0][0] <= now:
             connection.socket.send_multipart(connection.outbox.popleft()[1], copy=False)
 
-    async def _drive_link(self, connection: _Connection) -> None:
+    async def _drive_link(self, connection: Connection) -> None:
         loop = asyncio.get_running_loop()
         while True:
             if not connection.outbox:
@@ -169,18 +173,17 @@ class KVSender:
             self._send_due(connection, loop.time())
             self._read_ready(connection, loop.time())   # a send can hide the ACKs' edge from the reader
 
-    def _connect(self, endpoint: str) -> _Connection:
-        connection = self._connections.get(endpoint)
-        if connection is None:
-            address, server_key = split_server_key(endpoint)
-            socket = self._context.socket(zmq.DEALER)
-            socket.setsockopt(zmq.LINGER, 0)
-            if self.security is not None:
-                self._secure(socket, address, server_key)
-            socket.connect(address)
-            connection = _Connection(socket, zmq.Socket.shadow(socket.underlying))
-            connection.reader = asyncio.get_running_loop().create_task(self._read(connection))
-            self._connections[endpoint] = connection
+    def _connect(self, endpoint: str) -> Connection:
+        """A new connection to `endpoint` (Peers opens it through this)."""
+        address, server_key = split_server_key(endpoint)
+        socket = self._context.socket(zmq.DEALER)
+        socket.setsockopt(zmq.LINGER, 0)
+        socket.setsockopt(zmq.MAXMSGSIZE, MAX_HEADER_BYTES)   # replies are header frames only
+        if self.security is not None:
+            self._secure(socket, address, server_key)
+        socket.connect(address)
+        connection = Connection(socket, zmq.Socket.shadow(socket.underlying))
+        connection.reader = asyncio.get_running_loop().create_task(self._read(connection))
         return connection
 
     def _secure(self, socket: zmq.Socket, address: str, server_key: bytes | None) -> None:
@@ -191,33 +194,37 @@ class KVSender:
             raise KVTransferFailed("", f"data endpoint {address} has {why}: KV not sent")
         apply_client(socket, self.security, server_key)
 
-    async def _read(self, connection: _Connection) -> None:
+    async def _read(self, connection: Connection) -> None:
         loop = asyncio.get_running_loop()
         while True:
             self._on_reply(connection, await connection.socket.recv_multipart(), loop.time())
 
-    def _read_ready(self, connection: _Connection, now: float) -> None:
+    def _read_ready(self, connection: Connection, now: float) -> None:
         """Take the replies already here. A send on the socket can consume the edge of its
         (edge-triggered) descriptor, so the reader task saw ACKs only every few chunks."""
         for frames in queued_messages(connection.polled):
             self._on_reply(connection, frames, now)
 
-    @staticmethod
-    def _on_reply(connection: _Connection, frames: list[bytes], now: float) -> None:
+    def _on_reply(self, connection: Connection, frames: list[bytes], now: float) -> None:
+        # The one guard of the reader: whatever a receiver sends, its fault stays with its message.
         try:
             message, _ = decode_message(frames)
+            entry = connection.transfers.get(getattr(message, "transfer_id", ""))
+            if entry is not None:
+                entry[0].on_message(message, now)
+                entry[1].set()
         except KVFrameError:
-            log.warning("kv_bad_reply")
-            return
-        entry = connection.transfers.get(getattr(message, "transfer_id", ""))
-        if entry is not None:
-            entry[0].on_message(message, now)
-            entry[1].set()
+            self.num_bad_replies += 1
+            log.warning("kv_bad_reply", count=self.num_bad_replies)
+        except Exception as exc:
+            self.num_errors += 1
+            log.error("kv_reply_failed", transfer_id=peek_transfer_id(frames[0]) if frames else "",
+                      error=f"{type(exc).__name__}: {exc}"[:300], count=self.num_errors, exc_info=True)
 
     async def abort(self, transfer_id: str, reason: str = "cancelled") -> bool:
         """Cancel an in-flight send; its `send` raises KVTransferFailed. False if none was in flight."""
         loop = asyncio.get_running_loop()
-        for connection in self._connections.values():
+        for connection in self.peers.connections():
             entry = connection.transfers.get(transfer_id)
             if entry is not None:
                 await connection.socket.send_multipart(entry[0].abort(reason, loop.time()))
@@ -226,11 +233,4 @@ class KVSender:
         return False
 
     async def close(self) -> None:
-        for connection in self._connections.values():
-            for task in (connection.reader, connection.link):
-                if task is not None:
-                    task.cancel()
-                    with contextlib.suppress(asyncio.CancelledError):
-                        await task
-            connection.socket.close(linger=0)
-        self._connections.clear()
+        await self.peers.close_all()

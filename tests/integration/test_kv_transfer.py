@@ -289,3 +289,135 @@ async def test_a_queued_flood_is_read_in_bounded_batches_and_other_tasks_still_r
     assert len(interleaved) >= 5   # the ticker ran while the flood was being read, not only after it
     kv = synthetic_kv(tokens=8)   # and the receiver still serves a transfer
     assert (await sender.send(endpoint, "t1", "r1", kv, mode="raw")).ok
+
+
+# ---- a hostile or buggy peer never takes the receiver or the sender down (issue #39) ----
+
+async def dealer_to(endpoint: str):
+    import zmq
+    import zmq.asyncio
+    socket = zmq.asyncio.Context.instance().socket(zmq.DEALER)
+    socket.setsockopt(zmq.LINGER, 0)
+    socket.connect(endpoint)
+    return socket
+
+
+async def test_a_malformed_chunk_does_not_stop_the_receiver(pair):
+    """A CHUNK whose dtype is a list (valid trailer) raised TypeError out of the read task: no
+    transfer to the node completed again."""
+    from bus.kv.frames import CHUNK
+    from tests.bus.kv.conftest import seal
+    from tests.bus.kv.test_hostile_headers import FIELD, valid_chunk
+
+    sender, receiver, endpoint = pair
+    hostile = await dealer_to(endpoint)
+    fields, payload = valid_chunk()
+    fields[FIELD["dtype"]] = ["float32"]
+    await hostile.send_multipart([seal(CHUNK, fields), *payload])
+    fields[FIELD["frames"]] = {"not": "a list"}
+    await hostile.send_multipart([seal(CHUNK, fields), *payload])
+    kv = synthetic_kv(tokens=16)
+    report = await sender.send(endpoint, "t1", "r1", kv, mode="raw")
+    result = await receiver.result("t1", timeout=5)
+    hostile.close(linger=0)
+    assert report.ok and result.kv.tobytes() == kv.tobytes() and receiver.core.undecodable == 2
+
+
+async def test_an_unexpected_error_in_one_message_is_logged_counted_and_the_loop_goes_on(pair, monkeypatch):
+    from structlog.testing import capture_logs
+
+    sender, receiver, endpoint = pair
+    on_frames = receiver.core.on_frames
+    calls = {"n": 0}
+
+    def breaks_once(*args, **kwargs):
+        calls["n"] += 1
+        if calls["n"] == 1:
+            raise RuntimeError("a bug in one message's handling")
+        return on_frames(*args, **kwargs)
+
+    monkeypatch.setattr(receiver.core, "on_frames", breaks_once)
+    with capture_logs() as logs:
+        report = await sender.send(endpoint, "t1", "r1", synthetic_kv(tokens=16), mode="raw")
+    assert report.ok and report.stats.resends >= 1 and receiver.metrics["errors.message"] == 1
+    [event] = [e for e in logs if e["event"] == "kv_message_failed"]
+    assert event["transfer_id"] == "t1" and "RuntimeError" in event["error"]
+
+
+async def test_the_data_sockets_bound_what_a_peer_may_send():
+    import zmq
+
+    from bus.kv.header_checks import MAX_HEADER_BYTES
+
+    receiver = KVReceiver(config=ReceiveConfig(max_chunk_bytes=64 * 1024))
+    endpoint = await receiver.start()
+    sender = KVSender(chunk_bytes=4096)
+    try:
+        assert 64 * 1024 < receiver._socket.getsockopt(zmq.MAXMSGSIZE) < 64 * 1024 + 2 * MAX_HEADER_BYTES
+        hostile = await dealer_to(endpoint)
+        await hostile.send_multipart([b"\x00" * (1 << 20)])     # over the bound: the peer is cut off
+        kv = synthetic_kv(tokens=16)
+        assert (await sender.send(endpoint, "t1", "r1", kv, mode="raw")).ok
+        assert (await receiver.result("t1", timeout=5)).kv.tobytes() == kv.tobytes()
+        assert receiver.core.undecodable == 0    # the oversized message never reached the receiver
+        assert sender.peers.get(endpoint).socket.getsockopt(zmq.MAXMSGSIZE) == MAX_HEADER_BYTES
+        hostile.close(linger=0)
+    finally:
+        await sender.close()
+        await receiver.close()
+
+
+async def test_an_idle_peer_is_closed_and_forgotten():
+    """A decode node that restarted on a new port left a DEALER reconnecting to the old one for ever."""
+    receiver = KVReceiver()
+    endpoint = await receiver.start()
+    sender = KVSender(chunk_bytes=4096, peer_idle_s=0.2)
+    try:
+        assert (await sender.send(endpoint, "t1", "r1", synthetic_kv(tokens=16), mode="raw")).ok
+        connection = sender.peers.get(endpoint)
+        await receiver.close()                   # the node goes away
+        for _ in range(100):
+            if not sender.peers.endpoints():
+                break
+            await asyncio.sleep(0.02)
+        assert not sender.peers.endpoints() and connection.socket.closed and connection.reader.done()
+    finally:
+        await sender.close()
+
+
+async def test_a_transfer_in_flight_is_never_cut_by_the_idle_timer(pair):
+    _, receiver, endpoint = pair
+    sender = KVSender(chunk_bytes=4096, peer_idle_s=0.05, config=SendConfig(ack_timeout=0.3, transfer_timeout=5.0))
+    sender.shaper = LinkShaper(2e5)              # ~0.25 s: five idle periods long
+    try:
+        kv = synthetic_kv(tokens=64)
+        assert (await sender.send(endpoint, "t1", "r1", kv, mode="raw")).ok
+        assert (await sender.send(endpoint, "t2", "r2", kv, mode="raw")).ok
+        assert (await receiver.result("t2", timeout=5)).kv.tobytes() == kv.tobytes()
+    finally:
+        await sender.close()
+
+
+async def test_a_sender_holds_at_most_max_peers_endpoints():
+    receivers = [KVReceiver() for _ in range(3)]
+    endpoints = [await r.start() for r in receivers]
+    sender = KVSender(chunk_bytes=4096, max_peers=2, config=SendConfig(ack_timeout=0.3, transfer_timeout=5.0))
+    try:
+        kv = synthetic_kv(tokens=16)
+        for i, endpoint in enumerate(endpoints):   # the least recently used idle peer makes room
+            assert (await sender.send(endpoint, f"t{i}", "r", kv, mode="raw")).ok
+            assert len(sender.peers.endpoints()) <= 2
+        assert sender.peers.endpoints() == endpoints[1:]
+        sender.shaper = LinkShaper(1e5)            # two peers busy: a third endpoint is refused, not queued
+        busy = [asyncio.ensure_future(sender.send(e, f"b{i}", "r", synthetic_kv(tokens=64), mode="raw"))
+                for i, e in enumerate(endpoints[1:])]
+        await asyncio.sleep(0.02)
+        with pytest.raises(KVTransferFailed, match="peers"):
+            await sender.send(endpoints[0], "t9", "r", kv, mode="raw")
+        for task in busy:
+            task.cancel()
+        await asyncio.gather(*busy, return_exceptions=True)
+    finally:
+        await sender.close()
+        for receiver in receivers:
+            await receiver.close()

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import msgpack
 import numpy as np
 import pytest
+import xxhash
 
 from bus.kv.chunk_codec import ChunkEncoder
 from bus.kv.compress import AutoCompression
-from bus.kv.frames import decode_message
+from bus.kv.frames import MAGIC, VERSION, decode_message
 from bus.kv.layout import DTYPES
 from bus.kv.quant import NumpyQuantizer
 from bus.kv.recv_core import ReceiveConfig, ReceiverCore
@@ -23,6 +25,12 @@ def synthetic_kv(layers=3, heads=2, tokens=40, head_dim=16, dtype=np.float32, se
     offsets = rng.normal(0, 2, size=shape[:-1] + (1,))
     scales = rng.uniform(0.1, 3, size=shape[:-1] + (1,))
     return (rng.normal(size=shape) * scales + offsets).astype(dtype)
+
+
+def seal(kind: int, fields) -> bytes:
+    """A header frame of any fields with a valid trailer: it gets past the checksum to the field checks."""
+    body = MAGIC + bytes((VERSION, kind)) + msgpack.packb(fields, use_bin_type=True)
+    return body + xxhash.xxh3_64_intdigest(body).to_bytes(8, "little")
 
 
 @pytest.fixture

@@ -14,7 +14,6 @@ from bus.kv.chunk_codec import ChunkEncoder, verify_and_decode
 from bus.kv.compress import AutoCompression
 from bus.kv.errors import KVChecksumError, KVError, KVFrameError
 from bus.kv.frames import (
-    MAGIC,
     Abort,
     Ack,
     Chunk,
@@ -30,7 +29,7 @@ from bus.kv.frames import (
 )
 from bus.kv.layout import FRAME_BYTES, f32_to_bf16_bits
 from bus.kv.quant import NumpyQuantizer
-from tests.bus.kv.conftest import synthetic_kv
+from tests.bus.kv.conftest import seal, synthetic_kv
 
 KV = synthetic_kv(layers=2, heads=1, tokens=8, head_dim=8)
 
@@ -81,14 +80,7 @@ def test_every_chunk_header_field_is_validated(name, value):
     fields = _chunk_fields(header)
     fields[Chunk.__slots__.index(name)] = value
     with pytest.raises(KVFrameError):
-        decode_header(reencode(fields, 1))
-
-
-def reencode(fields, kind):
-    import msgpack
-    import xxhash
-    body = MAGIC + bytes((1, kind)) + msgpack.packb(fields, use_bin_type=True)
-    return body + xxhash.xxh3_64_intdigest(body).to_bytes(8, "little")
+        decode_header(seal(1, fields))
 
 
 def test_payload_sizes_must_match_the_mode_and_range():
@@ -108,7 +100,7 @@ def test_payload_sizes_must_match_the_mode_and_range():
 ])
 def test_control_fields_are_validated(kind, fields):
     with pytest.raises(KVFrameError):
-        decode_header(reencode(fields, kind))
+        decode_header(seal(kind, fields))
 
 
 def test_bad_magic_version_and_garbage_are_refused():
@@ -120,7 +112,7 @@ def test_bad_magic_version_and_garbage_are_refused():
     with pytest.raises(KVFrameError, match="unsupported KV protocol version 1"):
         decode_header(previous_version)
     with pytest.raises(KVFrameError):
-        decode_header(reencode({"not": "a list"}, 17))
+        decode_header(seal(17, {"not": "a list"}))
     with pytest.raises(KVFrameError):
         decode_message([])
 

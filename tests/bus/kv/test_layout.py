@@ -4,16 +4,20 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from bus.kv.errors import KVValueError
 from bus.kv.layout import (
     DEFAULT_CHUNK_BYTES,
     FRAME_BYTES,
+    ChunkSpec,
     KVInfo,
     bf16_bits_to_f32,
     chunk_bytes_for,
     f32_to_bf16_bits,
     frame_specs,
+    num_frames,
     numpy_kv_info,
     plan_chunks,
 )
@@ -125,3 +129,15 @@ def test_quantized_chunks_are_sized_by_values_raw_ones_by_bytes():
         assert chunk_bytes_for(fp32, mode) == 2 * DEFAULT_CHUNK_BYTES   # as many values as 4 MiB of bf16
         assert chunk_bytes_for(bf16, mode) == DEFAULT_CHUNK_BYTES
     assert len(plan_chunks(fp32, chunk_bytes_for(fp32, "int8"))) == len(plan_chunks(bf16, chunk_bytes_for(bf16, "int8")))
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.integers(1, 6), st.integers(1, 3), st.integers(1, 300), st.integers(1, 96), st.sampled_from([2, 4]),
+       st.integers(1, 5000), st.data())
+def test_num_frames_counts_frame_specs_without_building_them(layers, heads, tokens, head_dim, value_bytes,
+                                                             frame_bytes, data):
+    info = KVInfo((layers, 2, heads, tokens, head_dim), "float32")
+    p0 = data.draw(st.integers(0, info.num_planes - 1))
+    t0 = data.draw(st.integers(0, tokens - 1))
+    spec = ChunkSpec(0, p0, data.draw(st.integers(p0 + 1, info.num_planes)), t0, data.draw(st.integers(t0 + 1, tokens)))
+    assert num_frames(spec, info, value_bytes, frame_bytes) == len(frame_specs(spec, info, value_bytes, frame_bytes))
