@@ -19,11 +19,16 @@ pass itself runs in one step (up to `max_batch_tokens`): nothing may interrupt i
 `queued_tokens` in the capacity counts queued prompts plus what running passes have left.
 CANCEL drops a queued prompt, stops computing it in a running pass, or aborts its send (the receiver
 frees its buffer), logged as `prefill_cancelled` with `stage`.
+A request body is checked on arrival (nodes/body_checks.py; ERROR `bad_request`). A handler that
+raises ends its request with ERROR `internal` (`GuardedWork`); a pass whose start or chunk raises
+ends the prompts in it that have no first token yet the same way (`prefill_pass_failed`), and
+the node serves on.
 """
 
 from __future__ import annotations
 
 import time
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -34,12 +39,13 @@ from bus.kv.layout import DEFAULT_CHUNK_BYTES
 from bus.kv.link import gbit
 from bus.log import get_logger
 from bus.messages import Cancel, Request
+from nodes import body_checks as checks
 from nodes import cluster_wire as wire
 from nodes.engines.base import PrefillPass, PrefillRequest, PrefillResult
 from nodes.engines.kv_quant import TorchQuantizer
 from nodes.engines.prefill import PrefillBatcher
 from nodes.node_settings import NodeSettings
-from nodes.runtime import LoopThread, StageClock
+from nodes.runtime import GuardedWork, LoopThread, StageClock
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,10 +75,10 @@ class PrefillJob:
 class RunningPass:
     prefill: PrefillPass
     urgent: bool
-    num_requests: int
+    request_ids: tuple[str, ...]
 
 
-class PrefillWork:
+class PrefillWork(GuardedWork):
     def __init__(self, settings: NodeSettings, engine: Any, kv_thread: LoopThread) -> None:
         self.settings, self.engine, self.kv_thread = settings, engine, kv_thread
         config = engine.config
@@ -87,6 +93,8 @@ class PrefillWork:
         self.sender = KVSender(quantizer=self.quantizer, faults=faults, security=settings.security,
                                link_bytes_per_s=gbit(settings.kv_link_gbit), chunk_bytes=chunk_bytes)
         self.jobs: dict[str, PrefillJob] = {}
+        self.limits = checks.engine_limits(engine)
+        self.counters: Counter[str] = Counter()   # refused / failed, by kind
         self.endpoint: Endpoint | None = None
         self.log = get_logger("prefill")
         self.num_kv_bytes_sent = 0
@@ -104,11 +112,11 @@ class PrefillWork:
 
     def on_message(self, message: Any) -> bool:
         if isinstance(message, Request) and message.service == wire.PREFILL:
-            self._on_request(message)
+            self._guard(message.request_id, self._on_request, message, ours=True)
         elif isinstance(message, Cancel) and message.request_id in self.jobs:
-            self._on_cancel(message.request_id)
+            self._guard(message.request_id, self._on_cancel, message.request_id)
         elif isinstance(message, KvSendDone):
-            self._on_send_done(message)
+            self._guard(message.request_id, self._on_send_done, message)
         else:
             return False
         return True
@@ -122,16 +130,28 @@ class PrefillWork:
         if not self.passes:
             return False
         running = self.passes[-1]
-        for result in running.prefill.step():
-            self._on_prefilled(result)
-        if running.prefill.done:
-            self.passes.pop()
-            self.num_prefilled += running.num_requests
+        try:
+            results = running.prefill.step()
+        except Exception:
+            self._fail_pass(running.request_ids)
+            results = []
+        for result in results:
+            self._guard(result.request_id, self._on_prefilled, result)
+        if running not in self.passes or running.prefill.done:   # failed, or finished
+            self.passes = [p for p in self.passes if p is not running]
+            self.num_prefilled += len(running.request_ids)
         return True
 
     def _start_pass(self, batch: list[PrefillRequest], *, urgent: bool) -> None:
         if not batch:
             return
+        request_ids = tuple(r.request_id for r in batch)
+        try:
+            self.passes.append(RunningPass(self._begin_pass(batch, urgent), urgent, request_ids))
+        except Exception:   # the batch left its queue: its prompts must end here, not hang
+            self._fail_pass(request_ids)
+
+    def _begin_pass(self, batch: list[PrefillRequest], urgent: bool) -> PrefillPass:
         if self.passes:   # only an urgent batch gets here: the pass of new work waits one chunk at most
             self.log.info("prefill_interrupted", request_ids=[r.request_id for r in batch],
                           num_tokens_left=self.passes[-1].prefill.num_remaining_tokens)
@@ -142,8 +162,17 @@ class PrefillWork:
             self.jobs[request.request_id].clock.mark("prefill_started")
         # Nothing interrupts an urgent pass, so it runs as one step (chunks cost up to 25% in bf16).
         chunk_tokens = self.urgent.max_batch_tokens if urgent else self.chunk_tokens
-        self.passes.append(RunningPass(self.engine.start_prefill(batch, chunk_tokens=chunk_tokens), urgent,
-                                       len(batch)))
+        return self.engine.start_prefill(batch, chunk_tokens=chunk_tokens)
+
+    def _fail_pass(self, request_ids: tuple[str, ...]) -> None:
+        """The engine raised starting or stepping a pass: its prompts with no first token yet end
+        with ERROR `internal` (those already sending their KV go on); the pass is dropped."""
+        failed = [r for r in request_ids if r in self.jobs and self.jobs[r].first_token is None]
+        self.passes = [p for p in self.passes if p.request_ids != request_ids]   # ids are unique per pass
+        self.counters["pass.failed"] += 1
+        self.log.exception("prefill_pass_failed", request_ids=failed, count=self.counters["pass.failed"])
+        for request_id in failed:
+            self._end_failed(request_id, reply=True)
 
     def on_idle(self) -> None:
         return None   # nothing kept for a busy node beyond what the heap trim returns
@@ -167,28 +196,18 @@ class PrefillWork:
     # -- requests --------------------------------------------------------------------------
     def _on_request(self, request: Request) -> None:
         try:
-            job, prefill = self._parse(request)
-        except wire.BadRequest as exc:
-            self.endpoint.reply_error(request.request_id, wire.BAD_REQUEST, str(exc))
+            body = checks.prefill_request(request.body, self.limits)
+        except checks.Refused as refusal:
+            self.counters["request.refused"] += 1
+            self.log.info("prefill_refused", request_id=request.request_id, reason=refusal.reason)
+            self.endpoint.reply_error(request.request_id, wire.BAD_REQUEST, refusal.reason)
             return
+        job = PrefillJob(request.request_id, body.decode_request_id, body.decode_node_id, body.data_endpoint,
+                         body.transfer_id, len(body.prompt), urgent=body.urgent)
         job.clock.mark("received")
         self.jobs[job.request_id] = job
-        (self.urgent if job.urgent else self.batcher).add(prefill, time.monotonic())
-
-    def _parse(self, request: Request) -> tuple[PrefillJob, PrefillRequest]:
-        body = wire.body_map(request.body)
-        prompt = wire.token_ids_from_wire(body)
-        limit, vocab = self.engine.max_model_len, self.engine.runner.config.vocab_size
-        if len(prompt) >= limit:
-            raise wire.BadRequest(f"prompt of {len(prompt)} tokens leaves no room in the context of {limit}")
-        if min(prompt) < 0 or max(prompt) >= vocab:
-            raise wire.BadRequest(f"token id outside the vocabulary (0..{vocab - 1})")
-        for key in ("decode_node_id", "data_endpoint", "transfer_id", "request_id"):
-            if not isinstance(body.get(key), str) or not body[key]:
-                raise wire.BadRequest(f"{key} is required")
-        job = PrefillJob(request.request_id, body["request_id"], body["decode_node_id"], body["data_endpoint"],
-                         body["transfer_id"], len(prompt), urgent=body.get("urgent") is True)
-        return job, PrefillRequest(request.request_id, prompt, wire.sampling_from_wire(body.get("sampling", {})))
+        (self.urgent if job.urgent else self.batcher).add(PrefillRequest(request.request_id, body.prompt, body.sampling),
+                                                          time.monotonic())
 
     def _on_prefilled(self, result: PrefillResult) -> None:
         job = self.jobs.get(result.request_id)
@@ -244,13 +263,19 @@ class PrefillWork:
                       num_prompt_tokens=job.num_prompt_tokens, wire_bytes=stats.wire_bytes, timings=final["timings"])
 
     def _on_cancel(self, request_id: str) -> None:
-        job = self.jobs.pop(request_id)
+        transfer_id = self.jobs[request_id].transfer_id
+        stage = self._release(request_id, "cancelled by the client")
+        self.log.info("prefill_cancelled", request_id=request_id, stage=stage, transfer_id=transfer_id)
+
+    def _release(self, request_id: str, reason: str = "the prefill node failed") -> str:
+        """Forget the request wherever it is: its send aborted, its prompt dropped from a pass or a queue."""
+        job = self.jobs.pop(request_id, None)
+        if job is None:
+            return "gone"
         if job.sending:
-            self.kv_thread.submit(self.sender.abort(job.transfer_id, "cancelled by the client"))
-            stage = "transfer"
-        elif any(p.prefill.cancel(request_id) for p in self.passes):
-            stage = "prefill"
-        else:
-            self.batcher.remove(request_id) or self.urgent.remove(request_id)
-            stage = "queue"
-        self.log.info("prefill_cancelled", request_id=request_id, stage=stage, transfer_id=job.transfer_id)
+            self.kv_thread.submit(self.sender.abort(job.transfer_id, reason))
+            return "transfer"
+        if any(p.prefill.cancel(request_id) for p in self.passes):
+            return "prefill"
+        self.batcher.remove(request_id) or self.urgent.remove(request_id)
+        return "queue"

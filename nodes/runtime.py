@@ -15,6 +15,10 @@ Contract for a `Work` (nodes/prefill.py, nodes/decode.py): `prepare() -> data en
 `work(now) -> bool` (True: did something, poll again at once), `next_deadline() -> float | None`,
 `capacity() -> dict`, `close()`. `run_node(settings, make_works)` wires it all and serves until
 SIGINT/SIGTERM.
+Nothing one request does ends the loop: works guard each handler (`GuardedWork`: the request
+ends with ERROR `internal`, what it held is freed), and the loop itself catches what a work's turn
+or a message's dispatch still raises (`work_failed`, `message_failed`, counted in `counters`).
+Peer-supplied bodies reach a log line only as a bounded summary (type and size), never repr().
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ import os
 import signal
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Coroutine
 from dataclasses import dataclass, field
 from typing import Any, Protocol
@@ -34,11 +39,13 @@ import uvloop
 from bus.endpoint import Endpoint
 from bus.log import get_logger
 from bus.messages import Cancel, Direct, Error, Request
+from nodes.body_checks import summary as body_summary
 from nodes.heap import HeapTrimmer, configure_decode_heap, freeze_startup_objects
 from nodes.node_settings import NodeSettings
 
 IDLE_POLL_S = 0.1
 CAPACITY_MIN_INTERVAL_S = 0.02
+INTERNAL = "internal"   # ERROR code: the node failed while serving the request (our bug, not the request's)
 
 
 class LoopThread:
@@ -78,6 +85,54 @@ class Work(Protocol):
     def close(self) -> None: ...
 
 
+class GuardedWork:
+    """What the prefill and decode works share: one request's bug ends that request, never the node.
+
+    `_guard(request_id, handler, *args, ours=False)` runs one handler; if it raises, the failure is
+    logged with the request id and counted (`counters["request.failed"]`), `_release(request_id)`
+    frees what the request held, and its client gets ERROR `internal` when it waits on us (`ours`,
+    or the request is in `jobs`). `_end_failed(request_id, reply=...)` is that end without a handler.
+    """
+
+    jobs: dict[str, Any]
+    counters: Counter[str]
+    endpoint: Any
+    log: Any
+
+    def _release(self, request_id: str) -> Any:
+        raise NotImplementedError
+
+    def _guard(self, request_id: str, handler: Callable[..., Any], *args: Any, ours: bool = False) -> None:
+        ours = ours or request_id in self.jobs
+        try:
+            handler(*args)
+        except Exception:
+            self.counters["request.failed"] += 1
+            self.log.exception("request_failed", request_id=request_id, stage=handler.__name__.strip("_"))
+            self._end_failed(request_id, reply=ours)
+
+    def _end_failed(self, request_id: str, *, reply: bool) -> None:
+        try:
+            self._release(request_id)
+        except Exception:
+            self.log.exception("release_failed", request_id=request_id)
+        if reply:
+            self.endpoint.reply_error(request_id, INTERNAL, "the node failed while serving this request",
+                                      node_id=self.endpoint.node_id)
+
+
+def message_summary(message: Any) -> dict[str, Any]:
+    """A log line's view of a bus message: its kind, ids and the body's type and size, never the
+    body itself (repr() of a body nested a thousand levels deep raises RecursionError)."""
+    summary: dict[str, Any] = {"kind": type(message).__name__}
+    for name in ("request_id", "peer", "service", "code"):
+        if isinstance(value := getattr(message, name, None), str):
+            summary[name] = value[:128]
+    if hasattr(message, "body"):
+        summary["body"] = body_summary(message.body)
+    return summary
+
+
 @dataclass
 class StageClock:
     """Per-request stage timestamps (monotonic), turned into durations for FINAL bodies."""
@@ -100,17 +155,33 @@ class NodeLoop:
         self._capacity: dict[str, float] = {}
         self._capacity_sent_at = 0.0
         self.heap = HeapTrimmer(before_trim=self._on_idle)
+        self.counters: Counter[str] = Counter()
 
     def run(self) -> None:
         while not self.stop.is_set():
-            now = time.monotonic()
-            busy = False
-            for work in self.works:
+            try:
+                timeout = self._turn(time.monotonic())
+            except Exception:   # capacity, heap, deadlines: a bug there must not end the node either
+                self._count_failure("turn_failed")
+                timeout = IDLE_POLL_S
+            self._take_inputs(timeout)
+
+    def _turn(self, now: float) -> float:
+        """Give each work its turn; how long to wait for input next."""
+        busy = False
+        for work in self.works:
+            try:
                 busy = work.work(now) or busy
-            self._publish_capacity(now)
-            if (trim_s := self.heap.on_iteration(busy, now)) is not None:
-                self.log.info("heap_trimmed", ms=round(trim_s * 1000, 2))
-            self._take_inputs(0.0 if busy else self._idle_timeout(now))
+            except Exception:   # the work's own guards failed what requests they could
+                self._count_failure("work_failed", work=type(work).__name__)
+        self._publish_capacity(now)
+        if (trim_s := self.heap.on_iteration(busy, now)) is not None:
+            self.log.info("heap_trimmed", ms=round(trim_s * 1000, 2))
+        return 0.0 if busy else self._idle_timeout(now)
+
+    def _count_failure(self, event: str, **fields: Any) -> None:
+        self.counters[event.replace("_", ".")] += 1
+        self.log.exception(event, count=self.counters[event.replace("_", ".")], **fields)
 
     def _on_idle(self) -> None:
         for work in self.works:
@@ -132,18 +203,18 @@ class NodeLoop:
         try:
             self._offer(message)
         except Exception:   # a bad message must not take the node (and every other stream) down
-            self.log.exception("message_failed", message=repr(message)[:200])
+            self._count_failure("message_failed", **message_summary(message))
             if isinstance(message, Request):
-                self.endpoint.reply_error(message.request_id, "internal", "the node failed to handle this request")
+                self.endpoint.reply_error(message.request_id, INTERNAL, "the node failed to handle this request")
 
     def _offer(self, message: Any) -> None:
         for work in self.works:
             if work.on_message(message):
                 return
         if isinstance(message, Request):
-            self.endpoint.reply_error(message.request_id, "bad_request", f"no service {message.service!r} here")
+            self.endpoint.reply_error(message.request_id, "bad_request", f"no service {message.service[:128]!r} here")
         elif isinstance(message, Error | Direct | Cancel):
-            self.log.info("unhandled_message", kind=type(message).__name__, message=repr(message)[:200])
+            self.log.info("unhandled_message", **message_summary(message))
 
     def current_capacity(self) -> dict[str, float]:
         capacity: dict[str, float] = {}

@@ -29,6 +29,9 @@ class FakeEndpoint:
         self.inbox = Mailbox()
         self.sent: list[tuple[str, Any]] = []   # (kind, (request_id or peer, body...))
 
+    def receive(self, timeout: float | None = None) -> Any:
+        return self.inbox.get(timeout)
+
     def reply(self, request_id: str, body: Any = None, payload: tuple = ()) -> None:
         self.sent.append(("partial", request_id, body))
 

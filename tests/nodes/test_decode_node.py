@@ -116,6 +116,10 @@ def test_too_long_a_request_is_rejected_not_full(kv_thread):
     ({"prefill": "sometimes"}, "prefill must be"),
     ({"sampling": {"temperature": -1}}, "bad sampling"),
     ({"sampling": "greedy"}, "sampling must be a map"),
+    ({"prompt_token_ids": [True, 5]}, "prompt_token_ids"), ({"session_id": [1]}, "session_id"),
+    ({"session_id": "s" * 129}, "session_id"), ({"resume": "yes"}, "resume"),
+    ({"sampling": {"stop": [1]}}, "stop"), ({"sampling": {"max_tokens": 2.5}}, "max_tokens"),
+    ({"sampling": {"temperature": float("nan")}}, "temperature"), ({"sampling": {"seed": 2**64}}, "seed"),
 ])
 def test_bad_requests_get_a_clear_error_and_change_nothing(kv_thread, body, message):
     work, endpoint, _ = make_work(kv_thread)
@@ -186,7 +190,7 @@ def arrive(work, endpoint, request_id, prompt, *, ready=True):
     the node allocated, the verified result is posted, then (optionally) kv_ready."""
     transfer_id = endpoint.of("partial", request_id)[0]["transfer_id"]
     kv, first_token_id = prefilled(prompt)
-    dst = work._allocate(transfer_id, request_id, KVInfo(tuple(kv.shape), "float32"), "int8")
+    dst = work.kv.allocate(transfer_id, request_id, KVInfo(tuple(kv.shape), "float32"), "int8")
     dst.copy_(kv)
     stats = TransferStats(transfer_id, request_id, raw_bytes=kv.nbytes)
     work.on_message(KvArrived(TransferResult(transfer_id, request_id, True, dst, 0, "", stats)))
@@ -208,7 +212,7 @@ def test_received_kv_buffers_are_reused_once_the_engine_copied_them_and_texts_st
     run_until_idle(local)
     work.on_message(request("r1"))
     first_buffer = arrive(work, endpoint, "r1", PROMPT)
-    assert work.jobs["r1"].running and work.buffers.num_taken == 0 and work.buffers.num_free == 1
+    assert work.jobs["r1"].running and work.kv.buffers.num_taken == 0 and work.kv.buffers.num_free == 1
     work.work(time.monotonic())                  # r1 decodes a token, then r2's KV reuses r1's buffer
     work.on_message(request("r2", prompt_token_ids=second))
     assert arrive(work, endpoint, "r2", second).data_ptr() == first_buffer.data_ptr()
@@ -218,22 +222,22 @@ def test_received_kv_buffers_are_reused_once_the_engine_copied_them_and_texts_st
     # the prefill node streamed the first token; this node the rest, as a local run does
     assert streamed(endpoint, "r1") == streamed(local_endpoint, "l1")[1:]
     assert streamed(endpoint, "r2") == streamed(local_endpoint, "l2")[1:]
-    assert work.buffers.num_allocated == 1 and work.buffers.num_taken == 0
+    assert work.kv.buffers.num_allocated == 1 and work.kv.buffers.num_taken == 0
 
 
 def test_received_kv_goes_back_when_nobody_will_decode_from_it(kv_thread):
     work, endpoint, _ = make_work(kv_thread)
     work.on_message(request("r1"))
     arrive(work, endpoint, "r1", PROMPT, ready=False)     # verified, but kv_ready not here yet
-    assert work.buffers.num_taken == 1
+    assert work.kv.buffers.num_taken == 1
     work.on_message(Cancel("r1"))                         # the client gave up meanwhile
-    assert work.buffers.num_taken == 0
+    assert work.kv.buffers.num_taken == 0
     work.on_message(request("r2"))
     transfer_id = endpoint.of("partial", "r2")[0]["transfer_id"]
-    dst = work._allocate(transfer_id, "r2", KVInfo((2, 2, 2, len(PROMPT), 16), "float32"), "int8")
+    dst = work.kv.allocate(transfer_id, "r2", KVInfo((2, 2, 2, len(PROMPT), 16), "float32"), "int8")
     work.jobs.pop("r2")                                   # the request is gone when its KV arrives
     work.on_message(KvArrived(TransferResult(transfer_id, "r2", True, dst, 0, "", TransferStats(transfer_id, "r2"))))
-    assert work.buffers.num_taken == 0
+    assert work.kv.buffers.num_taken == 0
 
 
 def test_raw_kv_is_kept_as_its_frames_copied_once_by_the_engine_and_then_let_go(kv_thread):
@@ -244,8 +248,8 @@ def test_raw_kv_is_kept_as_its_frames_copied_once_by_the_engine_and_then_let_go(
     work.on_message(request("r1"))
     transfer_id = endpoint.of("partial", "r1")[0]["transfer_id"]
     kv, first_token_id = prefilled(PROMPT)
-    pieces = work._allocate(transfer_id, "r1", KVInfo(tuple(kv.shape), "float32"), "raw")
-    assert isinstance(pieces, RawPieces) and work.buffers.num_allocated == 0   # no receive buffer
+    pieces = work.kv.allocate(transfer_id, "r1", KVInfo(tuple(kv.shape), "float32"), "raw")
+    assert isinstance(pieces, RawPieces) and work.kv.buffers.num_allocated == 0   # no receive buffer
     for spec, payload in raw_pieces(kv, 1024).pieces():
         pieces.keep(spec, payload)
     stats = TransferStats(transfer_id, "r1", raw_bytes=kv.nbytes)
@@ -254,23 +258,23 @@ def test_raw_kv_is_kept_as_its_frames_copied_once_by_the_engine_and_then_let_go(
     assert work.jobs["r1"].running and pieces.num_pieces == 0   # the engine copied them; the frames are let go
     run_until_idle(work)
     assert streamed(endpoint, "r1") == streamed(local_endpoint, "l1")[1:]
-    assert work.buffers.num_allocated == 0
+    assert work.kv.buffers.num_allocated == 0
 
 
 def test_a_quiet_node_gives_the_buffers_it_kept_for_reuse_back_but_the_last_small_one(kv_thread):
     work, endpoint, _ = make_work(kv_thread)
-    work.buffers.give(work.buffers.take((4, 1 << 18), torch.float32))   # an older, bigger one
+    work.kv.buffers.give(work.kv.buffers.take((4, 1 << 18), torch.float32))   # an older, bigger one
     work.on_message(request("r1"))
     arrive(work, endpoint, "r1", PROMPT)
     run_until_idle(work)
-    assert work.buffers.num_free == 2
+    assert work.kv.buffers.num_free == 2
     work.on_idle()                                        # what the node loop calls before a heap trim
-    assert work.buffers.num_free == 1 and work.buffers.num_taken == 0   # for the next request
-    assert work.capacity()["kv_mib_buffers"] == round(work.buffers.num_free_bytes / 2**20, 1)
+    assert work.kv.buffers.num_free == 1 and work.kv.buffers.num_taken == 0   # for the next request
+    assert work.capacity()["kv_mib_buffers"] == round(work.kv.buffers.num_free_bytes / 2**20, 1)
     work.on_message(request("r3"))
     arrive(work, endpoint, "r3", PROMPT)
     run_until_idle(work)
-    assert work.buffers.num_allocated == 2                # r3 received into the kept one
+    assert work.kv.buffers.num_allocated == 2                # r3 received into the kept one
 
 
 def test_a_failed_receive_hands_its_buffer_back(kv_thread):
@@ -278,17 +282,17 @@ def test_a_failed_receive_hands_its_buffer_back(kv_thread):
     work.on_message(request("r1"))
     transfer_id = endpoint.of("partial", "r1")[0]["transfer_id"]
     kv, _ = prefilled(PROMPT)
-    dst = work._allocate(transfer_id, "r1", KVInfo(tuple(kv.shape), "float32"), "int8")
-    work.receiver.core.release(transfer_id, dst)          # what ReceiverCore does when it fails closed
-    assert work.buffers.num_taken == 0 and work.buffers.num_free == 1
+    dst = work.kv.allocate(transfer_id, "r1", KVInfo(tuple(kv.shape), "float32"), "int8")
+    work.kv.receiver.core.release(transfer_id, dst)          # what ReceiverCore does when it fails closed
+    assert work.kv.buffers.num_taken == 0 and work.kv.buffers.num_free == 1
 
 
 def test_a_kv_shape_the_model_does_not_have_gets_no_buffer(kv_thread):
     work, endpoint, _ = make_work(kv_thread)
     work.on_message(request("r1"))
     transfer_id = endpoint.of("partial", "r1")[0]["transfer_id"]
-    assert work._allocate(transfer_id, "r1", KVInfo((1, 2, 1, len(PROMPT), 4), "float32"), "raw") is None
-    assert work.buffers.num_taken == 0
+    assert work.kv.allocate(transfer_id, "r1", KVInfo((1, 2, 1, len(PROMPT), 4), "float32"), "raw") is None
+    assert work.kv.buffers.num_taken == 0
 
 
 def test_prepare_reserves_the_kv_memory_before_any_request_and_a_quiet_node_keeps_it(kv_thread):

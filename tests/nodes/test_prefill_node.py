@@ -180,6 +180,8 @@ def test_cancel_drops_a_queued_prompt(kv_thread):
     ({"transfer_id": ""}, "transfer_id is required"),
     ({"data_endpoint": None}, "data_endpoint is required"),
     ({"sampling": {"top_p": 0}}, "bad sampling"),
+    ({"sampling": {"stop": 5}}, "stop"), ({"decode_node_id": ["d"]}, "decode_node_id is required"),
+    ({"urgent": "yes"}, "urgent"), ({"prompt_token_ids": [5, 6.0]}, "prompt_token_ids"),
 ])
 def test_bad_requests_get_a_clear_error_and_queue_nothing(kv_thread, body, message):
     work, endpoint = make_work(kv_thread)

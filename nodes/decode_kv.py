@@ -1,0 +1,95 @@
+"""Where a decode node's received KV lands: the `KVReceiver` on the KV thread and the buffers it
+writes into (the data-plane half of nodes/decode.py).
+
+Contract (`KvLanding(settings, engine, kv_thread, jobs, post)`), by thread:
+- KV thread: `allocate(transfer_id, request_id, info, mode) -> dst | None` takes a transfer only
+  for a request in `jobs` still waiting for its KV whose prompt and the model's layout match the
+  transfer's shape (else the receiver refuses it, `refused.no_destination`), and records the
+  transfer id on the job; every finished receive, ok or not, is `post`ed as `KvArrived`.
+- node thread: `start() -> data endpoint`, `give_back(kv)` (a buffer nobody will decode from),
+  `give_back_arrived(job)`, `cancel(job, reason)` (its receives), `on_idle()`, `num_free_mib()`,
+  `close()`.
+Received KV lands in reused buffers where the engine copies it on admission (nodes/kv_buffers.py:
+fresh pages made a 45 MiB int8 receive 8x slower), or for `raw` in its verified frames
+(RawPieces, copied once by the engine); an engine that does not copy gets a new tensor each time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from bus.kv import KVReceiver, RawPieces, TransferResult
+from nodes.decode_jobs import DecodeJob, KvArrived
+from nodes.engines.kv_quant import TorchQuantizer
+from nodes.kv_buffers import KVBufferPool
+from nodes.node_settings import NodeSettings
+from nodes.runtime import LoopThread
+
+IDLE_BUFFER_BYTES = 64 << 20   # a quiet node keeps one received-KV buffer up to this size (kv_buffers.py)
+
+
+class KvLanding:
+    def __init__(self, settings: NodeSettings, engine: Any, kv_thread: LoopThread, jobs: dict[str, DecodeJob],
+                 post: Callable[[Any], None]) -> None:
+        self.settings, self.engine, self.kv_thread, self.jobs, self.post = settings, engine, kv_thread, jobs, post
+        self.quantizer = TorchQuantizer(compile=settings.kv_compile)
+        self.buffers = KVBufferPool() if getattr(engine, "copies_imported_kv", False) else None
+        self.receiver = KVReceiver(self.allocate, lambda transfer_id, kv: self.give_back(kv),   # failed receives
+                                   quantizer=self.quantizer, bind=settings.kv_bind,
+                                   advertise=settings.kv_advertise, security=settings.security,
+                                   on_result=self._on_result)
+        self.started = False
+
+    def start(self) -> str:
+        if self.settings.kv_compile and self.settings.kv_quant != "raw":
+            self.quantizer.warmup()
+        self.started = True
+        return self.kv_thread.run(self.receiver.start())
+
+    def allocate(self, transfer_id: str, request_id: str, info: Any, mode: str) -> Any:
+        job = self.jobs.get(request_id)
+        if job is None or job.running or info.shape[3] != len(job.prompt):
+            return None
+        runner = self.engine.runner
+        c = runner.config
+        shape = (c.num_layers, 2, c.num_kv_heads, info.num_tokens, c.head_dim)   # what new_kv makes
+        if shape != tuple(info.shape):
+            return None
+        job.transfer_ids.add(transfer_id)
+        if self.buffers is None:
+            return runner.new_kv(info.num_tokens)
+        # Raw KV is already the engine's bytes: keep the verified frames, the engine copies them once.
+        return RawPieces(info) if mode == "raw" else self.buffers.take(shape, runner.dtype)
+
+    def _on_result(self, result: TransferResult) -> None:
+        self.post(KvArrived(result))
+
+    def give_back(self, kv: Any) -> None:
+        if isinstance(kv, RawPieces):
+            kv.release()
+        elif self.buffers is not None:
+            self.buffers.give(kv)
+
+    def give_back_arrived(self, job: DecodeJob) -> None:
+        for result in job.arrived.values():
+            self.give_back(result.kv)
+        job.arrived.clear()
+
+    def cancel(self, job: DecodeJob, reason: str) -> None:
+        self.give_back_arrived(job)
+        for transfer_id in list(job.transfer_ids):
+            self.kv_thread.call(self.receiver.cancel, transfer_id, reason)
+
+    def on_idle(self) -> None:
+        """The node went quiet: hand the buffers kept for reuse back, but for one the next request
+        will likely want (kv_buffers.py)."""
+        if self.buffers is not None:
+            self.buffers.drop_free(keep_bytes=IDLE_BUFFER_BYTES)
+
+    def num_free_mib(self) -> float:
+        return round(self.buffers.num_free_bytes / 2**20, 1) if self.buffers else 0.0
+
+    def close(self) -> None:
+        if self.started:
+            self.kv_thread.run(self.receiver.close(), timeout=5)
