@@ -20,6 +20,8 @@ from collections.abc import Callable
 from typing import Any
 
 from bus.kv import KVReceiver, RawPieces, TransferResult
+from bus.kv.layout import DEFAULT_CHUNK_BYTES
+from bus.kv.recv_core import ReceiveConfig
 from nodes.decode_jobs import DecodeJob, KvArrived
 from nodes.engines.kv_quant import TorchQuantizer
 from nodes.kv_buffers import KVBufferPool
@@ -27,6 +29,15 @@ from nodes.node_settings import NodeSettings
 from nodes.runtime import LoopThread
 
 IDLE_BUFFER_BYTES = 64 << 20   # a quiet node keeps one received-KV buffer up to this size (kv_buffers.py)
+# A legitimate chunk carries at most about `[kv] chunk_mib` of payload; prefill nodes may be set
+# up apart from this one, so the bound (which also sets the data socket's MAXMSGSIZE) leaves 4x
+# and never less than 64 MiB, instead of the 1 GiB the protocol allows.
+MIN_CHUNK_BOUND = 64 << 20
+
+
+def receive_config(settings: NodeSettings) -> ReceiveConfig:
+    chunk_bytes = int(settings.kv_chunk_mib * 2**20) if settings.kv_chunk_mib else DEFAULT_CHUNK_BYTES
+    return ReceiveConfig(max_chunk_bytes=max(4 * chunk_bytes, MIN_CHUNK_BOUND))
 
 
 class KvLanding:
@@ -36,7 +47,8 @@ class KvLanding:
         self.quantizer = TorchQuantizer(compile=settings.kv_compile)
         self.buffers = KVBufferPool() if getattr(engine, "copies_imported_kv", False) else None
         self.receiver = KVReceiver(self.allocate, lambda transfer_id, kv: self.give_back(kv),   # failed receives
-                                   quantizer=self.quantizer, bind=settings.kv_bind,
+                                   quantizer=self.quantizer, config=receive_config(settings),
+                                   bind=settings.kv_bind,
                                    advertise=settings.kv_advertise, security=settings.security,
                                    on_result=self._on_result)
         self.started = False

@@ -32,6 +32,7 @@ COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop"
           "frequency_penalty", "best_of", "echo", "suffix", "max_completion_tokens", "top_logprobs",
           "tools", "tool_choice", "logit_bias"}
 MAX_STOPS = 8
+MAX_STOP_CHARS = 1024
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,8 @@ def _stop(body: dict) -> tuple[str, ...]:
         raise bad_request("'stop' must be a string or a list of strings", "stop")
     if len(stops) > MAX_STOPS:
         raise bad_request(f"'stop' takes at most {MAX_STOPS} strings", "stop")
+    if any(len(s) > MAX_STOP_CHARS for s in stops):   # what a decode node accepts (nodes/body_checks.py)
+        raise bad_request(f"each 'stop' string has at most {MAX_STOP_CHARS} characters", "stop")
     return tuple(text(s, "stop") for s in stops if s)
 
 

@@ -46,6 +46,7 @@ def nested(depth: int) -> object:
     ({"prompt": ["a\udfff"]}, "prompt"),
     ({"stop": ["ok", "\ud800"]}, "stop"),
     ({"stop": "\udc00"}, "stop"),
+    ({"stop": ["s" * 1025]}, "stop"),   # what a decode node refuses (nodes/body_checks.py)
     ({"user": "\ud800"}, "user"),
     ({"model": "\ud800"}, "model"),
     ({"session_id": "\ud800"}, "session_id"),
