@@ -90,8 +90,9 @@ class DecodeWork(GuardedWork):
         try:
             events = self.engine.step()
         except Exception:
-            self._fail_step()
-            return False   # nothing left running: wait for input rather than spin on a broken engine
+            # Unsound KV ended alone: the others step again. Else nothing is left running: wait
+            # for input rather than spin on a broken engine.
+            return self._fail_step()
         for event in events:
             self._guard(event.request_id, self._on_token, event)
         return True
@@ -293,11 +294,24 @@ class DecodeWork(GuardedWork):
         return "decode"
 
     # -- failures (GuardedWork: one request's bug ends that request, never the node) ----------
-    def _fail_step(self) -> None:
-        """`engine.step()` raised: every running request was in that step (each gets a token per
-        step), so each ends with ERROR `internal` and is aborted, which frees its KV."""
-        request_ids = [j.request_id for j in self.jobs.values() if j.running]
+    def _fail_step(self) -> bool:
+        """`engine.step()` raised. When the engine can name the requests whose KV is unsound
+        (non-finite values a prefill node sent), those alone end and the rest step on (True);
+        otherwise every running request was in that step, so each ends with ERROR `internal` and
+        is aborted, which frees its KV (False)."""
+        running = [j.request_id for j in self.jobs.values() if j.running]
+        unsound = [r for r in self._unsound_requests() if r in running]
+        request_ids = unsound or running
         self.counters["step.failed"] += 1
-        self.log.exception("engine_step_failed", request_ids=request_ids, count=self.counters["step.failed"])
+        self.log.exception("engine_step_failed", request_ids=request_ids, num_running=len(running),
+                           unsound_kv=bool(unsound), count=self.counters["step.failed"])
         for request_id in request_ids:
             self._end_failed(request_id, reply=True)
+        return bool(unsound)
+
+    def _unsound_requests(self) -> list[str]:
+        try:
+            return self.engine.unsound_requests()
+        except Exception:
+            self.log.exception("unsound_scan_failed")
+            return []

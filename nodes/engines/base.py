@@ -29,6 +29,11 @@ Decode side (a `pdbus decode` node):
     step() -> list[TokenEvent]              one scheduling round: every running request gets one
                                             token; pending prefill chunks run in the same batch.
     abort(request_id) -> TokenEvent | None  free the request's KV now (idempotent).
+    unsound_requests() -> list[str]         after `step()` raised: the running requests whose KV
+                                            holds non-finite values (verified KV from a buggy or
+                                            hostile prefill node), so the node ends those alone.
+                                            Runs only on that failure path (may scan their KV).
+                                            Default: [] (the node then ends every running request).
     has_unfinished() -> bool
     cached_session_tokens(session_id) -> int   tokens of a finished session's KV still held.
     drop_session(session_id) -> bool
@@ -292,6 +297,10 @@ class Engine(ABC):
     def reserve_kv_memory(self) -> None:
         """Allocate the decode side's KV memory now (see the module docstring). Default: nothing."""
         return None
+
+    def unsound_requests(self) -> list[str]:
+        """Running requests whose KV holds non-finite values (see the module docstring). Default: none known."""
+        return []
 
     def close(self) -> None:
         """Release resources (threads, device memory). Default: nothing to do."""

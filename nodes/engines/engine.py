@@ -211,6 +211,11 @@ class LlamaEngine(Engine):
                 self._retire(seq, keep_session=True)
         return events
 
+    def unsound_requests(self) -> list[str]:
+        # Only after a step raised: a scan of each running slot's computed KV (its cost does not matter there).
+        return [seq.request_id for seq in self.running
+                if not bool(torch.isfinite(self.slots.view(seq.slot)[:, :, :, :seq.num_computed_tokens]).all())]
+
     def abort(self, request_id: str) -> TokenEvent | None:
         seq = next((s for s in self.running if s.request_id == request_id), None)
         if seq is None:

@@ -20,7 +20,7 @@ from nodes.decode import KvArrived
 from nodes.runtime import LoopThread, NodeLoop
 from tests.nodes import test_prefill_node as prefill_tests
 from tests.nodes.cluster_fakes import FakeEndpoint, tiny_engine, tiny_settings
-from tests.nodes.test_decode_node import PROMPT, make_work, prefilled, request
+from tests.nodes.test_decode_node import GREEDY, PROMPT, make_work, prefilled, request
 
 MISSING = object()
 
@@ -134,6 +134,22 @@ def test_verified_kv_full_of_nan_ends_its_request_not_the_node(decode_node):
     served.post(request("r2", prefill="local"))
     served.wait_for("final", "r2")
     assert not work.jobs and not work.engine.running
+
+
+def test_unsound_kv_ends_only_its_request_and_its_batch_mates_stream_on(decode_node):
+    """The engine names the request whose KV is not finite; a healthy stream in the same
+    batch keeps its tokens and finishes (before: every request in the step ended `internal`)."""
+    work, served = decode_node
+    long = {**GREEDY, "max_tokens": 200, "ignore_eos": True}
+    served.start().post(request("healthy", prefill="local", sampling=long), request("r1"))
+    transfer_id = served.wait_for("partial", "r1")[0]["transfer_id"]
+    served.wait_for("partial", "healthy")
+    first_token_id = land_kv(work, transfer_id, "r1", fill=float("nan"))
+    served.post(Direct("prefill-0", wire.kv_ready_body("r1", transfer_id, first_token_id)))
+    assert served.wait_for("error", "r1")[0]["code"] == "internal"
+    final = served.wait_for("final", "healthy", timeout=60)[0]
+    assert final["finish_reason"] == "length" and not served.endpoint.of("error", "healthy")
+    assert work.counters["step.failed"] >= 1
 
 
 class FailingOnce:
