@@ -10,11 +10,12 @@ PYTEST_ARGS ?=
 export OMP_NUM_THREADS ?= 1
 # Benchmarks share one lock so two never run at once on this 2-core machine.
 BENCH    := flock /tmp/pdbus-bench.lock $(PY)
+FUZZ_SECONDS ?= 600
 
 .PHONY: help install test test-no-amx test-gpu test-all lint demo broker node prefill decode cluster colocated \
         gateway client model model-info \
         install-vllm test-vllm \
-        bench-bus bench-scheduler bench-kv bench-kv-quality bench-engine bench-engine-cuda bench-kv-memory bench-gateway bench bench-quick chaos clean
+        bench-bus bench-scheduler bench-kv bench-kv-quality bench-engine bench-engine-cuda bench-kv-memory bench-gateway bench bench-quick chaos fuzz clean
 
 help:            ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -129,6 +130,9 @@ bench-quick: install ## the same comparison on a reduced sweep (< 10 min here): 
 
 chaos: install   ## chaos/failover scenarios on a local cluster, table + results/chaos-*.json (SCENARIO=name, ARGS=...)
 	flock /tmp/pdbus-bench.lock $(BIN)/pdbus chaos $(if $(SCENARIO),--scenario $(SCENARIO)) $(ARGS)
+
+fuzz: install    ## hostile traffic at a live local cluster for FUZZ_SECONDS (600): all must survive; summary + results/fuzz-*.json
+	flock /tmp/pdbus-bench.lock $(PY) -m harness.fuzz --seconds $(FUZZ_SECONDS) $(ARGS)
 
 clean:           ## remove the venv and caches (not the model cache)
 	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis *.egg-info

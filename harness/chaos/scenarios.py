@@ -21,6 +21,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from harness.chaos import hostile_scenario
 from harness.chaos.checks import kv_fault_audit
 from harness.chaos.drivers import StreamRecord
 from harness.chaos.passes import FaultEvent, Progress
@@ -294,5 +295,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("partition", f"cut {PARTITIONED_NODE} off from the broker and the prefill nodes' KV (TCP proxies "
              "swallow bytes), then heal",
              partition, repair=after_thaw, check=check_partition),
+    Scenario("hostile-peer", "a peer speaks garbage and checksummed forgeries at the broker and the decode nodes' KV "
+             "endpoints, and forges replies, cancels and kv_ready for live requests", hostile_scenario.inject,
+             repair=hostile_scenario.repair, check=hostile_scenario.check, recovery_bound=False),
 ]}
 SHORT = ("kill-decode", "corrupt-kv", "abort-storm", "partition")   # the `make test` form
