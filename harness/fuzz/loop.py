@@ -29,6 +29,7 @@ from urllib.parse import urlsplit
 
 import zmq.asyncio
 
+from harness.fuzz import http_strategies as hs
 from harness.fuzz import strategies as s
 from harness.fuzz import wire
 from harness.fuzz.bus_peer import Counts, Session, garbage_burst
@@ -130,12 +131,12 @@ class Fuzzer:
                     await peer.send(kind, frames)
         elif target == "http":
             address = urlsplit(self.view.gateway_url)
-            requests = await self.sampler.adraw(s.http_request(), max(1, self.batch // 4))
+            requests = await self.sampler.adraw(hs.http_request(), max(1, self.batch // 4))
             await asyncio.gather(*(http_send(address.hostname, address.port, kind, raw, self.counts)
                                    for kind, raw in requests))
         elif target == "ws":
             url = self.view.gateway_url.replace("http://", "ws://") + "/v1/stream"
-            sessions = await self.sampler.adraw(s.ws_messages, max(1, self.batch // 8))
+            sessions = await self.sampler.adraw(hs.ws_messages, max(1, self.batch // 8))
             await asyncio.gather(*(ws_send(url, messages, self.counts) for messages in sessions))
 
     def harvest(self) -> None:

@@ -17,6 +17,7 @@ from bus.kv.chunk_codec import verify
 from bus.kv.errors import KVFrameError
 from bus.kv.quant import NumpyQuantizer
 from bus.kv.recv_core import ReceiverCore
+from harness.fuzz import http_strategies as hs
 from harness.fuzz import strategies as s
 from harness.fuzz import wire
 from harness.fuzz.sampler import Sampler
@@ -81,10 +82,10 @@ def test_a_forged_transfer_passes_every_check_a_receiver_can_make():
 
 
 def test_http_and_ws_examples_are_requests_of_bytes_and_messages():
-    requests = Sampler(2).draw(s.http_request(), 60)
+    requests = Sampler(2).draw(hs.http_request(), 60)
     assert all(isinstance(raw, bytes) and b"\r\n\r\n" in raw for _, raw in requests)
     assert any(raw.startswith(b"POST /v1/completions ") for _, raw in requests)
-    sessions = Sampler(2).draw(s.ws_messages, 30)
+    sessions = Sampler(2).draw(hs.ws_messages, 30)
     assert all(1 <= len(m) <= 4 and all(isinstance(x, str | bytes) for x in m) for m in sessions)
 
 
