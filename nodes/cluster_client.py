@@ -27,6 +27,10 @@ naming the field) for a session id over the bus's routing-key bound, strings tha
 ints beyond 64 bits, non-finite floats; and should the bus endpoint still refuse to encode a
 request (`ProtocolError`, raised by `stream()` in the caller), iteration raises `ClusterError`
 `malformed` at once, without a retry.
+A node whose reply body does not parse (nodes/reply_checks.py) failed the request like a lost node:
+the client fails over (decode resume, routed away from that node; prefill re-sent), spending a
+retry, and counts it in `trace.num_bad_replies`. A bug in the client itself ends the stream with
+`ClusterError("internal")`, logged with its traceback (never an exception left in a task).
 Nothing is kept per request once it ends: its streams are cancelled (or finished) whatever the
 ending, and the client holds no table of generations.
 """
@@ -42,14 +46,16 @@ from typing import Any
 
 from bus.client import BusClient
 from bus.liveness import HeartbeatConfig
+from bus.log import get_logger
 from nodes import cluster_wire as wire
 from nodes.cluster_orchestrator import Attempt, Retry, StreamToken, retry_delay
 from nodes.engines.base import SamplingParams
 
 __all__ = ["ClusterClient", "ClusterError", "Generation", "GenerationResult", "RequestTrace", "StreamToken"]
 
-FATAL_CODES = {"overloaded", wire.REJECTED, wire.BAD_REQUEST, "malformed", "oversized"}
+FATAL_CODES = {wire.OVERLOADED, wire.REJECTED, wire.BAD_REQUEST, "malformed", "oversized"}
 FULL_BACKOFF_CAP_S = 1.0   # the longest pause between offers of a request that found no room
+log = get_logger("cluster_client")
 
 
 class ClusterError(Exception):
@@ -70,6 +76,7 @@ class RequestTrace:
     failures: list[str] = field(default_factory=list)     # "code@node" per failed attempt
     num_failovers: int = 0                                 # decode resumes after a lost/stalled node
     num_prefill_retries: int = 0
+    num_bad_replies: int = 0                               # replies refused by nodes/reply_checks.py
     fallback_local: bool = False
     kv_wire_bytes: int = 0
     kv_transfers: list[dict] = field(default_factory=list)  # each verified transfer's report (prefill FINAL)
@@ -165,8 +172,8 @@ class Generation:
             self._queue.put_nowait(None)
             raise
         except Exception as exc:   # a bug must end the stream, never hang the caller
-            self._queue.put_nowait(ClusterError("internal", repr(exc), self.trace))
-            raise
+            log.exception("generation_failed", request_id=self.request_id)
+            self._queue.put_nowait(ClusterError(wire.INTERNAL, type(exc).__name__, self.trace))
 
     async def _attempts(self) -> None:
         local = False
@@ -198,7 +205,7 @@ class Generation:
         self.num_full += 1
         self.trace.failures.append(f"{retry.code}@{retry.node_id}")
         if time.monotonic() - self._started_at > self.client.plan_timeout_s:
-            raise ClusterError("overloaded", f"no decode node had room within {self.client.plan_timeout_s}s; "
+            raise ClusterError(wire.OVERLOADED, f"no decode node had room within {self.client.plan_timeout_s}s; "
                                f"last: {retry.message}", self.trace, retry_after_s=1.0)
         pause = self.client.retry_delay_s * 2 ** (self.num_full - 1)
         return max(retry_delay(retry, 0.0), min(pause, FULL_BACKOFF_CAP_S))
@@ -208,7 +215,7 @@ class Generation:
         self.num_retries += 1
         self.trace.failures.append(f"{code}@{node_id}")
         if self.num_retries > self.client.max_retries:
-            raise ClusterError("retries_exhausted", f"gave up after {self.client.max_retries} retries; "
+            raise ClusterError(wire.RETRIES_EXHAUSTED, f"gave up after {self.client.max_retries} retries; "
                                f"last: {code} {message}", self.trace)
 
     def _finish(self) -> None:

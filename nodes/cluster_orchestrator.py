@@ -16,6 +16,13 @@ After a node loss the broker has already dropped the lost node, so the retry goe
 (`Retry.delay_s` 0, `IMMEDIATE`); other retries wait the client's `retry_delay_s`. A prefill
 that recovers from a failure (a resumed stream, a re-sent prefill) is sent `urgent`: the prefill
 node runs it before its queued new work.
+Every reply body is parsed on arrival (nodes/reply_checks.py). One that does not parse is its node
+failing this request: `Retry` `bad_reply`, logged with the node id and the body's type and size
+(never its contents); the stream is cancelled and the request fails over as for a lost node (a
+decode resume, a prefill re-sent with a new transfer id), spending a retry. That decode node still
+holds the session's routing key, so the resume goes without a key (the broker places it by its
+request id). An unexpected exception while handling one reply is contained the same way (logged
+with its traceback): it fails over, never ends the request as `internal`.
 """
 
 from __future__ import annotations
@@ -25,17 +32,21 @@ import contextlib
 import dataclasses
 import time
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
+from bus.log import get_logger
 from bus.mailbox import BusError
 from bus.messages import Final
 from nodes import cluster_wire as wire
+from nodes import reply_checks as checks
 
-NODE_LOSS = {"node_lost", "request_lost", wire.KV_TIMEOUT, "stalled", "gap"}
+NODE_LOSS = {"node_lost", "request_lost", wire.KV_TIMEOUT, wire.STALLED, wire.GAP}
 # The broker reports these once the node is out of its registry: nothing to wait for.
 IMMEDIATE = {"node_lost", "request_lost"}
 PREFILL_GRACE_S = 2.0
 MALFORMED = "malformed"   # the bus refused to encode a request (fatal: the same body fails again)
+log = get_logger("cluster_client")
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -54,13 +65,13 @@ class Retry(Exception):
 
 
 def _retry_from(error: BusError, node_id: str = "") -> Retry:
-    details = dict(error.details)
-    node_id = str(details.pop("node_id", node_id))
-    delay: float | None = float(details.get("retry_after_s", 0.0) or 0.0) or None
+    node_id, retry_after = checks.error_details(error.details, node_id)
+    delay = retry_after or None
     if error.code == "no_node":
         delay = max(delay or 0.0, 0.5)   # maybe mid re-registration after a broker restart
     elif error.code in IMMEDIATE:
         delay = 0.0
+    details = {} if retry_after is None else {"retry_after_s": retry_after}
     return Retry(error.code, error.message, node_id, delay_s=delay, details=details)
 
 
@@ -76,6 +87,7 @@ class Attempt:
         self.base = len(generation.tokens)
         self.prompt = generation.prompt + tuple(t.token_id for t in generation.tokens)
         self.sampling = dataclasses.replace(generation.sampling, max_tokens=num_left)
+        self.limit = num_left   # the most tokens this attempt's nodes may send: indices stay below it
         self.pending: dict[int, StreamToken] = {}
         self.streams: list[Any] = []
         self.decode_node_id = ""
@@ -83,10 +95,10 @@ class Attempt:
 
     # -- delivery --------------------------------------------------------------------------
     def deliver(self, relative_index: int, token_id: int, text: str) -> None:
-        index = self.base + int(relative_index)
+        index = self.base + relative_index
         if index < len(self.g.tokens) or index in self.pending:
             return   # a duplicate (resume, retried prefill, replay after a gap)
-        self.pending[index] = StreamToken(index, int(token_id), text)
+        self.pending[index] = StreamToken(index, token_id, text)
         while len(self.g.tokens) in self.pending:
             self.g.emit(self.pending.pop(len(self.g.tokens)))
 
@@ -98,27 +110,52 @@ class Attempt:
         self.streams.append(stream)
         return stream
 
+    def _decode_key(self) -> str:
+        """The session's key, or none once a decode node failed this request with a bad reply."""
+        failed = any(f.startswith(f"{wire.BAD_REPLY}@") for f in self.g.trace.failures)
+        return "" if failed else self.g.session_id
+
+    @contextlib.contextmanager
+    def _contained(self, stream: Any, service: str, body: Any, node_id: str) -> Iterator[None]:
+        """Handling one reply: a body that does not parse, or an unexpected error acting on it, is
+        `node_id` failing this request (Retry `bad_reply`), never an exception that ends it."""
+        context = {"request_id": self.g.request_id, "service": service, "node_id": node_id,
+                   "bus_request_id": stream.request_id, "body": checks.summary(body)}
+        try:
+            yield
+        except checks.Refused as refused:
+            reason = refused.reason
+            log.warning("bad_reply", reason=reason, **context)
+        except Exception as exc:   # our bug on one reply: visible in the log, contained like a bad reply
+            reason = f"handling it raised {type(exc).__name__}"
+            log.exception("reply_handling_failed", **context)
+        else:
+            return
+        self.g.trace.num_bad_replies += 1
+        if service == wire.DECODE:
+            self.g.trace.num_failovers += 1
+        raise Retry(wire.BAD_REPLY, f"the {service} node's reply was refused: {reason}", node_id)
+
     # -- the attempt -----------------------------------------------------------------------
     async def run(self) -> str:
         body = wire.decode_request_body(self.prompt, self.sampling, self.g.session_id,
                                         "local" if self.local else "auto",
                                         {"num_delivered": self.base} if self.base else None)
         started = time.monotonic()
-        decode = self._open(wire.DECODE, body, key=self.g.session_id)
+        decode = self._open(wire.DECODE, body, key=self._decode_key())
         try:
             plan = await self._plan(decode)
             self.g.trace.timings["plan_s"] = round(time.monotonic() - started, 6)
             decode_task = asyncio.create_task(self._consume_decode(decode))
             prefill_task = (asyncio.create_task(self._prefill(plan, decode.request_id))
-                            if plan["plan"] == wire.PLAN_REMOTE else None)
+                            if plan.kind == wire.PLAN_REMOTE else None)
             try:
                 return await self._join(decode_task, prefill_task)
             finally:
-                for task in (decode_task, prefill_task):
-                    if task is not None and not task.done():
-                        task.cancel()
-                        with contextlib.suppress(BaseException):
-                            await task
+                tasks = [task for task in (decode_task, prefill_task) if task is not None]
+                for task in tasks:
+                    task.cancel()   # no-op for a finished one; gather collects every outcome
+                await asyncio.gather(*tasks, return_exceptions=True)
         finally:
             for stream in self.streams:
                 stream.cancel()   # no-op for finished streams; CANCEL frees KV on the nodes
@@ -133,11 +170,11 @@ class Attempt:
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(prefill_task, PREFILL_GRACE_S)
         if self.pending:
-            raise Retry("gap", f"tokens {sorted(self.pending)[:3]}... arrived without their predecessors",
+            raise Retry(wire.GAP, f"tokens {sorted(self.pending)[:3]}... arrived without their predecessors",
                         self.decode_node_id)
         return finish_reason
 
-    async def _plan(self, decode: Any) -> dict:
+    async def _plan(self, decode: Any) -> checks.Plan:
         # The broker may hold the request in its queue while every decode node is full: wait for
         # the plan longer than the stream's stall timeout (past the queue's own timeout).
         decode.timeout = self.g.client.plan_timeout_s
@@ -146,52 +183,53 @@ class Attempt:
         except BusError as exc:
             raise _retry_from(exc) from None
         except TimeoutError:
-            raise Retry("stalled", "no plan within the plan timeout") from None
+            raise Retry(wire.STALLED, "no plan within the plan timeout") from None
         finally:
             decode.timeout = self.g.client.stall_timeout_s
-        body = reply.body if isinstance(reply.body, dict) else {}
-        if isinstance(reply, Final) or body.get("type") != "plan":
-            raise Retry("protocol", f"expected a plan, got {reply!r:.200}")
-        self.decode_node_id = body.get("node_id", "")
+        with self._contained(decode, wire.DECODE, reply.body, checks.claimed_node(reply.body)):
+            if isinstance(reply, Final):
+                raise checks.Refused("the first reply must be a plan PARTIAL, not a FINAL")
+            plan = checks.plan(reply.body)
+        self.decode_node_id = plan.node_id
         trace = self.g.trace
-        trace.plans.append(body["plan"])
-        trace.decode_node_ids.append(self.decode_node_id)
-        trace.fallback_local = trace.fallback_local or (self.local and body["plan"] == wire.PLAN_LOCAL)
-        return body
+        trace.plans.append(plan.kind)
+        trace.decode_node_ids.append(plan.node_id)
+        trace.fallback_local = trace.fallback_local or (self.local and plan.kind == wire.PLAN_LOCAL)
+        return plan
 
     async def _consume_decode(self, decode: Any) -> str:
         try:
             async for reply in decode:
-                body = reply.body
-                if isinstance(reply, Final):
-                    return self._on_decode_final(body)
-                if body.get("type") == "token":
-                    self.decoding = True
-                    self.deliver(body["index"], body["token_id"], body["text"])
+                with self._contained(decode, wire.DECODE, reply.body, self.decode_node_id):
+                    if isinstance(reply, Final):
+                        return self._on_decode_final(checks.decode_done(reply.body, self.limit))
+                    if (token := checks.token(reply.body, self.limit)) is not None:
+                        self.decoding = True
+                        self.deliver(token.index, token.token_id, token.text)
         except BusError as exc:
             retry = _retry_from(exc, self.decode_node_id)
         except TimeoutError:
-            retry = Retry("stalled", "the decode stream went silent", self.decode_node_id)
+            retry = Retry(wire.STALLED, "the decode stream went silent", self.decode_node_id)
         else:
-            retry = Retry("protocol", "the decode stream ended without a FINAL", self.decode_node_id)
+            retry = Retry(wire.PROTOCOL, "the decode stream ended without a FINAL", self.decode_node_id)
         if retry.code in NODE_LOSS:
             self.g.trace.num_failovers += 1
         raise retry
 
-    def _on_decode_final(self, body: dict) -> str:
-        for index, token_id, text in body.get("tokens", []):
-            self.deliver(index, token_id, text)
+    def _on_decode_final(self, done: checks.DecodeDone) -> str:
+        for token in done.tokens:
+            self.deliver(token.index, token.token_id, token.text)
         trace = self.g.trace
-        trace.decode_final = body
-        trace.timings.update({k: v for k, v in body.get("timings", {}).items() if v is not None})
-        return body.get("finish_reason") or "stop"
+        trace.decode_final = done.as_trace()
+        trace.timings.update(done.timings)
+        return done.finish_reason or "stop"
 
-    async def _prefill(self, plan: dict, decode_request_id: str) -> None:
-        transfer_id = plan["transfer_id"]
+    async def _prefill(self, plan: checks.Plan, decode_request_id: str) -> None:
+        transfer_id = plan.transfer_id
         while True:
             stream = self._open(wire.PREFILL, {
                 "prompt_token_ids": list(self.prompt), "sampling": wire.sampling_to_wire(self.sampling),
-                "decode_node_id": plan["node_id"], "data_endpoint": plan["data_endpoint"],
+                "decode_node_id": plan.node_id, "data_endpoint": plan.data_endpoint,
                 "transfer_id": transfer_id, "request_id": decode_request_id,
                 "urgent": bool(self.g.trace.failures)},   # a recovery: ahead of the node's new work
                 key=str(len(self.prompt)))   # the scheduler balances prefill nodes by outstanding tokens
@@ -200,32 +238,36 @@ class Attempt:
                 return
             except BusError as exc:
                 if exc.code == "no_node":
-                    raise Retry("no_prefill_node", "no prefill node alive: prefill on the decode node",
+                    raise Retry(wire.NO_PREFILL_NODE, "no prefill node alive: prefill on the decode node",
                                 local=True, counts=False) from None
                 retry = _retry_from(exc)
             except TimeoutError:
-                retry = Retry("stalled", "the prefill stream went silent")
+                retry = Retry(wire.STALLED, "the prefill stream went silent")
+            except Retry as bad_reply:   # from _contained: this prefill node failed the request
+                retry = bad_reply
             stream.cancel()
             if self.decoding:   # e.g. the prefill node died after its kv_ready: nothing to redo
                 return
             self.g.trace.num_prefill_retries += 1
-            self.g.spend_retry(f"prefill_{retry.code}", retry.message, retry.node_id)
+            self.g.spend_retry(f"{wire.PREFILL_FAILURE}{retry.code}", retry.message, retry.node_id)
             transfer_id = uuid.uuid4().hex
             await asyncio.sleep(retry_delay(retry, self.g.client.retry_delay_s))
 
     async def _consume_prefill(self, stream: Any) -> None:
         async for reply in stream:
-            body = reply.body
-            if isinstance(reply, Final):
-                trace = self.g.trace
-                trace.prefill_node_ids.append(body.get("node_id", ""))
-                transfer = body.get("transfer") or {}
-                trace.kv_wire_bytes += transfer.get("wire_bytes", 0)
-                if transfer:
-                    trace.kv_transfers.append(transfer)
-                trace.timings.update({k: v for k, v in body.get("timings", {}).items() if v is not None})
-                if body.get("token"):
-                    self.deliver(*body["token"])
-                return
-            if body.get("type") == "token":
-                self.deliver(body["index"], body["token_id"], body["text"])
+            with self._contained(stream, wire.PREFILL, reply.body, checks.claimed_node(reply.body)):
+                if isinstance(reply, Final):
+                    self._on_prefill_final(checks.prefill_done(reply.body, self.limit))
+                    return
+                if (token := checks.token(reply.body, self.limit)) is not None:
+                    self.deliver(token.index, token.token_id, token.text)
+
+    def _on_prefill_final(self, done: checks.PrefillDone) -> None:
+        trace = self.g.trace
+        trace.prefill_node_ids.append(done.node_id)
+        trace.kv_wire_bytes += done.transfer.get("wire_bytes", 0)
+        if done.transfer:
+            trace.kv_transfers.append(done.transfer)
+        trace.timings.update(done.timings)
+        if done.token is not None:
+            self.deliver(done.token.index, done.token.token_id, done.token.text)

@@ -11,7 +11,11 @@ Services: `decode` (decode and both nodes), `prefill` (prefill and both nodes).
                   request_id}`; PARTIAL `token` index 0; FINAL `done` with the transfer report.
 - DIRECT prefill -> decode `{type: "kv_ready", request_id, transfer_id, first_token_id}`.
 Error codes the nodes send: `full` (no KV room now), `rejected` (never fits), `kv_failed`,
-`kv_timeout`, `bad_request`.
+`kv_timeout`, `bad_request`. The client's own failure codes (`ClusterClient`'s trace and errors):
+`stalled`, `gap`, `protocol`, `bad_reply` (a node's reply failed nodes/reply_checks.py),
+`no_prefill_node`, `overloaded`, `retries_exhausted`, `internal`; a failed prefill is recorded as
+`prefill_<code>`. `code_label(code)` maps any code onto that fixed set plus the bus's ErrorCode
+values, anything else (a code a node invented) onto `other`: what a metric label may carry.
 
 What the bus carries (docs/PROTOCOL.md): msgpack bodies of UTF-8 strings, ints in
 -2**63..2**64-1, finite floats, bytes, bools, None, lists and str-keyed maps nested at most
@@ -27,13 +31,19 @@ import dataclasses
 import math
 from typing import Any
 
-from bus.constants import MAX_ID_BYTES
+from bus.constants import MAX_ID_BYTES, ErrorCode
 from nodes.engines.base import SamplingParams
 
 DECODE, PREFILL = "decode", "prefill"
 PLAN_REMOTE, PLAN_CACHED, PLAN_LOCAL = "remote", "cached", "local"
 KV_READY = "kv_ready"
 FULL, REJECTED, KV_FAILED, KV_TIMEOUT, BAD_REQUEST = "full", "rejected", "kv_failed", "kv_timeout", "bad_request"
+STALLED, GAP, PROTOCOL, BAD_REPLY, NO_PREFILL_NODE = "stalled", "gap", "protocol", "bad_reply", "no_prefill_node"
+OVERLOADED, RETRIES_EXHAUSTED, INTERNAL = "overloaded", "retries_exhausted", "internal"
+PREFILL_FAILURE = "prefill_"   # the prefix of a failed prefill's code in the trace
+KNOWN_CODES = frozenset({FULL, REJECTED, KV_FAILED, KV_TIMEOUT, BAD_REQUEST, STALLED, GAP, PROTOCOL, BAD_REPLY,
+                         NO_PREFILL_NODE, OVERLOADED, RETRIES_EXHAUSTED, INTERNAL}
+                        | {v for k, v in vars(ErrorCode).items() if k.isupper() and isinstance(v, str)})
 MAX_DEPTH = 32                               # nested lists/maps in one body (the bus's own bound)
 INT_MIN, INT_MAX = -(2 ** 63), 2 ** 64 - 1   # what msgpack carries
 _SCALARS = (bool, type(None), bytes, bytearray)
@@ -41,6 +51,11 @@ _SCALARS = (bool, type(None), bytes, bytearray)
 
 class BadRequest(ValueError):
     """A request body the node cannot serve (answered with ERROR `bad_request`)."""
+
+
+def code_label(code: str) -> str:
+    """`code` when the cluster knows it (also as `prefill_<code>`), else `other`."""
+    return code if code in KNOWN_CODES or code.removeprefix(PREFILL_FAILURE) in KNOWN_CODES else "other"
 
 
 def sampling_to_wire(sampling: SamplingParams) -> dict[str, Any]:

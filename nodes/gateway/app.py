@@ -10,6 +10,9 @@ Contract:
   (nodes/gateway/tenants.py; "" without keys), and `request[IDENTITY]` for rate limiting: the
   tenant, or the client address when no keys are configured; a refusal is counted under a fixed
   endpoint label, never the path).
+- `runner_options(config) -> dict`: the `AppRunner` options: handler cancellation, no access log
+  (the gateway writes its own), header limits, and `http_log.server_logger()` (a malformed HTTP
+  request is one short throttled line, not a traceback).
 - `run_gateway(config, broker_endpoint, model_info, stop)`: registers with the broker as a bus
   client, serves until `stop` is set, then closes the HTTP server and the bus client.
 """
@@ -26,7 +29,7 @@ from typing import Any
 from aiohttp import web
 
 from bus.log import get_logger
-from nodes.gateway import http, websocket
+from nodes.gateway import http, http_log, websocket
 from nodes.gateway.backend import Backend, ModelInfo
 from nodes.gateway.config import GatewayConfig
 from nodes.gateway.errors import ApiError, error_body
@@ -128,13 +131,17 @@ def tls_context(config: GatewayConfig) -> ssl.SSLContext | None:
     return context
 
 
+def runner_options(config: GatewayConfig) -> dict[str, Any]:
+    # Header limits bound what aiohttp buffers before a handler runs (400 past them).
+    return {"handler_cancellation": True, "access_log": None, "max_line_size": config.max_header_bytes,
+            "max_field_size": config.max_header_bytes, "max_headers": config.max_headers,
+            "logger": http_log.server_logger()}
+
+
 async def serve(gateway: Gateway, stop: asyncio.Event) -> None:
     config = gateway.config
     tls = tls_context(config)
-    # Header limits bound what aiohttp buffers before a handler runs (400 past them).
-    runner = web.AppRunner(build_app(gateway), handler_cancellation=True, access_log=None,
-                           max_line_size=config.max_header_bytes, max_field_size=config.max_header_bytes,
-                           max_headers=config.max_headers)
+    runner = web.AppRunner(build_app(gateway), **runner_options(config))
     await runner.setup()
     sock = listening_socket(config)
     await web.SockSite(runner, sock, ssl_context=tls).start()

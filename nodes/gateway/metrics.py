@@ -5,6 +5,10 @@ of every generation (TTFT, TPOT, inter-token latency, end-to-end, stage times, K
 compression ratio, failovers, retries, failures by code, tokens), `set_services(ready)` from
 /ready, `in_flight` / `buffered` gauges; `render() -> (bytes, content_type)` for GET /metrics.
 Names: `pdbus_*`, seconds and bytes in base units, counters end in `_total`.
+Every label value is from a fixed set: a failure's code is `cluster_wire.code_label(code)` (a code
+a node invents is `other`). What a node reported (the trace's timings, the decode FINAL's `stats`,
+the KV transfer reports) is read defensively: a value of the wrong type or range is skipped and
+counted in `pdbus_ignored_node_values_total`, never an exception.
 """
 
 from __future__ import annotations
@@ -21,9 +25,12 @@ from prometheus_client import (
     generate_latest,
 )
 
+from nodes.cluster_wire import code_label
+
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
 STAGES = ("plan_s", "queue_s", "prefill_s", "kv_transfer_s", "kv_wait_s", "decode_queue_s", "decode_s")
+MAX_VALUE = 2**63 - 1
 
 
 class GatewayMetrics:
@@ -59,6 +66,10 @@ class GatewayMetrics:
                                  "(no prefill node)", registry=r)
         self.failures = Counter("pdbus_cluster_failures_total", "Failed attempts inside requests, by code",
                                 ["code"], registry=r)
+        self.bad_replies = Counter("pdbus_bad_replies_total", "Node replies the cluster client refused as "
+                                   "malformed (each failed over like a lost node)", registry=r)
+        self.ignored = Counter("pdbus_ignored_node_values_total", "Values in nodes' reports (timings, stats, "
+                               "KV transfer reports) of the wrong type or range, left out of the metrics", registry=r)
         self.tokens = Counter("pdbus_tokens_total", "Tokens by kind (prompt, completion)", ["kind"], registry=r)
         self.in_flight = Gauge("pdbus_requests_in_flight", "Requests being served now", registry=r)
         self.buffered = Gauge("pdbus_stream_buffered_tokens", "Tokens waiting in per-stream buffers (the "
@@ -89,25 +100,53 @@ class GatewayMetrics:
 
     def _observe_trace(self, trace: Any) -> None:
         for name in STAGES:
-            value = trace.timings.get(name)
-            if isinstance(value, int | float):
+            if (value := self._number(trace.timings.get(name))) is not None:
                 self.stage.labels(name[:-2]).observe(value)
-        stats = (trace.decode_final or {}).get("stats", {})
-        raw, wire = stats.get("kv_raw_bytes") or 0, stats.get("kv_wire_bytes") or 0
+        self._observe_kv(trace.decode_final)
+        for transfer in getattr(trace, "kv_transfers", ()):
+            self._observe_transfer(transfer)
+        self.failovers.inc(trace.num_failovers)
+        self.prefill_retries.inc(trace.num_prefill_retries)
+        self.fallbacks.inc(1 if trace.fallback_local else 0)
+        self.bad_replies.inc(getattr(trace, "num_bad_replies", 0))
+        for failure in trace.failures:
+            self.failures.labels(code_label(failure.split("@", 1)[0])).inc()
+
+    def _observe_kv(self, decode_final: Any) -> None:
+        stats = self._map(decode_final, "stats") if decode_final is not None else {}
+        raw, wire = self._number(stats.get("kv_raw_bytes"), True), self._number(stats.get("kv_wire_bytes"), True)
         if raw and wire:
             self.kv_bytes.labels("raw").inc(raw)
             self.kv_bytes.labels("wire").inc(wire)
             self.kv_ratio.observe(raw / wire)
-        for transfer in getattr(trace, "kv_transfers", ()):
-            if isinstance(transfer.get("seconds"), int | float):
-                self.kv_transfer.observe(transfer["seconds"])
-            self.kv_checksum_failures.inc(transfer.get("checksum_failures") or 0)
-            self.kv_resends.inc(transfer.get("resends") or 0)
-        self.failovers.inc(trace.num_failovers)
-        self.prefill_retries.inc(trace.num_prefill_retries)
-        self.fallbacks.inc(1 if trace.fallback_local else 0)
-        for failure in trace.failures:
-            self.failures.labels(failure.split("@", 1)[0]).inc()
+
+    def _observe_transfer(self, transfer: Any) -> None:
+        if not isinstance(transfer, dict):
+            self.ignored.inc()
+            return
+        if (seconds := self._number(transfer.get("seconds"))) is not None:
+            self.kv_transfer.observe(seconds)
+        self.kv_checksum_failures.inc(self._number(transfer.get("checksum_failures"), True) or 0)
+        self.kv_resends.inc(self._number(transfer.get("resends"), True) or 0)
+
+    def _map(self, value: Any, key: str) -> dict:
+        """`value[key]` when both are maps, else {} (counted as ignored unless absent)."""
+        found = value.get(key) if isinstance(value, dict) else value
+        if isinstance(found, dict):
+            return found
+        if found is not None:
+            self.ignored.inc()
+        return {}
+
+    def _number(self, value: Any, integer: bool = False) -> float | None:
+        """A finite number in [0, 2**63) (an int when `integer`); None, counted as ignored, for anything else."""
+        if value is None:
+            return None
+        kinds = int if integer else int | float
+        if type(value) is bool or not isinstance(value, kinds) or not 0 <= value <= MAX_VALUE:   # NaN fails too
+            self.ignored.inc()
+            return None
+        return value
 
     def set_broker_stats(self, stats: dict[str, Any] | None) -> None:
         """Mirror the broker's answer at scrape time; roles it no longer reports drop to 0."""

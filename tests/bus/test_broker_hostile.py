@@ -13,7 +13,7 @@ from bus import constants as c
 from bus.broker_core import BrokerCore
 from bus.constants import Command
 from bus.liveness import HeartbeatConfig
-from bus.messages import CapacityUpdate, Direct, Disconnect, Error, Final, Heartbeat, Ready, Request
+from bus.messages import CapacityUpdate, Direct, Disconnect, Error, Final, Heartbeat, Request
 from scheduler.policy import ClusterPolicy
 from tests.bus.broker_helpers import BrokerDriver
 
@@ -82,7 +82,7 @@ def test_a_policy_error_becomes_an_error_for_that_request_only(clock):
     driver.send(D, CapacityUpdate({"kv_blocks_free": 3}))   # on_capacity raises: counted
     _request(driver, "r2", key="fine")
     assert [m.request_id for m in driver.to(D)] == ["r2"]
-    assert driver.core.metrics["failed.policy"] == 2 and "r1".encode() not in driver.core.routes
+    assert driver.core.metrics["failed.policy"] == 2 and b"r1" not in driver.core.routes
 
 
 @pytest.mark.parametrize("value", [math.inf, -math.inf, math.nan])

@@ -205,3 +205,19 @@ async def test_every_stream_is_closed_when_a_generation_ends_any_way():
     client.generate([1, 2])                                     # never iterated
     await asyncio.sleep(0.1)
     assert bus.open == {} and not bus.tasks
+
+
+async def test_a_bug_in_an_attempt_ends_the_stream_as_internal_and_leaves_no_task_exception(monkeypatch):
+    import asyncio
+    import gc
+
+    from nodes.cluster_client import ClusterError
+    scripted(monkeypatch, [RuntimeError("a bug")])
+    loop, unhandled = asyncio.get_running_loop(), []
+    loop.set_exception_handler(lambda _loop, context: unhandled.append(context))
+    with pytest.raises(ClusterError) as info:
+        await ClusterClient("tcp://127.0.0.1:1").generate([1, 2]).collect()
+    await asyncio.sleep(0)
+    gc.collect()
+    loop.set_exception_handler(None)
+    assert info.value.code == "internal" and info.value.message == "RuntimeError" and not unhandled
