@@ -31,7 +31,7 @@ import dataclasses
 import math
 from typing import Any
 
-from bus.constants import MAX_ID_BYTES, ErrorCode
+from bus.constants import MAX_BODY_DEPTH, MAX_ID_BYTES, ErrorCode
 from nodes.engines.base import SamplingParams
 
 DECODE, PREFILL = "decode", "prefill"
@@ -44,7 +44,7 @@ PREFILL_FAILURE = "prefill_"   # the prefix of a failed prefill's code in the tr
 KNOWN_CODES = frozenset({FULL, REJECTED, KV_FAILED, KV_TIMEOUT, BAD_REQUEST, STALLED, GAP, PROTOCOL, BAD_REPLY,
                          NO_PREFILL_NODE, OVERLOADED, RETRIES_EXHAUSTED, INTERNAL}
                         | {v for k, v in vars(ErrorCode).items() if k.isupper() and isinstance(v, str)})
-MAX_DEPTH = 32                               # nested lists/maps in one body (the bus's own bound)
+MAX_DEPTH = MAX_BODY_DEPTH                   # nested lists/maps in one body (the bus's own bound)
 INT_MIN, INT_MAX = -(2 ** 63), 2 ** 64 - 1   # what msgpack carries
 _SCALARS = (bool, type(None), bytes, bytearray)
 

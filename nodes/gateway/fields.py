@@ -16,6 +16,7 @@ import math
 import re
 from typing import Any
 
+from bus import wire_checks
 from nodes import cluster_wire as wire
 from nodes.gateway.errors import bad_request
 
@@ -24,7 +25,6 @@ MAX_SESSION_ID_CHARS = 96
 INT64_MIN, INT64_MAX = -(2 ** 63), 2 ** 63 - 1
 MAX_TOKEN_ID = 2 ** 31 - 1
 _SESSION_ID = re.compile(rf"[\x21-\x7e]{{1,{MAX_SESSION_ID_CHARS}}}")
-_CONTAINERS = (list, dict)
 
 
 def shown(value: Any, limit: int = 40) -> str:
@@ -96,14 +96,12 @@ def token_ids(value: list) -> tuple[int, ...]:
 
 
 def check_depth(body: Any) -> None:
-    """400 when lists/maps nest deeper than MAX_DEPTH (the body itself is level 1); iterative."""
-    stack = [(body, 1)] if isinstance(body, _CONTAINERS) else []
-    while stack:
-        item, depth = stack.pop()
-        if depth > MAX_DEPTH:
-            raise bad_request(f"the request body is nested deeper than {MAX_DEPTH} levels")
-        children = item.values() if isinstance(item, dict) else item
-        stack.extend((child, depth + 1) for child in children if isinstance(child, _CONTAINERS))
+    """400 when lists/maps nest deeper than MAX_DEPTH (the body itself is level 1): the bus's own
+    bound (`bus.wire_checks.check_depth`, iterative), said as the API says it."""
+    try:
+        wire_checks.check_depth(body, MAX_DEPTH)
+    except wire_checks.ProtocolError:
+        raise bad_request(f"the request body is nested deeper than {MAX_DEPTH} levels") from None
 
 
 def field_names(names: Any, limit: int = 32) -> tuple[str, ...]:

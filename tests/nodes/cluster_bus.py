@@ -22,6 +22,7 @@ from typing import Any
 
 from bus.mailbox import ReplyStream
 from bus.messages import Final, Partial
+from tests.nodes.gateway.fake_bus import OpenStreams
 
 Node = Callable[..., Any]
 
@@ -83,13 +84,12 @@ async def good_prefill(bus: ClusterBus, put: Callable, body: dict, rid: str) -> 
     put(Final(rid, 1, prefill_done(prompt)))
 
 
-class ClusterBus:
+class ClusterBus(OpenStreams):
     def __init__(self, home: Node, spare: Node | None = None, prefills: tuple[Node, ...] = (good_prefill,)) -> None:
+        super().__init__()
         self.home, self.spare, self.prefills = home, spare or home, list(prefills)
-        self.open: dict[str, ReplyStream] = {}
         self.sent: list[tuple[str, str, Any]] = []   # (service, key, body)
         self.kv_ready: dict[str, asyncio.Event] = {}
-        self.tasks: set[asyncio.Task] = set()
 
     def stream(self, service: str, body: Any = None, payload: tuple = (), *, key: str = "",
                request_id: str | None = None, timeout: float | None = None) -> ReplyStream:
@@ -100,16 +100,5 @@ class ClusterBus:
             node = self.home if key == body["session_id"] else self.spare
         else:
             node = self.prefills.pop(0) if len(self.prefills) > 1 else self.prefills[0]
-        task = asyncio.get_running_loop().create_task(node(self, lambda m: self._put(stream, m), body, request_id))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        self._spawn(node(self, lambda m: self._put(stream, m), body, request_id))
         return stream
-
-    def _cancel(self, request_id: str) -> None:
-        self.open.pop(request_id, None)
-
-    def _put(self, stream: ReplyStream, message: Any) -> None:
-        if stream.request_id in self.open:
-            if not isinstance(message, Partial):
-                self.open.pop(stream.request_id)
-            stream.mailbox.put(message)

@@ -14,15 +14,7 @@ from bus.kv.stats import TransferStats
 from bus.messages import Direct
 from nodes import cluster_wire as wire
 from nodes.decode import KvArrived
-from nodes.runtime import LoopThread
 from tests.nodes.test_decode_node import PROMPT, make_work, prefilled, request
-
-
-@pytest.fixture
-def kv_thread():
-    thread = LoopThread("kv-test")
-    yield thread
-    thread.stop()
 
 
 @pytest.fixture

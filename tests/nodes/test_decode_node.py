@@ -16,19 +16,11 @@ from bus.messages import Cancel, Direct, Request
 from nodes import cluster_wire as wire
 from nodes.decode import DecodeWork, KvArrived
 from nodes.engines.base import PrefillRequest, SamplingParams
-from nodes.runtime import LoopThread
 from tests.nodes.cluster_fakes import FakeEndpoint, tiny_engine, tiny_settings
 from tests.nodes.engines.engine_helpers import raw_pieces
 
 GREEDY = wire.sampling_to_wire(SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]
-
-
-@pytest.fixture
-def kv_thread():
-    thread = LoopThread("kv-test")
-    yield thread
-    thread.stop()
 
 
 def make_work(kv_thread, *, always_local=False, engine=None, **settings):

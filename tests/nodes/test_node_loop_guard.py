@@ -17,7 +17,7 @@ from bus.messages import Direct, Request
 from nodes import cluster_wire as wire
 from nodes.colocated import node_works
 from nodes.decode import KvArrived
-from nodes.runtime import LoopThread, NodeLoop
+from nodes.runtime import NodeLoop
 from tests.nodes import test_prefill_node as prefill_tests
 from tests.nodes.cluster_fakes import FakeEndpoint, tiny_engine, tiny_settings
 from tests.nodes.test_decode_node import GREEDY, PROMPT, make_work, prefilled, request
@@ -52,13 +52,6 @@ class Served:
     def close(self) -> None:
         self.stop.set()
         self.thread.join(5)
-
-
-@pytest.fixture
-def kv_thread():
-    thread = LoopThread("kv-test")
-    yield thread
-    thread.stop()
 
 
 @pytest.fixture

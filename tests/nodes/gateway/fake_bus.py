@@ -34,13 +34,35 @@ class FakeEndpoint:
     registered = True
 
 
-class FakeBus:
+class OpenStreams:
+    """The endpoint's bookkeeping the fakes share: `open` streams until FINAL, ERROR or cancel,
+    and the tasks that answer them."""
+
+    def __init__(self) -> None:
+        self.open: dict[str, ReplyStream] = {}
+        self.tasks: set[asyncio.Task] = set()
+
+    def _spawn(self, coroutine: Any) -> None:
+        task = asyncio.get_running_loop().create_task(coroutine)
+        self.tasks.add(task)
+        task.add_done_callback(self.tasks.discard)
+
+    def _cancel(self, request_id: str) -> None:
+        self.open.pop(request_id, None)
+
+    def _put(self, stream: ReplyStream, message: Any) -> None:
+        if stream.request_id in self.open:
+            if not isinstance(message, Partial):
+                self.open.pop(stream.request_id)
+            stream.mailbox.put(message)
+
+
+class FakeBus(OpenStreams):
     def __init__(self, mode: str = "ok") -> None:
+        super().__init__()
         self.mode = mode
         self.endpoint = FakeEndpoint()
-        self.open: dict[str, ReplyStream] = {}
         self.sent: list[tuple[str, Any, str]] = []
-        self.tasks: set[asyncio.Task] = set()
 
     def stream(self, service: str, body: Any = None, payload: tuple = (), *, key: str = "",
                request_id: str | None = None, timeout: float | None = None) -> ReplyStream:
@@ -52,19 +74,8 @@ class FakeBus:
         if not _carriable(body, key):
             return stream   # dropped: no answer ever comes
         self.sent.append((service, body, key))
-        task = asyncio.get_running_loop().create_task(self._serve(stream, body))
-        self.tasks.add(task)
-        task.add_done_callback(self.tasks.discard)
+        self._spawn(self._serve(stream, body))
         return stream
-
-    def _cancel(self, request_id: str) -> None:
-        self.open.pop(request_id, None)
-
-    def _put(self, stream: ReplyStream, message: Any) -> None:
-        if stream.request_id in self.open:
-            if not isinstance(message, Partial):
-                self.open.pop(stream.request_id)
-            stream.mailbox.put(message)
 
     async def _serve(self, stream: ReplyStream, body: dict) -> None:
         rid = stream.request_id

@@ -1,0 +1,14 @@
+"""Fixtures the node tests share: a KV thread (`LoopThread`) for the work objects' receivers."""
+
+from __future__ import annotations
+
+import pytest
+
+from nodes.runtime import LoopThread
+
+
+@pytest.fixture
+def kv_thread():
+    thread = LoopThread("kv-test")
+    yield thread
+    thread.stop()
