@@ -13,8 +13,7 @@ from dataclasses import dataclass, field
 from bus import constants as c
 from bus.liveness import HeartbeatConfig
 from bus.security import SecurityConfig, SecurityError, is_loopback
-from nodes.commands.broker import heartbeat_config
-from nodes.commands.keys import security_config
+from nodes.bus_config import heartbeat_config, security_config
 from nodes.engines.base import ENGINE_KINDS, LOADER_SETTINGS, EngineConfig
 from nodes.settings import SettingsError, load_settings, section
 

@@ -15,10 +15,9 @@ import argparse
 
 from bus import constants as c
 from bus.broker import run_broker
-from bus.liveness import HeartbeatConfig
 from bus.routing import LeastOutstandingPolicy, RoutingPolicy
 from bus.security import SecurityError
-from nodes.commands.keys import security_config
+from nodes.bus_config import heartbeat_config, security_config
 from nodes.settings import SettingsError, load_settings, section
 from scheduler.policy import ClusterPolicy, SchedulerSettings
 
@@ -39,16 +38,6 @@ def routing_policy(settings: dict, name: str = "cluster") -> RoutingPolicy:
         return ClusterPolicy(SchedulerSettings.from_settings(section(settings, "scheduler")))
     except (TypeError, ValueError) as exc:
         raise SettingsError(f"[scheduler]: {exc}") from exc
-
-
-def heartbeat_config(settings: dict, args: argparse.Namespace) -> HeartbeatConfig:
-    """`[heartbeat]` from the config, overridden by --heartbeat-ms / --liveness."""
-    heartbeat = dict(section(settings, "heartbeat"))
-    if getattr(args, "heartbeat_ms", None):
-        heartbeat["interval_ms"] = args.heartbeat_ms
-    if getattr(args, "liveness", None):
-        heartbeat["liveness"] = args.liveness
-    return HeartbeatConfig.from_settings(heartbeat)
 
 
 def main(args: argparse.Namespace) -> int:

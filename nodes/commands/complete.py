@@ -68,7 +68,7 @@ def main(args: argparse.Namespace) -> int:
         print(f"pdbus complete: {exc}", file=sys.stderr)
         return 2
     text = tokenizer.apply_chat_template([{"role": "user", "content": args.prompt}]) if args.chat else args.prompt
-    from nodes.commands.keys import security_config  # CURVE as the gateway key when [security] wants it
+    from nodes.bus_config import security_config  # CURVE as the gateway key when [security] wants it
     client = ClusterClient(broker, tokenizer=tokenizer, max_retries=retries,
                            heartbeat=HeartbeatConfig.from_settings(section(settings, "heartbeat")),
                            security=security_config(settings, "gateway", broker))

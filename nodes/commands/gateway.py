@@ -15,7 +15,7 @@ import argparse
 import sys
 
 from bus.security import SecurityError
-from nodes.commands.keys import security_config
+from nodes.bus_config import security_config
 from nodes.node_settings import DEFAULT_MODEL
 from nodes.settings import SettingsError, load_settings, section
 

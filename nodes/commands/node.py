@@ -19,7 +19,7 @@ from bus import constants as c
 from bus.endpoint import Endpoint
 from bus.log import get_logger
 from bus.messages import Cancel, Direct, Request
-from nodes.commands.broker import heartbeat_config
+from nodes.bus_config import heartbeat_config
 from nodes.node_settings import add_node_arguments, node_security
 from nodes.settings import load_settings, section
 

@@ -9,8 +9,8 @@ import subprocess
 import pytest
 
 from bus.security import SecurityError
-from nodes.commands import keys as keys_command
-from nodes.commands.keys import security_config
+from nodes import bus_config
+from nodes.bus_config import security_config
 from tests.bus.processes import LoggedProcess, free_port, pdbus
 
 pytestmark = pytest.mark.integration
@@ -82,7 +82,7 @@ def test_a_curve_broker_without_its_key_fails_at_start_with_the_file_named(tmp_p
 
 def test_auto_is_curve_off_loopback_plain_on_it_and_warns_when_forced_plain(tmp_path, monkeypatch):
     warnings = []
-    monkeypatch.setattr(keys_command.log, "warning", lambda event, **fields: warnings.append(event))
+    monkeypatch.setattr(bus_config.log, "warning", lambda event, **fields: warnings.append(event))
     assert security_config({}, "decode", "tcp://127.0.0.1:5555") is None
     with pytest.raises(SecurityError, match="decode"):   # CURVE wanted, no key: fail closed
         security_config({"security": {"key_dir": str(tmp_path)}}, "decode", "tcp://10.0.0.5:5555")

@@ -37,3 +37,14 @@ def test_malformed_file_is_a_clear_error(tmp_path):
 def test_section_must_be_a_table():
     with pytest.raises(SettingsError, match="must be a table"):
         section({"broker": 3}, "broker")
+
+
+def test_settings_never_import_the_cli():
+    """Settings are read by the CLI, not the other way round (nodes/bus_config.py holds what
+    node settings used to take from nodes.commands)."""
+    import subprocess
+    import sys
+
+    code = "import sys, nodes.node_settings; print(sorted(m for m in sys.modules if m.startswith('nodes.commands')))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
