@@ -35,9 +35,6 @@ if TYPE_CHECKING:
     from collections.abc import Callable
 
 
-OVERLOADED = "overloaded"
-
-
 _BROKER_STATS = c.BROKER_STATS_SERVICE.encode()
 _SERVICES = frozenset(service for services in c.SERVICES_BY_ROLE.values() for service in services)
 
@@ -170,8 +167,8 @@ class RouteTable(DirectRoutes, RestartRoutes):
             return False
         if (self.queue.num_queued(service) >= defer.max_queued
                 or self.queue.num_bytes + sum(map(len, frames)) > MAX_QUEUED_BYTES):
-            self.metrics[f"rejected.{OVERLOADED}"] += 1
-            self.send_error(node.identity, request_id.decode(errors="replace"), OVERLOADED,
+            self.metrics[f"rejected.{ErrorCode.OVERLOADED}"] += 1
+            self.send_error(node.identity, request_id.decode(errors="replace"), ErrorCode.OVERLOADED,
                             f"{defer.message}; {defer.max_queued} requests already waiting",
                             retry_after_s=defer.retry_after_s)
             return True
@@ -196,10 +193,10 @@ class RouteTable(DirectRoutes, RestartRoutes):
     def expire_queued(self, now: float) -> None:
         for entry in self.queue.expired(now):
             self.metrics["queue.timed_out"] += 1
-            self.metrics[f"rejected.{OVERLOADED}"] += 1
+            self.metrics[f"rejected.{ErrorCode.OVERLOADED}"] += 1
             entry.client.timers.last_sent = now
             self.send_error(entry.client.identity, entry.request_id.decode(errors="replace"),
-                            OVERLOADED, f"no capacity within {now - entry.queued_at:.1f}s",
+                            ErrorCode.OVERLOADED, f"no capacity within {now - entry.queued_at:.1f}s",
                             retry_after_s=entry.retry_after_s)
 
     # -- route lifecycle -----------------------------------------------------------------

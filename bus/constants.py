@@ -6,7 +6,7 @@ documents the same values. Changing a value that travels on the wire means bumpi
 
 from __future__ import annotations
 
-from enum import IntEnum
+from enum import IntEnum, StrEnum
 
 # Header frame: 3-byte signature, 1-byte version, 1-byte command (5 bytes, fixed size, so a
 # peer validates it with one length check and two byte comparisons before reading anything else).
@@ -70,8 +70,9 @@ class DisconnectReason:
     SHUTDOWN = "shutdown"             # node or broker is stopping cleanly
 
 
-class ErrorCode:
-    """ERROR.code values the bus itself produces; nodes may send their own codes too."""
+class ErrorCode(StrEnum):
+    """ERROR.code values the bus itself produces; nodes may send their own codes too (the cluster's
+    are `nodes.wire.Code`). Members are `str`s: they travel and compare as their values."""
 
     NO_NODE = "no_node"                  # no live node serves that service
     NODE_LOST = "node_lost"              # the node serving the request died or left
@@ -83,6 +84,7 @@ class ErrorCode:
     CANCELLED = "cancelled"
     FORBIDDEN = "forbidden"              # the sender's role may not send that (a gateway's DIRECT)
     INTERNAL = "internal"                # the broker's routing policy failed on this request
+    OVERLOADED = "overloaded"            # every node full and the broker's wait queue full or timed out
     BACKLOG_FULL = "backlog_full"        # the request never left its client: the backlog overflowed
 
 

@@ -22,12 +22,12 @@ broker queue's timeout). A decode node answering `full` (no KV room yet) is back
 failure: the request is offered again after a growing pause (the node now advertises `full`, so
 the broker places it elsewhere or holds it in its queue) without spending a retry, until it has
 waited `plan_timeout_s` for room in all; then `overloaded` (503 + Retry-After at the gateway).
-What the bus cannot carry never leaves: `generate` raises `cluster_wire.Uncarriable` (a ValueError
+What the bus cannot carry never leaves: `generate` raises `wire.Uncarriable` (a ValueError
 naming the field) for a session id over the bus's routing-key bound, strings that are not UTF-8,
 ints beyond 64 bits, non-finite floats; and should the bus endpoint still refuse to encode a
 request (`ProtocolError`, raised by `stream()` in the caller), iteration raises `ClusterError`
 `malformed` at once, without a retry.
-A node whose reply body does not parse (nodes/reply_checks.py) failed the request like a lost node:
+A node whose reply body does not parse (nodes/wire/) failed the request like a lost node:
 the client fails over (decode resume, routed away from that node; prefill re-sent), spending a
 retry, and counts it in `trace.num_bad_replies`. A bug in the client itself ends the stream with
 `ClusterError("internal")`, logged with its traceback (never an exception left in a task).
@@ -47,13 +47,14 @@ from typing import Any
 from bus.client import BusClient
 from bus.liveness import HeartbeatConfig
 from bus.log import get_logger
-from nodes import cluster_wire as wire
+from nodes import wire
 from nodes.cluster_orchestrator import Attempt, Retry, StreamToken, retry_delay
 from nodes.engines.base import SamplingParams
 
 __all__ = ["ClusterClient", "ClusterError", "Generation", "GenerationResult", "RequestTrace", "StreamToken"]
 
-FATAL_CODES = {wire.OVERLOADED, wire.REJECTED, wire.BAD_REQUEST, "malformed", "oversized"}
+FATAL_CODES = {wire.Code.OVERLOADED, wire.Code.REJECTED, wire.Code.BAD_REQUEST, wire.Code.MALFORMED,
+               wire.Code.OVERSIZED}
 FULL_BACKOFF_CAP_S = 1.0   # the longest pause between offers of a request that found no room
 log = get_logger("cluster_client")
 
@@ -76,12 +77,12 @@ class RequestTrace:
     failures: list[str] = field(default_factory=list)     # "code@node" per failed attempt
     num_failovers: int = 0                                 # decode resumes after a lost/stalled node
     num_prefill_retries: int = 0
-    num_bad_replies: int = 0                               # replies refused by nodes/reply_checks.py
+    num_bad_replies: int = 0                               # replies that did not parse (nodes/wire/)
     fallback_local: bool = False
     kv_wire_bytes: int = 0
-    kv_transfers: list[dict] = field(default_factory=list)  # each verified transfer's report (prefill FINAL)
+    kv_transfers: list[dict] = field(default_factory=list)  # each transfer's report (prefill FINAL), as sent
     timings: dict[str, float | None] = field(default_factory=dict)
-    decode_final: dict | None = None
+    decode_final: dict | None = None                        # the decode FINAL, as read and sent again
 
     @property
     def failed_over(self) -> bool:
@@ -173,7 +174,7 @@ class Generation:
             raise
         except Exception as exc:   # a bug must end the stream, never hang the caller
             log.exception("generation_failed", request_id=self.request_id)
-            self._queue.put_nowait(ClusterError(wire.INTERNAL, type(exc).__name__, self.trace))
+            self._queue.put_nowait(ClusterError(wire.Code.INTERNAL, type(exc).__name__, self.trace))
 
     async def _attempts(self) -> None:
         local = False
@@ -189,7 +190,7 @@ class Generation:
                 if retry.code in FATAL_CODES:
                     self.trace.failures.append(f"{retry.code}@{retry.node_id}")
                     raise ClusterError(retry.code, retry.message, self.trace, **retry.details) from None
-                if retry.code == wire.FULL:
+                if retry.code == wire.Code.FULL:
                     await asyncio.sleep(self.wait_for_room(retry))
                     continue
                 self.num_full = 0
@@ -205,7 +206,7 @@ class Generation:
         self.num_full += 1
         self.trace.failures.append(f"{retry.code}@{retry.node_id}")
         if time.monotonic() - self._started_at > self.client.plan_timeout_s:
-            raise ClusterError(wire.OVERLOADED, f"no decode node had room within {self.client.plan_timeout_s}s; "
+            raise ClusterError(wire.Code.OVERLOADED, f"no decode node had room within {self.client.plan_timeout_s}s; "
                                f"last: {retry.message}", self.trace, retry_after_s=1.0)
         pause = self.client.retry_delay_s * 2 ** (self.num_full - 1)
         return max(retry_delay(retry, 0.0), min(pause, FULL_BACKOFF_CAP_S))
@@ -215,7 +216,7 @@ class Generation:
         self.num_retries += 1
         self.trace.failures.append(f"{code}@{node_id}")
         if self.num_retries > self.client.max_retries:
-            raise ClusterError(wire.RETRIES_EXHAUSTED, f"gave up after {self.client.max_retries} retries; "
+            raise ClusterError(wire.Code.RETRIES_EXHAUSTED, f"gave up after {self.client.max_retries} retries; "
                                f"last: {code} {message}", self.trace)
 
     def _finish(self) -> None:

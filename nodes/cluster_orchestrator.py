@@ -16,7 +16,7 @@ After a node loss the broker has already dropped the lost node, so the retry goe
 (`Retry.delay_s` 0, `IMMEDIATE`); other retries wait the client's `retry_delay_s`. A prefill
 that recovers from a failure (a resumed stream, a re-sent prefill) is sent `urgent`: the prefill
 node runs it before its queued new work.
-Every reply body is parsed on arrival (nodes/reply_checks.py). One that does not parse is its node
+Every reply body is read on arrival (`wire.from_wire`, nodes/wire/). One that does not parse is its node
 failing this request: `Retry` `bad_reply`, logged with the node id and the body's type and size
 (never its contents); the stream is cancelled and the request fails over as for a lost node (a
 decode resume, a prefill re-sent with a new transfer id), spending a retry. That decode node still
@@ -38,14 +38,13 @@ from typing import Any
 from bus.log import get_logger
 from bus.mailbox import BusError
 from bus.messages import Final
-from nodes import cluster_wire as wire
-from nodes import reply_checks as checks
+from nodes import wire
+from nodes.wire import Code
 
-NODE_LOSS = {"node_lost", "request_lost", wire.KV_TIMEOUT, wire.STALLED, wire.GAP}
+NODE_LOSS = {Code.NODE_LOST, Code.REQUEST_LOST, Code.KV_TIMEOUT, Code.STALLED, Code.GAP}
 # The broker reports these once the node is out of its registry: nothing to wait for.
-IMMEDIATE = {"node_lost", "request_lost"}
+IMMEDIATE = {Code.NODE_LOST, Code.REQUEST_LOST}
 PREFILL_GRACE_S = 2.0
-MALFORMED = "malformed"   # the bus refused to encode a request (fatal: the same body fails again)
 log = get_logger("cluster_client")
 
 
@@ -65,9 +64,9 @@ class Retry(Exception):
 
 
 def _retry_from(error: BusError, node_id: str = "") -> Retry:
-    node_id, retry_after = checks.error_details(error.details, node_id)
+    node_id, retry_after = wire.error_details(error.details, node_id)
     delay = retry_after or None
-    if error.code == "no_node":
+    if error.code == Code.NO_NODE:
         delay = max(delay or 0.0, 0.5)   # maybe mid re-registration after a broker restart
     elif error.code in IMMEDIATE:
         delay = 0.0
@@ -87,7 +86,7 @@ class Attempt:
         self.base = len(generation.tokens)
         self.prompt = generation.prompt + tuple(t.token_id for t in generation.tokens)
         self.sampling = dataclasses.replace(generation.sampling, max_tokens=num_left)
-        self.limit = num_left   # the most tokens this attempt's nodes may send: indices stay below it
+        self.bounds = wire.Bounds(max_tokens=num_left)   # what its nodes may send: indices below num_left
         self.pending: dict[int, StreamToken] = {}
         self.streams: list[Any] = []
         self.decode_node_id = ""
@@ -106,13 +105,13 @@ class Attempt:
         try:
             stream = self.g.client.stream(service, body, key=key)
         except ValueError as exc:   # bus.codec.ProtocolError: the endpoint cannot encode it, nothing was sent
-            raise Retry(MALFORMED, str(exc), counts=False) from None
+            raise Retry(Code.MALFORMED, str(exc), counts=False) from None   # fatal: the same body fails again
         self.streams.append(stream)
         return stream
 
     def _decode_key(self) -> str:
         """The session's key, or none once a decode node failed this request with a bad reply."""
-        failed = any(f.startswith(f"{wire.BAD_REPLY}@") for f in self.g.trace.failures)
+        failed = any(f.startswith(f"{Code.BAD_REPLY}@") for f in self.g.trace.failures)
         return "" if failed else self.g.session_id
 
     @contextlib.contextmanager
@@ -120,10 +119,10 @@ class Attempt:
         """Handling one reply: a body that does not parse, or an unexpected error acting on it, is
         `node_id` failing this request (Retry `bad_reply`), never an exception that ends it."""
         context = {"request_id": self.g.request_id, "service": service, "node_id": node_id,
-                   "bus_request_id": stream.request_id, "body": checks.summary(body)}
+                   "bus_request_id": stream.request_id, "body": wire.summary(body)}
         try:
             yield
-        except checks.Refused as refused:
+        except wire.Refused as refused:
             reason = refused.reason
             log.warning("bad_reply", reason=reason, **context)
         except Exception as exc:   # our bug on one reply: visible in the log, contained like a bad reply
@@ -134,21 +133,20 @@ class Attempt:
         self.g.trace.num_bad_replies += 1
         if service == wire.DECODE:
             self.g.trace.num_failovers += 1
-        raise Retry(wire.BAD_REPLY, f"the {service} node's reply was refused: {reason}", node_id)
+        raise Retry(Code.BAD_REPLY, f"the {service} node's reply was refused: {reason}", node_id)
 
     # -- the attempt -----------------------------------------------------------------------
     async def run(self) -> str:
-        body = wire.decode_request_body(self.prompt, self.sampling, self.g.session_id,
-                                        "local" if self.local else "auto",
-                                        {"num_delivered": self.base} if self.base else None)
+        mode = wire.PrefillMode.LOCAL if self.local else wire.PrefillMode.AUTO
+        body = wire.DecodeRequestBody(self.prompt, self.sampling, self.g.session_id, mode, self.base)
         started = time.monotonic()
-        decode = self._open(wire.DECODE, body, key=self._decode_key())
+        decode = self._open(wire.DECODE, wire.to_wire(body), key=self._decode_key())
         try:
             plan = await self._plan(decode)
             self.g.trace.timings["plan_s"] = round(time.monotonic() - started, 6)
             decode_task = asyncio.create_task(self._consume_decode(decode))
             prefill_task = (asyncio.create_task(self._prefill(plan, decode.request_id))
-                            if plan.kind == wire.PLAN_REMOTE else None)
+                            if plan.kind == wire.PlanKind.REMOTE else None)
             try:
                 return await self._join(decode_task, prefill_task)
             finally:
@@ -170,11 +168,11 @@ class Attempt:
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(prefill_task, PREFILL_GRACE_S)
         if self.pending:
-            raise Retry(wire.GAP, f"tokens {sorted(self.pending)[:3]}... arrived without their predecessors",
+            raise Retry(Code.GAP, f"tokens {sorted(self.pending)[:3]}... arrived without their predecessors",
                         self.decode_node_id)
         return finish_reason
 
-    async def _plan(self, decode: Any) -> checks.Plan:
+    async def _plan(self, decode: Any) -> wire.PlanBody:
         # The broker may hold the request in its queue while every decode node is full: wait for
         # the plan longer than the stream's stall timeout (past the queue's own timeout).
         decode.timeout = self.g.client.plan_timeout_s
@@ -183,18 +181,18 @@ class Attempt:
         except BusError as exc:
             raise _retry_from(exc) from None
         except TimeoutError:
-            raise Retry(wire.STALLED, "no plan within the plan timeout") from None
+            raise Retry(Code.STALLED, "no plan within the plan timeout") from None
         finally:
             decode.timeout = self.g.client.stall_timeout_s
-        with self._contained(decode, wire.DECODE, reply.body, checks.claimed_node(reply.body)):
+        with self._contained(decode, wire.DECODE, reply.body, wire.claimed_node(reply.body)):
             if isinstance(reply, Final):
-                raise checks.Refused("the first reply must be a plan PARTIAL, not a FINAL")
-            plan = checks.plan(reply.body)
+                raise wire.Refused("the first reply must be a plan PARTIAL, not a FINAL")
+            plan = wire.from_wire(wire.PlanBody, reply.body)
         self.decode_node_id = plan.node_id
         trace = self.g.trace
         trace.plans.append(plan.kind)
         trace.decode_node_ids.append(plan.node_id)
-        trace.fallback_local = trace.fallback_local or (self.local and plan.kind == wire.PLAN_LOCAL)
+        trace.fallback_local = trace.fallback_local or (self.local and plan.kind == wire.PlanKind.LOCAL)
         return plan
 
     async def _consume_decode(self, decode: Any) -> str:
@@ -202,47 +200,45 @@ class Attempt:
             async for reply in decode:
                 with self._contained(decode, wire.DECODE, reply.body, self.decode_node_id):
                     if isinstance(reply, Final):
-                        return self._on_decode_final(checks.decode_done(reply.body, self.limit))
-                    if (token := checks.token(reply.body, self.limit)) is not None:
+                        return self._on_decode_final(wire.from_wire(wire.DecodeDoneBody, reply.body, self.bounds))
+                    if (token := wire.read_partial(reply.body, self.bounds)) is not None:
                         self.decoding = True
                         self.deliver(token.index, token.token_id, token.text)
         except BusError as exc:
             retry = _retry_from(exc, self.decode_node_id)
         except TimeoutError:
-            retry = Retry(wire.STALLED, "the decode stream went silent", self.decode_node_id)
+            retry = Retry(Code.STALLED, "the decode stream went silent", self.decode_node_id)
         else:
-            retry = Retry(wire.PROTOCOL, "the decode stream ended without a FINAL", self.decode_node_id)
+            retry = Retry(Code.PROTOCOL, "the decode stream ended without a FINAL", self.decode_node_id)
         if retry.code in NODE_LOSS:
             self.g.trace.num_failovers += 1
         raise retry
 
-    def _on_decode_final(self, done: checks.DecodeDone) -> str:
+    def _on_decode_final(self, done: wire.DecodeDoneBody) -> str:
         for token in done.tokens:
             self.deliver(token.index, token.token_id, token.text)
         trace = self.g.trace
-        trace.decode_final = done.as_trace()
-        trace.timings.update(done.timings)
+        trace.decode_final = wire.to_wire(done)
+        trace.timings.update(done.timings.measured())
         return done.finish_reason or "stop"
 
-    async def _prefill(self, plan: checks.Plan, decode_request_id: str) -> None:
+    async def _prefill(self, plan: wire.PlanBody, decode_request_id: str) -> None:
         transfer_id = plan.transfer_id
         while True:
-            stream = self._open(wire.PREFILL, {
-                "prompt_token_ids": list(self.prompt), "sampling": wire.sampling_to_wire(self.sampling),
-                "decode_node_id": plan.node_id, "data_endpoint": plan.data_endpoint,
-                "transfer_id": transfer_id, "request_id": decode_request_id,
-                "urgent": bool(self.g.trace.failures)},   # a recovery: ahead of the node's new work
-                key=str(len(self.prompt)))   # the scheduler balances prefill nodes by outstanding tokens
+            body = wire.PrefillRequestBody(self.prompt, self.sampling, plan.node_id, plan.data_endpoint, transfer_id,
+                                           decode_request_id, urgent=bool(self.g.trace.failures))   # a recovery
+            # The scheduler balances prefill nodes by outstanding tokens: the key is the prompt's length.
+            stream = self._open(wire.PREFILL, wire.to_wire(body), key=str(len(self.prompt)))
             try:
                 await self._consume_prefill(stream)
                 return
             except BusError as exc:
-                if exc.code == "no_node":
-                    raise Retry(wire.NO_PREFILL_NODE, "no prefill node alive: prefill on the decode node",
+                if exc.code == Code.NO_NODE:
+                    raise Retry(Code.NO_PREFILL_NODE, "no prefill node alive: prefill on the decode node",
                                 local=True, counts=False) from None
                 retry = _retry_from(exc)
             except TimeoutError:
-                retry = Retry(wire.STALLED, "the prefill stream went silent")
+                retry = Retry(Code.STALLED, "the prefill stream went silent")
             except Retry as bad_reply:   # from _contained: this prefill node failed the request
                 retry = bad_reply
             stream.cancel()
@@ -255,19 +251,19 @@ class Attempt:
 
     async def _consume_prefill(self, stream: Any) -> None:
         async for reply in stream:
-            with self._contained(stream, wire.PREFILL, reply.body, checks.claimed_node(reply.body)):
+            with self._contained(stream, wire.PREFILL, reply.body, wire.claimed_node(reply.body)):
                 if isinstance(reply, Final):
-                    self._on_prefill_final(checks.prefill_done(reply.body, self.limit))
+                    self._on_prefill_final(wire.from_wire(wire.PrefillDoneBody, reply.body, self.bounds))
                     return
-                if (token := checks.token(reply.body, self.limit)) is not None:
+                if (token := wire.read_partial(reply.body, self.bounds)) is not None:
                     self.deliver(token.index, token.token_id, token.text)
 
-    def _on_prefill_final(self, done: checks.PrefillDone) -> None:
+    def _on_prefill_final(self, done: wire.PrefillDoneBody) -> None:
         trace = self.g.trace
         trace.prefill_node_ids.append(done.node_id)
-        trace.kv_wire_bytes += done.transfer.get("wire_bytes", 0)
-        if done.transfer:
-            trace.kv_transfers.append(done.transfer)
-        trace.timings.update(done.timings)
+        if done.transfer is not None:
+            trace.kv_wire_bytes += done.transfer.wire_bytes
+            trace.kv_transfers.append(wire.to_wire(done.transfer))
+        trace.timings.update(done.timings.measured())
         if done.token is not None:
             self.deliver(done.token.index, done.token.token_id, done.token.text)

@@ -11,32 +11,31 @@ is accepted. Tokens stream as PARTIAL `token`; the FINAL `done` carries every to
 streamed, usage, stage timings and node stats. CANCEL frees the request's blocks (or cancels its
 receive) at once (`decode_cancelled`); admitted KV that never arrives is freed after
 `[kv] timeout_s` with ERROR `kv_timeout`.
-Peer input is checked on arrival (nodes/body_checks.py): a malformed decode REQUEST gets ERROR
-`bad_request` (or `rejected`); a `kv_ready` is dropped when malformed, or for a request not waiting
-for remote KV, a transfer not planned or received for it, or from another node than the one whose
-kv_ready was accepted first (`DecodeJob.kv_ready_refusal`): counted in `counters`, logged as
-`kv_ready_dropped` with ids and types, never the body. A handler, a token or an engine step that
-raises ends the requests concerned with ERROR `internal` and frees their KV; the node serves on.
+A request's lifecycle is `DecodeJob`'s state machine (nodes/decode_jobs.py). Peer input is read
+on arrival (`wire.from_wire`): a malformed decode REQUEST gets ERROR `bad_request` (or `rejected`);
+a `kv_ready` is dropped when malformed, or refused by `DecodeJob.kv_ready_refusal`: counted in
+`counters`, logged as `kv_ready_dropped` with ids and types, never the body. A handler, a token or
+an engine step that raises ends the requests concerned with ERROR `internal` and frees their KV;
+the node serves on.
 """
 
 from __future__ import annotations
 
 import time
-import uuid
 from collections import Counter
+from dataclasses import asdict
 from typing import Any
 
 from bus.endpoint import Endpoint
 from bus.kv import TransferResult
 from bus.log import get_logger
 from bus.messages import Cancel, Direct, Request
-from nodes import body_checks as checks
-from nodes import cluster_wire as wire
-from nodes.decode_jobs import DecodeJob, KvArrived, final_body
+from nodes import wire
+from nodes.decode_jobs import DecodeJob, KvArrived, KvReadyRefusal, done_body, plan_body, refusal_code
 from nodes.decode_kv import KvLanding
 from nodes.engines.base import DecodeRequest, TokenEvent
 from nodes.node_settings import NodeSettings
-from nodes.runtime import GuardedWork, LoopThread
+from nodes.runtime import GuardedWork, LoopThread, engine_bounds
 
 __all__ = ["DecodeWork", "KvArrived"]
 
@@ -47,7 +46,7 @@ class DecodeWork(GuardedWork):
         self.always_local = always_local
         self.jobs: dict[str, DecodeJob] = {}
         self.kv = KvLanding(settings, engine, kv_thread, self.jobs, lambda event: self.endpoint.inbox.put(event))
-        self.limits = checks.engine_limits(engine)
+        self.bounds = engine_bounds(engine)
         self.counters: Counter[str] = Counter()   # refused / dropped / failed, by kind
         self.endpoint: Endpoint | None = None
         self.publish_capacity = lambda: None   # set by run_node: send CAPACITY now
@@ -73,7 +72,7 @@ class DecodeWork(GuardedWork):
             self._guard(message.request_id, self._on_request, message, ours=True)
         elif isinstance(message, Cancel) and message.request_id in self.jobs:
             self._guard(message.request_id, self._on_cancel, message.request_id)
-        elif isinstance(message, Direct) and isinstance(message.body, dict) and message.body.get("type") == wire.KV_READY:
+        elif isinstance(message, Direct) and wire.claims(wire.KvReadyBody, message.body):
             self._on_kv_ready(message)
         elif isinstance(message, KvArrived):
             self._guard(message.result.request_id, self._on_kv_arrived, message.result)
@@ -101,11 +100,11 @@ class DecodeWork(GuardedWork):
         self.kv.on_idle()   # the node went quiet (nodes.heap trims next)
 
     def next_deadline(self) -> float | None:
-        return min((j.expires_at for j in self.jobs.values() if not j.running), default=None)
+        return min((j.expires_at for j in self.jobs.values() if j.waiting), default=None)
 
     def capacity(self) -> dict[str, float]:
         usage = self.engine.kv_usage()
-        num_waiting = sum(not j.running for j in self.jobs.values())
+        num_waiting = sum(j.waiting for j in self.jobs.values())
         num_available = self._num_available_blocks(usage)
         if num_available >= self.num_blocks_wanted:
             self.num_blocks_wanted = 0
@@ -135,16 +134,16 @@ class DecodeWork(GuardedWork):
     # -- admission and plans ---------------------------------------------------------------
     def _on_request(self, request: Request) -> None:
         try:
-            body = checks.decode_request(request.body, self.limits)
-        except checks.Refused as refusal:
+            body = wire.from_wire(wire.DecodeRequestBody, request.body, self.bounds)
+        except wire.Refused as refusal:
             self.counters["request.refused"] += 1
             self.log.info("decode_refused", request_id=request.request_id, code=refusal.code, reason=refusal.reason)
             self.endpoint.reply_error(request.request_id, refusal.code, refusal.reason, node_id=self.endpoint.node_id)
             return
-        job = self._plan(DecodeJob(request.request_id, body.prompt, body.sampling, body.session_id, wire.PLAN_REMOTE),
-                         body.prefill)
+        job = self._plan(DecodeJob(request.request_id, body.prompt, body.sampling, body.session_id,
+                                   wire.PlanKind.REMOTE), body.prefill)
         job.clock.mark("received")
-        if job.plan == wire.PLAN_REMOTE:
+        if job.plan == wire.PlanKind.REMOTE:
             admitted = self._reserve(job)
         else:
             admitted = self._start(job, DecodeRequest(job.request_id, job.prompt, job.sampling,
@@ -152,95 +151,88 @@ class DecodeWork(GuardedWork):
         if admitted:
             self._send_plan(job)
 
-    def _plan(self, job: DecodeJob, mode: str) -> DecodeJob:
+    def _plan(self, job: DecodeJob, mode: wire.PrefillMode) -> DecodeJob:
         num_cached = self.engine.cached_session_tokens(job.session_id) if job.session_id else 0
         num_prompt = len(job.prompt)
-        if self.always_local or mode == "local":
-            job.plan = wire.PLAN_LOCAL
+        if self.always_local or mode == wire.PrefillMode.LOCAL:
+            job.plan = wire.PlanKind.LOCAL
         elif 0 < num_cached < num_prompt and num_prompt - num_cached <= self.settings.local_suffix_tokens:
-            job.plan, job.num_cached_tokens = wire.PLAN_CACHED, num_cached
+            job.plan, job.num_cached_tokens = wire.PlanKind.CACHED, num_cached
         return job
 
     def _reserve(self, job: DecodeJob) -> bool:
         """Admit a remote-prefill request: hold its blocks until its KV arrives."""
         admission = self.engine.check_admission(DecodeRequest(job.request_id, job.prompt, job.sampling))
-        num_waiting = sum(not j.running for j in self.jobs.values())
+        num_waiting = sum(j.waiting for j in self.jobs.values())
         fits = (admission.ok and admission.num_blocks_needed <= self._num_available_blocks(self.engine.kv_usage())
                 and len(self.engine.running) + num_waiting < self.engine.config.max_num_seqs)
         if not fits:
-            if admission.status != "rejected":
+            code = refusal_code(admission)
+            if code == wire.Code.FULL:
                 self.num_blocks_wanted = max(self.num_blocks_wanted, admission.num_blocks_needed, 1)
-            return self._refuse(job, admission.status if admission.status == "rejected" else "full",
-                                admission.reason or "no KV room for a waiting request")
-        job.num_blocks = admission.num_blocks_needed
-        job.expires_at = time.monotonic() + self.settings.kv_timeout_s
+            return self._refuse(job, code, admission.reason or "no KV room for a waiting request")
+        job.reserve(admission.num_blocks_needed, time.monotonic() + self.settings.kv_timeout_s)
         self.jobs[job.request_id] = job
         return True
 
     def _start(self, job: DecodeJob, request: DecodeRequest) -> bool:
         admission = self.engine.add_request(request)
         if not admission.ok:
-            return self._refuse(job, admission.status, admission.reason)
-        job.running, job.num_blocks = True, 0
+            return self._refuse(job, refusal_code(admission), admission.reason)
+        job.start()
         job.clock.mark("admitted")
         self.jobs[job.request_id] = job
         return True
 
-    def _refuse(self, job: DecodeJob, status: str, reason: str) -> bool:
+    def _refuse(self, job: DecodeJob, code: wire.Code, reason: str) -> bool:
+        job.fail()
         self.publish_capacity()   # so the policy skips us on the client's retry
-        code = wire.REJECTED if status == "rejected" else wire.FULL
         self.endpoint.reply_error(job.request_id, code, reason, node_id=self.endpoint.node_id)
         self.log.info("decode_refused", request_id=job.request_id, code=code, reason=reason)
         return False
 
     def _send_plan(self, job: DecodeJob) -> None:
-        plan = {"type": "plan", "plan": job.plan, "node_id": self.endpoint.node_id}
-        if job.plan == wire.PLAN_REMOTE:
-            transfer_id = uuid.uuid4().hex
-            job.transfer_ids.add(transfer_id)
-            plan |= {"data_endpoint": self.endpoint.core.data_endpoint, "transfer_id": transfer_id}
-        elif job.plan == wire.PLAN_CACHED:
-            plan["num_cached_tokens"] = job.num_cached_tokens
+        plan = plan_body(job, self.endpoint.node_id, self.endpoint.core.data_endpoint)
         job.clock.mark("planned")
-        self.endpoint.reply(job.request_id, plan)
+        self.endpoint.reply(job.request_id, wire.to_wire(plan))
 
     def _reserved_blocks(self) -> int:
-        return sum(j.num_blocks for j in self.jobs.values() if not j.running)
+        return sum(j.num_blocks for j in self.jobs.values() if j.waiting)
 
     # -- KV arrival ------------------------------------------------------------------------
     def _on_kv_arrived(self, result: TransferResult) -> None:
         job = self.jobs.get(result.request_id)
         self.log.info("kv_arrived", request_id=result.request_id, transfer_id=result.transfer_id, ok=result.ok,
                       reason=result.reason, wire_bytes=result.stats.wire_bytes)
-        if job is not None and not result.ok:
-            job.transfer_failed(result.transfer_id)
-        if job is None or job.running or not result.ok:
+        if job is None or not job.waiting or not result.ok:
             self.kv.give_back(result.kv)   # not wanted (any more); a failed one holds none
-            return   # a failed transfer is never decoded from: the client re-sends the prefill
-        job.arrived[result.transfer_id] = result
+            if job is not None and job.waiting:
+                job.transfer_failed(result.transfer_id)   # never decoded from: the client re-sends the prefill
+            return
+        job.kv_arrived(result)
         self._maybe_start_remote(job)
 
     def _on_kv_ready(self, direct: Direct) -> None:
         try:
-            ready = checks.kv_ready(direct.body, self.limits)
-        except checks.Refused as refusal:
-            self._drop_kv_ready("malformed", direct, refusal.reason)
+            ready = wire.from_wire(wire.KvReadyBody, direct.body, self.bounds)
+        except wire.Refused as refusal:
+            self._drop_kv_ready(KvReadyRefusal.MALFORMED, direct, refusal.reason)
             return
         job = self.jobs.get(ready.request_id)
-        refusal = "unknown_request" if job is None else job.kv_ready_refusal(ready.transfer_id, direct.peer)
-        if refusal:
+        refusal = KvReadyRefusal.UNKNOWN_REQUEST if job is None else job.kv_ready_refusal(ready.transfer_id, direct.peer)
+        if refusal is not None:
             self._drop_kv_ready(refusal, direct, "", request_id=ready.request_id, transfer_id=ready.transfer_id)
             return
         job.accept_kv_ready(ready.transfer_id, direct.peer, ready.first_token_id)
         self._guard(job.request_id, self._maybe_start_remote, job)
 
-    def _drop_kv_ready(self, reason: str, direct: Direct, detail: str, **ids: str) -> None:
+    def _drop_kv_ready(self, reason: KvReadyRefusal, direct: Direct, detail: str, **ids: str) -> None:
         self.counters[f"kv_ready.{reason}"] += 1
         self.log.warning("kv_ready_dropped", reason=reason, peer=direct.peer, detail=detail,
-                         body=checks.summary(direct.body), count=self.counters[f"kv_ready.{reason}"], **ids)
+                         body=wire.summary(direct.body), count=self.counters[f"kv_ready.{reason}"], **ids)
 
     def _maybe_start_remote(self, job: DecodeJob) -> None:
-        transfer_id = next((t for t in job.kv_ready if t in job.arrived), None)
+        transfer_id = job.ready_transfer_id()
         if transfer_id is None:
             return
         result = job.arrived[transfer_id]
@@ -249,7 +241,6 @@ class DecodeWork(GuardedWork):
         job.clock.mark("kv_arrived")
         request = DecodeRequest(job.request_id, job.prompt, job.sampling, kv=result.kv,
                                 first_token_id=job.kv_ready[transfer_id], session_id=job.session_id)
-        job.num_blocks = 0
         del self.jobs[job.request_id]
         try:
             self._start(job, request)
@@ -257,9 +248,9 @@ class DecodeWork(GuardedWork):
             self.kv.give_back_arrived(job)   # the engine copied what it admitted; the rest is unused
 
     def _expire_waiting(self, now: float) -> None:
-        for job in [j for j in self.jobs.values() if not j.running and now >= j.expires_at]:
+        for job in [j for j in self.jobs.values() if j.waiting and now >= j.expires_at]:
             self._release(job.request_id, "no KV within the timeout")
-            self.endpoint.reply_error(job.request_id, wire.KV_TIMEOUT, f"no KV within {self.settings.kv_timeout_s} s")
+            self.endpoint.reply_error(job.request_id, wire.Code.KV_TIMEOUT, f"no KV within {self.settings.kv_timeout_s} s")
 
     # -- streaming -------------------------------------------------------------------------
     def _on_token(self, event: TokenEvent) -> None:
@@ -268,30 +259,38 @@ class DecodeWork(GuardedWork):
             return
         if event.token_id is not None:
             job.clock.mark("first_token")
-            job.tokens.append([event.index, event.token_id, event.text])
-            self.endpoint.reply(job.request_id, wire.token_body(event.index, event.token_id, event.text))
+            token = wire.TokenBody(event.index, event.token_id, event.text)
+            job.tokens.append(token)
+            self.endpoint.reply(job.request_id, wire.to_wire(token))
         if event.finished:
             del self.jobs[job.request_id]
+            job.finish()
             job.clock.mark("finished")
-            final = final_body(job, event, self.endpoint.node_id, self.engine.stats, self.num_kv_bytes_received)
-            self.endpoint.reply_final(job.request_id, final)
+            done = done_body(job, event, self.endpoint.node_id, self.engine.stats, self.num_kv_bytes_received)
+            self.endpoint.reply_final(job.request_id, wire.to_wire(done))
             self.log.info("request_done", request_id=job.request_id, session_id=job.session_id, plan=job.plan,
-                          finish_reason=event.finish_reason, usage=final["usage"], timings=final["timings"])
+                          finish_reason=event.finish_reason, usage=asdict(done.usage), timings=done.timings.measured())
 
     def _on_cancel(self, request_id: str) -> None:
-        stage = self._release(request_id, "cancelled by the client")
+        stage = self._release(request_id, "cancelled by the client", cancelled=True)
         self.publish_capacity()
         usage = self.engine.kv_usage()
         self.log.info("decode_cancelled", request_id=request_id, stage=stage, kv_blocks_free=usage.num_free_blocks)
 
-    def _release(self, request_id: str, reason: str = "the decode node failed") -> str:
-        """Free the request's KV: cancel its receives, or abort it in the engine (idempotent)."""
+    def _release(self, request_id: str, reason: str = "the decode node failed", *, cancelled: bool = False) -> str:
+        """Free the request's KV: cancel its receives, or abort it in the engine (idempotent); the
+        job ends failed, or cancelled by its client."""
         job = self.jobs.pop(request_id, None)
-        if job is not None and not job.running:
+        stage = "kv_wait" if job is not None and job.waiting else "decode"
+        if stage == "kv_wait":
             self.kv.cancel(job, reason)
-            return "kv_wait"
-        self.engine.abort(request_id)
-        return "decode"
+        else:
+            self.engine.abort(request_id)
+        if job is not None and cancelled:
+            job.cancel()
+        elif job is not None:
+            job.fail()
+        return stage
 
     # -- failures (GuardedWork: one request's bug ends that request, never the node) ----------
     def _fail_step(self) -> bool:
@@ -315,3 +314,4 @@ class DecodeWork(GuardedWork):
         except Exception:
             self.log.exception("unsound_scan_failed")
             return []
+

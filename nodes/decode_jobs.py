@@ -1,24 +1,94 @@
 """What a decode node keeps per request while its KV is on the way and while it decodes.
 
-Contract: `DecodeJob` is one admitted decode request (its plan, reserved blocks, the transfers
-planned or received for it, the verified ones that `arrived`, the `kv_ready` first tokens, the
-node id its kv_ready came from, what it streamed); `KvArrived` is the event the KV thread posts
-into the node's inbox for every finished receive, ok or not. `DecodeJob.kv_ready_refusal(transfer_id,
-peer)` says why a kv_ready is not accepted (docs/SECURITY.md, "Transfer binding"):
-`unknown_request` (not waiting for remote KV), `unknown_transfer` (a transfer neither planned nor
-received for it), `wrong_peer` (another node's kv_ready was accepted first and its transfer has
-not failed). `final_body` builds the FINAL `done`. nodes/decode.py owns the logic.
+Contract: `DecodeJob` is one decode request (its plan, reserved blocks, the transfers planned or
+received for it, the verified ones that `arrived`, the `kv_ready` first tokens, the node id its
+kv_ready came from, what it streamed), with a `JobState` that only moves along `TRANSITIONS` (an
+illegal move raises `JobError`):
+
+    NEW --reserve--> WAITING --start--> RUNNING --finish--> FINISHED
+    NEW --start--> RUNNING                      (a local or cached plan: admitted into the engine)
+    WAITING --kv_arrived | kv_ready | transfer_failed--> WAITING
+    NEW | WAITING | RUNNING --fail--> FAILED    (refused full/rejected, kv_timeout, internal)
+    WAITING | RUNNING --cancel--> CANCELLED     (the client cancelled)
+
+A WAITING job (remote plan) holds its blocks until one transfer has both halves, its verified KV
+and its kv_ready (`ready_transfer()`); they travel on different planes, and a re-sent prefill may
+overlap the first, so which halves are here is per transfer, not a state of the job. Only a
+WAITING job takes KV or a kv_ready. `kv_ready_refusal(transfer_id, peer)` says why a kv_ready is
+not accepted (docs/SECURITY.md, "Transfer binding"): `unknown_request` (not waiting for remote
+KV), `unknown_transfer` (a transfer neither planned nor received for it), `wrong_peer` (another
+node's kv_ready was accepted first and its transfer has not failed); `malformed` is the node's
+own for a body that does not parse. `KvArrived` is the event the KV thread posts into the node's
+inbox for every finished receive, ok or not. `plan_body` builds the plan PARTIAL (a remote plan's
+new transfer id recorded on the job), `done_body` the FINAL `done`, `refusal_code(admission)` the
+ERROR code of an engine's refusal. nodes/decode.py owns the logic.
 """
 
 from __future__ import annotations
 
+import uuid
 from dataclasses import dataclass, field
+from enum import Enum, StrEnum
 from typing import Any
 
 from bus.kv import TransferResult
-from nodes import cluster_wire as wire
-from nodes.engines.base import SamplingParams, TokenEvent
+from nodes import wire
+from nodes.engines.base import Admission, SamplingParams, TokenEvent
 from nodes.runtime import StageClock
+
+
+class JobState(Enum):
+    NEW = "new"                # planned, admission not decided yet
+    WAITING = "waiting"        # remote plan admitted: blocks held until its KV and kv_ready meet
+    RUNNING = "running"        # in the engine
+    FINISHED = "finished"      # its FINAL sent
+    FAILED = "failed"          # ended with an ERROR
+    CANCELLED = "cancelled"    # its client cancelled it
+
+
+class JobEvent(Enum):
+    RESERVE = "reserve"
+    KV_ARRIVED = "kv_arrived"
+    KV_READY = "kv_ready"
+    TRANSFER_FAILED = "transfer_failed"
+    START = "start"
+    FINISH = "finish"
+    FAIL = "fail"
+    CANCEL = "cancel"
+
+
+TRANSITIONS: dict[tuple[JobState, JobEvent], JobState] = {
+    (JobState.NEW, JobEvent.RESERVE): JobState.WAITING,
+    (JobState.NEW, JobEvent.START): JobState.RUNNING,
+    (JobState.NEW, JobEvent.FAIL): JobState.FAILED,
+    (JobState.WAITING, JobEvent.KV_ARRIVED): JobState.WAITING,
+    (JobState.WAITING, JobEvent.KV_READY): JobState.WAITING,
+    (JobState.WAITING, JobEvent.TRANSFER_FAILED): JobState.WAITING,
+    (JobState.WAITING, JobEvent.START): JobState.RUNNING,
+    (JobState.WAITING, JobEvent.FAIL): JobState.FAILED,
+    (JobState.WAITING, JobEvent.CANCEL): JobState.CANCELLED,
+    (JobState.RUNNING, JobEvent.FINISH): JobState.FINISHED,
+    (JobState.RUNNING, JobEvent.FAIL): JobState.FAILED,
+    (JobState.RUNNING, JobEvent.CANCEL): JobState.CANCELLED,
+}
+
+
+class JobError(RuntimeError):
+    """A decode job was asked to make a move its lifecycle does not allow."""
+
+
+class KvReadyRefusal(StrEnum):
+    MALFORMED = "malformed"
+    UNKNOWN_REQUEST = "unknown_request"
+    UNKNOWN_TRANSFER = "unknown_transfer"
+    WRONG_PEER = "wrong_peer"
+
+
+def next_state(state: JobState, event: JobEvent) -> JobState:
+    try:
+        return TRANSITIONS[(state, event)]
+    except KeyError:
+        raise JobError(f"no transition from {state} on {event}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,54 +104,106 @@ class DecodeJob:
     prompt: tuple[int, ...]
     sampling: SamplingParams
     session_id: str | None
-    plan: str
+    plan: wire.PlanKind
+    state: JobState = JobState.NEW
     num_blocks: int = 0
     transfer_ids: set[str] = field(default_factory=set)
     arrived: dict[str, TransferResult] = field(default_factory=dict)
     kv_ready: dict[str, int] = field(default_factory=dict)
     ready_peer: str | None = None      # the node whose kv_ready was accepted (DIRECT peer)
     ready_transfer: str = ""           # ...naming this transfer
-    running: bool = False
-    tokens: list[list] = field(default_factory=list)
+    tokens: list[wire.TokenBody] = field(default_factory=list)
     num_cached_tokens: int = 0
     kv_raw_bytes: int = 0
     kv_wire_bytes: int = 0
     expires_at: float = 0.0
     clock: StageClock = field(default_factory=StageClock)
 
-    def kv_ready_refusal(self, transfer_id: str, peer: str) -> str:
-        if self.running or self.plan != wire.PLAN_REMOTE:
-            return "unknown_request"
+    @property
+    def waiting(self) -> bool:
+        return self.state is JobState.WAITING
+
+    @property
+    def running(self) -> bool:
+        return self.state is JobState.RUNNING
+
+    def _move(self, event: JobEvent) -> None:
+        self.state = next_state(self.state, event)
+
+    def reserve(self, num_blocks: int, expires_at: float) -> None:
+        self._move(JobEvent.RESERVE)
+        self.num_blocks, self.expires_at = num_blocks, expires_at
+
+    def start(self) -> None:
+        self._move(JobEvent.START)
+        self.num_blocks = 0   # the engine holds its KV now
+
+    def finish(self) -> None:
+        self._move(JobEvent.FINISH)
+
+    def fail(self) -> None:
+        self._move(JobEvent.FAIL)
+
+    def cancel(self) -> None:
+        self._move(JobEvent.CANCEL)
+
+    def kv_arrived(self, result: TransferResult) -> None:
+        self._move(JobEvent.KV_ARRIVED)
+        self.arrived[result.transfer_id] = result
+
+    def kv_ready_refusal(self, transfer_id: str, peer: str) -> KvReadyRefusal | None:
+        if not self.waiting:
+            return KvReadyRefusal.UNKNOWN_REQUEST
         if transfer_id not in self.transfer_ids:
-            return "unknown_transfer"
+            return KvReadyRefusal.UNKNOWN_TRANSFER
         if self.ready_peer is not None and self.ready_peer != peer:
-            return "wrong_peer"
-        return ""
+            return KvReadyRefusal.WRONG_PEER
+        return None
 
     def accept_kv_ready(self, transfer_id: str, peer: str, first_token_id: int) -> None:
+        self._move(JobEvent.KV_READY)
         self.ready_peer, self.ready_transfer = peer, transfer_id
         self.kv_ready[transfer_id] = first_token_id
 
     def transfer_failed(self, transfer_id: str) -> None:
         """The receive of `transfer_id` failed: its kv_ready (if any) no longer binds the request,
         so the client's retry on another prefill node can be accepted."""
+        self._move(JobEvent.TRANSFER_FAILED)
         self.kv_ready.pop(transfer_id, None)
         if transfer_id == self.ready_transfer:
             self.ready_peer, self.ready_transfer = None, ""
 
+    def ready_transfer_id(self) -> str | None:
+        """A transfer whose verified KV and kv_ready are both here: the job can start from it."""
+        return next((t for t in self.kv_ready if t in self.arrived), None)
 
-def final_body(job: DecodeJob, event: TokenEvent, node_id: str, stats: Any, num_kv_bytes_received: int) -> dict:
+
+def plan_body(job: DecodeJob, node_id: str, data_endpoint: str) -> wire.PlanBody:
+    if job.plan == wire.PlanKind.REMOTE:
+        transfer_id = uuid.uuid4().hex
+        job.transfer_ids.add(transfer_id)
+        return wire.PlanBody.remote(node_id, data_endpoint, transfer_id)
+    if job.plan == wire.PlanKind.CACHED:
+        return wire.PlanBody.cached(node_id, job.num_cached_tokens)
+    return wire.PlanBody.local(node_id)
+
+
+def refusal_code(admission: Admission) -> wire.Code:
+    """`rejected` never fits this engine; anything else is `full` (no room now)."""
+    return wire.Code.REJECTED if admission.status == "rejected" else wire.Code.FULL
+
+
+def done_body(job: DecodeJob, event: TokenEvent, node_id: str, stats: Any,
+              num_kv_bytes_received: int) -> wire.DecodeDoneBody:
     """The FINAL `done`: every token streamed, usage, stage timings, the request's and the node's
     counters (`stats`: the engine's)."""
     num_output = event.index + (1 if event.token_id is not None else 0)
-    return {"type": "done", "node_id": node_id, "finish_reason": event.finish_reason,
-            "tokens": job.tokens, "plan": job.plan,
-            "usage": {"prompt_tokens": len(job.prompt), "completion_tokens": num_output},
-            "timings": {"kv_wait_s": job.clock.seconds("planned", "kv_arrived"),
-                        "decode_queue_s": job.clock.seconds("admitted", "first_token"),
-                        "decode_s": job.clock.seconds("first_token", "finished")},
-            "stats": {"num_cached_tokens": job.num_cached_tokens, "kv_raw_bytes": job.kv_raw_bytes,
-                      "kv_wire_bytes": job.kv_wire_bytes, "node_kv_bytes_received": num_kv_bytes_received,
-                      "node_prefilled_tokens": stats.num_prefilled_tokens,
-                      "node_imported_tokens": stats.num_imported_tokens,
-                      "node_reused_tokens": stats.num_reused_tokens}}
+    timings = wire.DecodeTimings(kv_wait_s=job.clock.seconds("planned", "kv_arrived"),
+                                 decode_queue_s=job.clock.seconds("admitted", "first_token"),
+                                 decode_s=job.clock.seconds("first_token", "finished"))
+    counters = {"num_cached_tokens": job.num_cached_tokens, "kv_raw_bytes": job.kv_raw_bytes,
+                "kv_wire_bytes": job.kv_wire_bytes, "node_kv_bytes_received": num_kv_bytes_received,
+                "node_prefilled_tokens": stats.num_prefilled_tokens,
+                "node_imported_tokens": stats.num_imported_tokens, "node_reused_tokens": stats.num_reused_tokens}
+    return wire.DecodeDoneBody(node_id, event.finish_reason, tuple(job.tokens), job.plan,
+                               wire.Usage(len(job.prompt), num_output), timings, counters)

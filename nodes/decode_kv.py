@@ -61,7 +61,7 @@ class KvLanding:
 
     def allocate(self, transfer_id: str, request_id: str, info: Any, mode: str) -> Any:
         job = self.jobs.get(request_id)
-        if job is None or job.running or info.shape[3] != len(job.prompt):
+        if job is None or not job.waiting or info.shape[3] != len(job.prompt):
             return None
         runner = self.engine.runner
         c = runner.config

@@ -1,7 +1,6 @@
 """The prefill side of a node (`pdbus prefill`, and the prefill half of `pdbus node --role both`).
 
-Contract (docs/CLUSTER.md step 3): a `prefill` REQUEST `{prompt_token_ids, sampling,
-decode_node_id, data_endpoint, transfer_id, request_id}` joins a `PrefillBatcher` (a batch runs
+Contract (docs/CLUSTER.md step 3): a `prefill` REQUEST (`wire.PrefillRequestBody`) joins a `PrefillBatcher` (a batch runs
 when the queued prompts reach `max_batch_tokens` or the oldest waited `max_wait`); after the pass
 the first token goes back at once (PARTIAL `token` index 0), the KV goes to the decode node's data
 endpoint on the KV thread (`KVSender`, mode/compression from `[kv]`), then a DIRECT `kv_ready` to
@@ -19,7 +18,7 @@ pass itself runs in one step (up to `max_batch_tokens`): nothing may interrupt i
 `queued_tokens` in the capacity counts queued prompts plus what running passes have left.
 CANCEL drops a queued prompt, stops computing it in a running pass, or aborts its send (the receiver
 frees its buffer), logged as `prefill_cancelled` with `stage`.
-A request body is checked on arrival (nodes/body_checks.py; ERROR `bad_request`). A handler that
+A request body is read on arrival (`wire.from_wire`, nodes/wire/; ERROR `bad_request`). A handler that
 raises ends its request with ERROR `internal` (`GuardedWork`); a pass whose start or chunk raises
 ends the prompts in it that have no first token yet the same way (`prefill_pass_failed`), and
 the node serves on.
@@ -39,13 +38,12 @@ from bus.kv.layout import DEFAULT_CHUNK_BYTES
 from bus.kv.link import gbit
 from bus.log import get_logger
 from bus.messages import Cancel, Request
-from nodes import body_checks as checks
-from nodes import cluster_wire as wire
+from nodes import wire
 from nodes.engines.base import PrefillPass, PrefillRequest, PrefillResult
 from nodes.engines.kv_quant import TorchQuantizer
 from nodes.engines.prefill import PrefillBatcher
 from nodes.node_settings import NodeSettings
-from nodes.runtime import GuardedWork, LoopThread, StageClock
+from nodes.runtime import GuardedWork, LoopThread, StageClock, engine_bounds
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,7 +65,7 @@ class PrefillJob:
     num_prompt_tokens: int
     urgent: bool = False     # a recovery (re-sent prefill, resumed stream): runs before queued work
     clock: StageClock = field(default_factory=StageClock)
-    first_token: tuple[int, str] | None = None
+    first_token: wire.TokenBody | None = None
     sending: bool = False
 
 
@@ -93,7 +91,7 @@ class PrefillWork(GuardedWork):
         self.sender = KVSender(quantizer=self.quantizer, faults=faults, security=settings.security,
                                link_bytes_per_s=gbit(settings.kv_link_gbit), chunk_bytes=chunk_bytes)
         self.jobs: dict[str, PrefillJob] = {}
-        self.limits = checks.engine_limits(engine)
+        self.bounds = engine_bounds(engine)
         self.counters: Counter[str] = Counter()   # refused / failed, by kind
         self.endpoint: Endpoint | None = None
         self.log = get_logger("prefill")
@@ -196,13 +194,13 @@ class PrefillWork(GuardedWork):
     # -- requests --------------------------------------------------------------------------
     def _on_request(self, request: Request) -> None:
         try:
-            body = checks.prefill_request(request.body, self.limits)
-        except checks.Refused as refusal:
+            body = wire.from_wire(wire.PrefillRequestBody, request.body, self.bounds)
+        except wire.Refused as refusal:
             self.counters["request.refused"] += 1
             self.log.info("prefill_refused", request_id=request.request_id, reason=refusal.reason)
-            self.endpoint.reply_error(request.request_id, wire.BAD_REQUEST, refusal.reason)
+            self.endpoint.reply_error(request.request_id, wire.Code.BAD_REQUEST, refusal.reason)
             return
-        job = PrefillJob(request.request_id, body.decode_request_id, body.decode_node_id, body.data_endpoint,
+        job = PrefillJob(request.request_id, body.request_id, body.decode_node_id, body.data_endpoint,
                          body.transfer_id, len(body.prompt), urgent=body.urgent)
         job.clock.mark("received")
         self.jobs[job.request_id] = job
@@ -214,8 +212,8 @@ class PrefillWork(GuardedWork):
         if job is None:   # cancelled while the pass ran
             return
         job.clock.mark("prefilled")
-        job.first_token = (result.first_token_id, result.text)
-        self.endpoint.reply(job.request_id, wire.token_body(0, result.first_token_id, result.text))
+        job.first_token = wire.TokenBody(0, result.first_token_id, result.text)
+        self.endpoint.reply(job.request_id, wire.to_wire(job.first_token))
         job.sending = True
         self.kv_thread.submit(self._send(job, result.kv))
 
@@ -225,8 +223,8 @@ class PrefillWork(GuardedWork):
                                             mode=self.settings.kv_quant, compression=self.settings.kv_compression)
             # Tell the decode node now: the node's thread may be inside its next prefill pass
             # for a second or more before it handles KvSendDone.
-            self.endpoint.send_direct(job.decode_node_id, wire.kv_ready_body(job.decode_request_id, job.transfer_id,
-                                                                             job.first_token[0]))
+            ready = wire.KvReadyBody(job.decode_request_id, job.transfer_id, job.first_token.token_id)
+            self.endpoint.send_direct(job.decode_node_id, wire.to_wire(ready))
             done = KvSendDone(job.request_id, report)
         except KVError as exc:
             done = KvSendDone(job.request_id, None, str(exc))
@@ -242,25 +240,27 @@ class PrefillWork(GuardedWork):
         job.clock.mark("sent")
         if done.report is None:
             self.log.warning("kv_send_failed", request_id=job.request_id, error=done.error)
-            self.endpoint.reply_error(job.request_id, wire.KV_FAILED, done.error, transfer_id=job.transfer_id,
+            self.endpoint.reply_error(job.request_id, wire.Code.KV_FAILED, done.error, transfer_id=job.transfer_id,
                                       node_id=self.endpoint.node_id)
             return
-        stats = done.report.stats
-        self.num_kv_bytes_sent += stats.wire_bytes
-        final = {
-            "type": "done", "node_id": self.endpoint.node_id, "token": [0, *job.first_token],
-            "transfer": {"transfer_id": job.transfer_id, "mode": stats.mode, "compression": stats.compression,
-                         "raw_bytes": stats.raw_bytes, "wire_bytes": stats.wire_bytes, "retries": stats.retries,
-                         "checksum_failures": stats.checksum_failures, "resends": stats.resends,
-                         "seconds": round(stats.seconds, 6)},
-            "timings": {"queue_s": job.clock.seconds("received", "prefill_started"),
-                        "prefill_s": job.clock.seconds("prefill_started", "prefilled"),
-                        "kv_transfer_s": job.clock.seconds("prefilled", "sent")},
-            "stats": {"num_prefilled_tokens": self.engine.stats.num_prefilled_tokens,
-                      "num_kv_bytes_sent": self.num_kv_bytes_sent}}
-        self.endpoint.reply_final(job.request_id, final)
+        self.num_kv_bytes_sent += done.report.stats.wire_bytes
+        final = self._done_body(job, done.report)
+        self.endpoint.reply_final(job.request_id, wire.to_wire(final))
         self.log.info("prefill_done", request_id=job.request_id, decode_request_id=job.decode_request_id,
-                      num_prompt_tokens=job.num_prompt_tokens, wire_bytes=stats.wire_bytes, timings=final["timings"])
+                      num_prompt_tokens=job.num_prompt_tokens, wire_bytes=final.transfer.wire_bytes,
+                      timings=final.timings.measured())
+
+    def _done_body(self, job: PrefillJob, report: TransferReport) -> wire.PrefillDoneBody:
+        """The FINAL `done`: the first token again, the transfer's report, stage timings, node counters."""
+        s = report.stats
+        transfer = wire.TransferReport(job.transfer_id, s.mode, s.compression, s.raw_bytes, s.wire_bytes, s.retries,
+                                       s.checksum_failures, s.resends, round(s.seconds, 6))
+        timings = wire.PrefillTimings(queue_s=job.clock.seconds("received", "prefill_started"),
+                                      prefill_s=job.clock.seconds("prefill_started", "prefilled"),
+                                      kv_transfer_s=job.clock.seconds("prefilled", "sent"))
+        stats = {"num_prefilled_tokens": self.engine.stats.num_prefilled_tokens,
+                 "num_kv_bytes_sent": self.num_kv_bytes_sent}
+        return wire.PrefillDoneBody(self.endpoint.node_id, job.first_token, transfer, timings, stats)
 
     def _on_cancel(self, request_id: str) -> None:
         transfer_id = self.jobs[request_id].transfer_id

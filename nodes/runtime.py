@@ -14,7 +14,7 @@ Contract for a `Work` (nodes/prefill.py, nodes/decode.py): `prepare() -> data en
 (before the endpoint exists), `attach(endpoint)`, `on_message(message) -> bool` (True: mine),
 `work(now) -> bool` (True: did something, poll again at once), `next_deadline() -> float | None`,
 `capacity() -> dict`, `close()`. `run_node(settings, make_works)` wires it all and serves until
-SIGINT/SIGTERM.
+SIGINT/SIGTERM. `engine_bounds(engine)` is what a work checks peer bodies against (nodes/wire/).
 Nothing one request does ends the loop: works guard each handler (`GuardedWork`: the request
 ends with ERROR `internal`, what it held is freed), and the loop itself catches what a work's turn
 or a message's dispatch still raises (`work_failed`, `message_failed`, counted in `counters`).
@@ -39,13 +39,12 @@ import uvloop
 from bus.endpoint import Endpoint
 from bus.log import get_logger
 from bus.messages import Cancel, Direct, Error, Request
-from nodes.body_checks import summary as body_summary
+from nodes import wire
 from nodes.heap import HeapTrimmer, configure_decode_heap, freeze_startup_objects
 from nodes.node_settings import NodeSettings
 
 IDLE_POLL_S = 0.1
 CAPACITY_MIN_INTERVAL_S = 0.02
-INTERNAL = "internal"   # ERROR code: the node failed while serving the request (our bug, not the request's)
 
 
 class LoopThread:
@@ -117,7 +116,7 @@ class GuardedWork:
         except Exception:
             self.log.exception("release_failed", request_id=request_id)
         if reply:
-            self.endpoint.reply_error(request_id, INTERNAL, "the node failed while serving this request",
+            self.endpoint.reply_error(request_id, wire.Code.INTERNAL, "the node failed while serving this request",
                                       node_id=self.endpoint.node_id)
 
 
@@ -129,7 +128,7 @@ def message_summary(message: Any) -> dict[str, Any]:
         if isinstance(value := getattr(message, name, None), str):
             summary[name] = value[:128]
     if hasattr(message, "body"):
-        summary["body"] = body_summary(message.body)
+        summary["body"] = wire.summary(message.body)
     return summary
 
 
@@ -205,14 +204,15 @@ class NodeLoop:
         except Exception:   # a bad message must not take the node (and every other stream) down
             self._count_failure("message_failed", **message_summary(message))
             if isinstance(message, Request):
-                self.endpoint.reply_error(message.request_id, INTERNAL, "the node failed to handle this request")
+                self.endpoint.reply_error(message.request_id, wire.Code.INTERNAL, "the node failed to handle this request")
 
     def _offer(self, message: Any) -> None:
         for work in self.works:
             if work.on_message(message):
                 return
         if isinstance(message, Request):
-            self.endpoint.reply_error(message.request_id, "bad_request", f"no service {message.service[:128]!r} here")
+            self.endpoint.reply_error(message.request_id, wire.Code.BAD_REQUEST,
+                                      f"no service {message.service[:128]!r} here")
         elif isinstance(message, Error | Direct | Cancel):
             self.log.info("unhandled_message", **message_summary(message))
 
@@ -231,6 +231,11 @@ class NodeLoop:
             self._capacity, self._capacity_sent_at = capacity, now
             self.endpoint.update_capacity(capacity)
             self.log.info("capacity_updated", capacity=capacity)
+
+
+def engine_bounds(engine: Any) -> wire.Bounds:
+    """The engine's vocabulary and context: what a node checks token ids and prompts against."""
+    return wire.Bounds(vocab_size=int(engine.runner.config.vocab_size), max_model_len=int(engine.max_model_len))
 
 
 def prefer_passive_openmp() -> None:

@@ -36,12 +36,12 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
+from bus.constants import ErrorCode
 from bus.routing import Defer, Refuse
 from scheduler.registry import DECODE_ROLES, NodeView, PrefillLoads, decode_is_full
 from scheduler.ring import BoundedLoadRing
 from scheduler.sessions import SessionTable
 
-OVERLOADED = "overloaded"
 MAX_PREFILL_KEY_DIGITS = 9   # a prompt length; longer "numbers" are peer noise, not a load
 
 
@@ -147,7 +147,7 @@ class ClusterPolicy:
         message = f"all {num_nodes} decode nodes are full"
         if settings.queue_size == 0:
             self.metrics["decode.overloaded"] += 1
-            return Refuse(OVERLOADED, message, retry_after_s=settings.retry_after_s)
+            return Refuse(ErrorCode.OVERLOADED, message, retry_after_s=settings.retry_after_s)
         self.metrics["decode.all_full"] += 1
         return Defer(settings.queue_size, settings.queue_timeout_s, settings.retry_after_s, message)
 

@@ -8,7 +8,7 @@ Contract:
 - `Backend(client, model, config)`: `start_generation(api_request, request_id, session_id) ->
   Generation` (tokenize, check the context, build SamplingParams, start the cluster request on the
   tenant-scoped `session_id`; ApiError 400 for what cannot run, and for anything the bus could
-  not carry: `cluster_wire.Uncarriable` from `ClusterClient.generate`, naming the API field),
+  not carry: `wire.Uncarriable` from `ClusterClient.generate`, naming the API field),
   `await readiness() -> dict` (cached for `ready_cache_s`).
 Readiness: the broker has no query for its registry, so the gateway probes it with what it
 already has: one deliberately empty request to each service (`prefill`, `decode`). No live node
@@ -27,16 +27,16 @@ from typing import Any
 
 from bus.constants import BROKER_STATS_SERVICE
 from bus.mailbox import BusError
-from nodes.cluster_wire import Uncarriable
 from nodes.engines.base import SamplingParams
 from nodes.gateway.config import GatewayConfig
 from nodes.gateway.errors import bad_request
 from nodes.gateway.schema import ApiRequest, tokenize
+from nodes.wire import Code, Uncarriable
 
 PROBE_SERVICES = ("prefill", "decode")
 PROBE_KEY = "pdbus-ready-probe"
 PROBE_TIMEOUT_S = 2.0
-ALIVE_CODES = {"bad_request", "overloaded", "full", "rejected"}
+ALIVE_CODES = {Code.BAD_REQUEST, Code.OVERLOADED, Code.FULL, Code.REJECTED}
 
 
 @dataclass(frozen=True)
@@ -117,6 +117,7 @@ class Backend:
     async def _probe(self, service: str) -> bool:
         if not self.client.bus.endpoint.registered:
             return False
+        # Deliberately no valid body of the service: a live node refuses it without touching its engine.
         stream = self.client.bus.stream(service, {"type": "probe"}, key=PROBE_KEY, timeout=PROBE_TIMEOUT_S)
         try:
             async for _ in stream:

@@ -1,7 +1,7 @@
 """Field validators for request bodies (pure): each returns the field's value or raises the
 gateway's 400 (`ApiError`) naming the field. Used by nodes/gateway/schema.py.
 
-Contract: the bounds are what the cluster's bus carries (nodes/cluster_wire.py), so a value
+Contract: the bounds are what the cluster's bus carries (nodes/wire/carriable.py), so a value
 accepted here can be sent: text is UTF-8 encodable (JSON's `\\ud800` escapes decode to lone
 surrogates, which are not), integers fit their field's range (at most 64 bits), numbers are
 finite, the body nests at most `MAX_DEPTH` levels. A session id (`session_id` or the
@@ -17,7 +17,7 @@ import re
 from typing import Any
 
 from bus import wire_checks
-from nodes import cluster_wire as wire
+from nodes import wire
 from nodes.gateway.errors import bad_request
 
 MAX_DEPTH = wire.MAX_DEPTH

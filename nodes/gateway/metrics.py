@@ -5,7 +5,7 @@ of every generation (TTFT, TPOT, inter-token latency, end-to-end, stage times, K
 compression ratio, failovers, retries, failures by code, tokens), `set_services(ready)` from
 /ready, `in_flight` / `buffered` gauges; `render() -> (bytes, content_type)` for GET /metrics.
 Names: `pdbus_*`, seconds and bytes in base units, counters end in `_total`.
-Every label value is from a fixed set: a failure's code is `cluster_wire.code_label(code)` (a code
+Every label value is from a fixed set: a failure's code is `wire.code_label(code)` (a code
 a node invents is `other`). What a node reported (the trace's timings, the decode FINAL's `stats`,
 the KV transfer reports) is read defensively: a value of the wrong type or range is skipped and
 counted in `pdbus_ignored_node_values_total`, never an exception.
@@ -25,7 +25,7 @@ from prometheus_client import (
     generate_latest,
 )
 
-from nodes.cluster_wire import code_label
+from nodes.wire import code_label
 
 LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)

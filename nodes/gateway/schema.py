@@ -65,7 +65,7 @@ def _stop(body: dict) -> tuple[str, ...]:
         raise bad_request("'stop' must be a string or a list of strings", "stop")
     if len(stops) > MAX_STOPS:
         raise bad_request(f"'stop' takes at most {MAX_STOPS} strings", "stop")
-    if any(len(s) > MAX_STOP_CHARS for s in stops):   # what a decode node accepts (nodes/body_checks.py)
+    if any(len(s) > MAX_STOP_CHARS for s in stops):   # what a decode node accepts (nodes/wire/request_readers.py)
         raise bad_request(f"each 'stop' string has at most {MAX_STOP_CHARS} characters", "stop")
     return tuple(text(s, "stop") for s in stops if s)
 

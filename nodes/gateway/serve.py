@@ -9,7 +9,8 @@ for token in served.tokens()` yields StreamTokens (ClusterError / StalledConsume
 `served.info()` is the `pdbus` object, which names the client's own session id, never the
 cluster's. Whatever the ending, `__aexit__` aborts the cluster request and releases the limits.
 `cluster_error(exc) -> ApiError` maps the cluster's refusals: `overloaded` -> 503 + Retry-After,
-`rejected`/`bad_request` -> 400, anything else -> 503.
+`rejected`/`bad_request` -> 400, anything else -> 503. `outcome_of(exc) -> Outcome`: how a request
+ended, the `outcome` label of `pdbus_requests_total` and of the access log.
 """
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import asyncio
 import math
 import time
 import uuid
+from enum import StrEnum
 from typing import Any
 
 from aiohttp import web
@@ -28,18 +30,35 @@ from nodes.gateway.errors import ApiError
 from nodes.gateway.openai_format import pdbus_info
 from nodes.gateway.relay import Relay, StalledConsumer
 from nodes.gateway.tenants import cluster_session_id, new_session_id
+from nodes.wire import Code
 
-BAD_INPUT_CODES = {"rejected", "bad_request", "malformed", "oversized"}
+BAD_INPUT_CODES = {Code.REJECTED, Code.BAD_REQUEST, Code.MALFORMED, Code.OVERSIZED}
 GATEWAY = web.AppKey("gateway", object)      # the app's `Gateway` (nodes/gateway/app.py)
 IDENTITY = web.RequestKey("identity", str)   # who the rate limits count: the key's tenant or client address
 TENANT = web.RequestKey("tenant", str)       # whose sessions: tenants.tenant_of(API key), "" without keys
 log = get_logger("gateway")
 
 
+class Outcome(StrEnum):
+    OK = "ok"
+    BAD_REQUEST = "bad_request"
+    UNAUTHORIZED = "unauthorized"
+    RATE_LIMITED = "rate_limited"
+    OVERLOADED = "overloaded"
+    UNAVAILABLE = "unavailable"
+    STALLED = "stalled"          # the consumer stopped reading
+    CANCELLED = "cancelled"      # the client went away
+    ERROR = "error"
+
+
+_OUTCOME_OF_STATUS = {400: Outcome.BAD_REQUEST, 401: Outcome.UNAUTHORIZED, 404: Outcome.BAD_REQUEST,
+                      413: Outcome.BAD_REQUEST, 429: Outcome.RATE_LIMITED, 503: Outcome.UNAVAILABLE}
+
+
 def cluster_error(exc: ClusterError) -> ApiError:
-    if exc.code == "overloaded":
+    if exc.code == Code.OVERLOADED:
         retry_after = max(1, math.ceil(float(exc.details.get("retry_after_s") or 1.0)))
-        return ApiError(503, f"the cluster is overloaded; retry after {retry_after}s", code="overloaded",
+        return ApiError(503, f"the cluster is overloaded; retry after {retry_after}s", code=Code.OVERLOADED,
                         headers={"Retry-After": str(retry_after)})
     if exc.code in BAD_INPUT_CODES:
         return ApiError(400, f"the cluster refused the request: {exc.message}", code=exc.code)
@@ -47,20 +66,20 @@ def cluster_error(exc: ClusterError) -> ApiError:
                     headers={"Retry-After": "1"})
 
 
-def outcome_of(exc: BaseException | None) -> str:
+def outcome_of(exc: BaseException | None) -> Outcome:
     if exc is None:
-        return "ok"
+        return Outcome.OK
     if isinstance(exc, ApiError):
-        return {400: "bad_request", 401: "unauthorized", 404: "bad_request", 413: "bad_request",
-                429: "rate_limited", 503: "overloaded" if exc.code == "overloaded" else "unavailable"
-                }.get(exc.status, "error")
+        if exc.status == 503 and exc.code == Code.OVERLOADED:
+            return Outcome.OVERLOADED
+        return _OUTCOME_OF_STATUS.get(exc.status, Outcome.ERROR)
     if isinstance(exc, StalledConsumer):
-        return "stalled"
+        return Outcome.STALLED
     if isinstance(exc, asyncio.CancelledError | ConnectionError):
-        return "cancelled"
+        return Outcome.CANCELLED
     if isinstance(exc, ClusterError):
         return outcome_of(cluster_error(exc))
-    return "error"
+    return Outcome.ERROR
 
 
 class Served:
@@ -72,7 +91,7 @@ class Served:
         self.api_request: Any = None
         self.token_times: list[float] = []
         self.started = time.monotonic()
-        self.outcome: str | None = None
+        self.outcome: Outcome | None = None
         self._admitted = False
 
     async def __aenter__(self) -> Served:
@@ -96,7 +115,8 @@ class Served:
     def finish(self, exc: BaseException | None) -> None:
         if self.outcome is not None:
             return
-        self.outcome = outcome_of(exc) if exc is not None or self.relay is None or self.relay.result else "cancelled"
+        ended_early = exc is None and self.relay is not None and not self.relay.result
+        self.outcome = Outcome.CANCELLED if ended_early else outcome_of(exc)
         ended = time.monotonic()
         self.gateway.metrics.observe_request(self.endpoint, self.outcome)
         result = self.relay.result if self.relay is not None else None

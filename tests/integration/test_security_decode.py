@@ -11,7 +11,7 @@ import torch
 
 from bus.kv import KVSender, KVTransferFailed, SendConfig
 from bus.messages import Direct
-from nodes import cluster_wire as wire
+from nodes import wire
 from nodes.engines.kv_quant import TorchQuantizer
 from tests.bus.security_helpers import config_for, make_keys
 from tests.nodes.test_decode_node import PROMPT, make_work, request
@@ -72,7 +72,7 @@ def test_forged_transfers_are_refused_counted_and_never_decoded(secured):
     assert work.jobs["r1"].arrived == {} and not work.jobs["r1"].running   # still waiting, untouched
     # The real transfer, then its kv_ready over the (authenticated) control plane: decoding starts.
     assert _send(kv_thread, prefill, plan["data_endpoint"], plan["transfer_id"], "r1", kv).ok
-    work.on_message(Direct("prefill-1", wire.kv_ready_body("r1", plan["transfer_id"], 7)))
+    work.on_message(Direct("prefill-1", wire.to_wire(wire.KvReadyBody("r1", plan["transfer_id"], 7))))
     _take_inbox(work, endpoint)
     assert "r1" not in work.jobs or work.jobs["r1"].running
 
@@ -81,8 +81,8 @@ def test_a_kv_ready_alone_never_starts_decoding(secured):
     work, endpoint, _, _ = secured
     assert work.on_message(request("r1"))
     (plan,) = endpoint.of("partial", "r1")
-    work.on_message(Direct("someone", wire.kv_ready_body("r1", plan["transfer_id"], 7)))
-    work.on_message(Direct("someone", wire.kv_ready_body("r1", "made-up", 7)))
+    work.on_message(Direct("someone", wire.to_wire(wire.KvReadyBody("r1", plan["transfer_id"], 7))))
+    work.on_message(Direct("someone", wire.to_wire(wire.KvReadyBody("r1", "made-up", 7))))
     assert not work.jobs["r1"].running and not work.engine.has_unfinished()
 
 
@@ -126,7 +126,7 @@ def test_a_decode_node_process_outlives_a_hostile_prefill_peer_and_keeps_serving
     from tests.nodes.cluster_fakes import tiny_engine
 
     tiny = load("tiny")
-    sampling = wire.sampling_to_wire(SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
+    sampling = wire.to_wire(SamplingParams(temperature=0.0, max_tokens=4, ignore_eos=True))
     kv_thread = LoopThread("kv-rogue")
     with ClusterProcs(num_prefill=1, num_decode=1) as cluster:
         with Endpoint(cluster.broker_endpoint, "prefill", "rogue-prefill") as rogue:
@@ -141,9 +141,9 @@ def test_a_decode_node_process_outlives_a_hostile_prefill_peer_and_keeps_serving
             kv = torch.nn.init.normal_(tiny_engine().runner.new_kv(len(PROMPT)))
             assert _send(kv_thread, None, plan["data_endpoint"], plan["transfer_id"], stream.request_id, kv).ok
             for change in HOSTILE_KV_READY_FIELDS:
-                body = wire.kv_ready_body(stream.request_id, plan["transfer_id"], 7) | change
+                body = wire.to_wire(wire.KvReadyBody(stream.request_id, plan["transfer_id"], 7)) | change
                 rogue.send_direct("decode-0", body)
-            rogue.send_direct("decode-0", wire.kv_ready_body(stream.request_id, plan["transfer_id"], 7))
+            rogue.send_direct("decode-0", wire.to_wire(wire.KvReadyBody(stream.request_id, plan["transfer_id"], 7)))
             replies = list(stream)
             assert replies[-1].body["type"] == "done" and len(replies[-1].body["tokens"]) == 3
         decode = cluster.nodes["decode-0"]

@@ -12,7 +12,7 @@ from bus.kv import TransferResult
 from bus.kv.layout import KVInfo
 from bus.kv.stats import TransferStats
 from bus.messages import Direct
-from nodes import cluster_wire as wire
+from nodes import wire
 from nodes.decode import KvArrived
 from tests.nodes.test_decode_node import PROMPT, make_work, prefilled, request
 
@@ -39,7 +39,7 @@ def receive(work, transfer_id, request_id="r1", ok=True):
 
 
 def ready(work, peer, transfer_id, first_token_id=7, request_id="r1"):
-    assert work.on_message(Direct(peer, wire.kv_ready_body(request_id, transfer_id, first_token_id)))
+    assert work.on_message(Direct(peer, wire.to_wire(wire.KvReadyBody(request_id, transfer_id, first_token_id))))
 
 
 def test_a_kv_ready_naming_a_transfer_this_node_never_planned_is_dropped_and_counted(waiting):

@@ -13,13 +13,13 @@ from bus.kv import RawPieces, TransferResult
 from bus.kv.layout import KVInfo
 from bus.kv.stats import TransferStats
 from bus.messages import Cancel, Direct, Request
-from nodes import cluster_wire as wire
+from nodes import wire
 from nodes.decode import DecodeWork, KvArrived
 from nodes.engines.base import PrefillRequest, SamplingParams
 from tests.nodes.cluster_fakes import FakeEndpoint, tiny_engine, tiny_settings
 from tests.nodes.engines.engine_helpers import raw_pieces
 
-GREEDY = wire.sampling_to_wire(SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+GREEDY = wire.to_wire(SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]
 
 
@@ -141,7 +141,7 @@ def test_kv_ready_without_verified_kv_starts_nothing(kv_thread):
     work, endpoint, _ = make_work(kv_thread)
     work.on_message(request())
     transfer_id = endpoint.of("partial", "r1")[0]["transfer_id"]
-    assert work.on_message(Direct("prefill-0", wire.kv_ready_body("r1", transfer_id, 3)))
+    assert work.on_message(Direct("prefill-0", wire.to_wire(wire.KvReadyBody("r1", transfer_id, 3))))
     assert not work.jobs["r1"].running and not work.engine.has_unfinished()
 
 
@@ -173,7 +173,7 @@ def test_finished_sessions_count_as_available_kv_not_as_full(kv_thread):
 # -- received KV in reused buffers (nodes/kv_buffers.py) -------------------------------------
 def prefilled(prompt):
     """The prompt's KV and first token from another engine on the same weights (a prefill node)."""
-    result = tiny_engine().prefill([PrefillRequest("p", tuple(prompt), wire.sampling_from_wire(GREEDY))])[0]
+    result = tiny_engine().prefill([PrefillRequest("p", tuple(prompt), wire.from_wire(wire.SamplingParams, GREEDY))])[0]
     return result.kv, result.first_token_id
 
 
@@ -187,7 +187,7 @@ def arrive(work, endpoint, request_id, prompt, *, ready=True):
     stats = TransferStats(transfer_id, request_id, raw_bytes=kv.nbytes)
     work.on_message(KvArrived(TransferResult(transfer_id, request_id, True, dst, 0, "", stats)))
     if ready:
-        work.on_message(Direct("prefill-0", wire.kv_ready_body(request_id, transfer_id, first_token_id)))
+        work.on_message(Direct("prefill-0", wire.to_wire(wire.KvReadyBody(request_id, transfer_id, first_token_id))))
     return dst
 
 
@@ -246,7 +246,7 @@ def test_raw_kv_is_kept_as_its_frames_copied_once_by_the_engine_and_then_let_go(
         pieces.keep(spec, payload)
     stats = TransferStats(transfer_id, "r1", raw_bytes=kv.nbytes)
     work.on_message(KvArrived(TransferResult(transfer_id, "r1", True, pieces, 0, "", stats)))
-    work.on_message(Direct("prefill-0", wire.kv_ready_body("r1", transfer_id, first_token_id)))
+    work.on_message(Direct("prefill-0", wire.to_wire(wire.KvReadyBody("r1", transfer_id, first_token_id))))
     assert work.jobs["r1"].running and pieces.num_pieces == 0   # the engine copied them; the frames are let go
     run_until_idle(work)
     assert streamed(endpoint, "r1") == streamed(local_endpoint, "l1")[1:]

@@ -14,7 +14,7 @@ from bus.kv import TransferResult
 from bus.kv.layout import KVInfo
 from bus.kv.stats import TransferStats
 from bus.messages import Direct, Request
-from nodes import cluster_wire as wire
+from nodes import wire
 from nodes.colocated import node_works
 from nodes.decode import KvArrived
 from nodes.runtime import NodeLoop
@@ -100,13 +100,13 @@ def test_a_hostile_kv_ready_is_dropped_counted_and_the_node_serves_on(decode_nod
     served.start().post(request("r1"))
     transfer_id = served.wait_for("partial", "r1")[0]["transfer_id"]
     first_token_id = land_kv(work, transfer_id, "r1")
-    body = wire.kv_ready_body("r1", transfer_id, first_token_id) | change
+    body = wire.to_wire(wire.KvReadyBody("r1", transfer_id, first_token_id)) | change
     served.post(Direct("prefill-0", {k: v for k, v in body.items() if v is not MISSING}))
     served.post(request("r2", prefill="local"))
     served.wait_for("final", "r2")
     assert served.endpoint.of("partial", "r1")[1:] == [] and not served.endpoint.of("error", "r1")
     assert work.counters["kv_ready.malformed"] == 1
-    served.post(Direct("prefill-0", wire.kv_ready_body("r1", transfer_id, first_token_id)))   # the real one
+    served.post(Direct("prefill-0", wire.to_wire(wire.KvReadyBody("r1", transfer_id, first_token_id))))   # the real one
     served.wait_for("final", "r1")
     assert served.thread.is_alive()
 
@@ -118,7 +118,7 @@ def test_verified_kv_full_of_nan_ends_its_request_not_the_node(decode_node):
     served.start().post(request("r1"))
     transfer_id = served.wait_for("partial", "r1")[0]["transfer_id"]
     first_token_id = land_kv(work, transfer_id, "r1", fill=float("nan"))
-    served.post(Direct("prefill-0", wire.kv_ready_body("r1", transfer_id, first_token_id)))
+    served.post(Direct("prefill-0", wire.to_wire(wire.KvReadyBody("r1", transfer_id, first_token_id))))
     deadline = time.monotonic() + 20
     while not (ended := served.endpoint.of("error", "r1") + served.endpoint.of("final", "r1")):
         assert served.thread.is_alive() and time.monotonic() < deadline
@@ -138,7 +138,7 @@ def test_unsound_kv_ends_only_its_request_and_its_batch_mates_stream_on(decode_n
     transfer_id = served.wait_for("partial", "r1")[0]["transfer_id"]
     served.wait_for("partial", "healthy")
     first_token_id = land_kv(work, transfer_id, "r1", fill=float("nan"))
-    served.post(Direct("prefill-0", wire.kv_ready_body("r1", transfer_id, first_token_id)))
+    served.post(Direct("prefill-0", wire.to_wire(wire.KvReadyBody("r1", transfer_id, first_token_id))))
     assert served.wait_for("error", "r1")[0]["code"] == "internal"
     final = served.wait_for("final", "healthy", timeout=60)[0]
     assert final["finish_reason"] == "length" and not served.endpoint.of("error", "healthy")

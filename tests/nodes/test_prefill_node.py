@@ -11,12 +11,12 @@ import torch
 
 from bus.kv import KVReceiver
 from bus.messages import Cancel, Request
-from nodes import cluster_wire as wire
+from nodes import wire
 from nodes.engines.base import SamplingParams
 from nodes.prefill import KvSendDone, PrefillWork
 from tests.nodes.cluster_fakes import FakeEndpoint, tiny_engine, tiny_settings
 
-GREEDY = wire.sampling_to_wire(SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
+GREEDY = wire.to_wire(SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
 PROMPT = [5, 6, 7, 8, 9, 10, 11, 12]
 
 
@@ -58,7 +58,7 @@ def test_first_token_then_kv_then_kv_ready_then_final(kv_thread):
     assert isinstance(take_inbox(work, endpoint), KvSendDone)
     (ready,) = endpoint.of("direct", "decode-a")
     (final,) = endpoint.of("final", "p1")
-    assert ready == wire.kv_ready_body("d1", "t1", token["token_id"])
+    assert ready == wire.to_wire(wire.KvReadyBody("d1", "t1", token["token_id"]))
     assert final["transfer"]["raw_bytes"] == final["transfer"]["wire_bytes"] > 0
     result = kv_thread.run(receiver.result("t1", timeout=5))
     assert result.ok and result.request_id == "d1" and result.kv.shape[3] == len(PROMPT)
@@ -90,7 +90,7 @@ def test_kv_ready_goes_out_from_the_kv_thread_before_the_node_thread_handles_the
     while not endpoint.of("direct") and time.monotonic() < deadline:
         time.sleep(0.01)   # nobody handles the inbox meanwhile: the node thread is "busy"
     (token,) = endpoint.of("partial", "p1")
-    assert endpoint.of("direct", "decode-a") == [wire.kv_ready_body("d1", "t1", token["token_id"])]
+    assert endpoint.of("direct", "decode-a") == [wire.to_wire(wire.KvReadyBody("d1", "t1", token["token_id"]))]
     assert not endpoint.of("final")
     assert isinstance(take_inbox(work, endpoint), KvSendDone) and len(endpoint.of("direct")) == 1
     assert endpoint.of("final", "p1")
@@ -146,7 +146,7 @@ def test_a_send_that_crashes_fails_the_transfer_instead_of_hanging(kv_thread):
     done = take_inbox(work, endpoint)
     assert isinstance(done, KvSendDone) and done.report is None and "internal" in done.error
     (error,) = endpoint.of("error", "p1")
-    assert error["code"] == wire.KV_FAILED and not work.jobs and not endpoint.of("direct")
+    assert error["code"] == wire.Code.KV_FAILED and not work.jobs and not endpoint.of("direct")
     work.close()
 
 
@@ -239,7 +239,7 @@ def keep_sends(work) -> dict:
 
 def wire_request(work, request_id, prompt):
     from nodes.engines.base import PrefillRequest
-    return PrefillRequest(request_id, tuple(prompt), wire.sampling_from_wire(GREEDY))
+    return PrefillRequest(request_id, tuple(prompt), wire.from_wire(wire.SamplingParams, GREEDY))
 
 
 def test_the_interrupted_pass_keeps_its_kv_and_recomputes_nothing(kv_thread):

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from bus.codec import pack
-from nodes import cluster_wire as wire
+from nodes import wire
 from nodes.engines.base import SamplingParams
 from nodes.gateway.errors import ApiError
 from nodes.gateway.schema import MAX_DEPTH, MAX_SESSION_ID_CHARS, parse_request
@@ -46,7 +46,7 @@ def nested(depth: int) -> object:
     ({"prompt": ["a\udfff"]}, "prompt"),
     ({"stop": ["ok", "\ud800"]}, "stop"),
     ({"stop": "\udc00"}, "stop"),
-    ({"stop": ["s" * 1025]}, "stop"),   # what a decode node refuses (nodes/body_checks.py)
+    ({"stop": ["s" * 1025]}, "stop"),   # what a decode node refuses (nodes/wire/request_readers.py)
     ({"user": "\ud800"}, "user"),
     ({"model": "\ud800"}, "model"),
     ({"session_id": "\ud800"}, "session_id"),
@@ -151,7 +151,7 @@ def check_parse(body: dict, chat: bool, header: str | None) -> None:
     pack(dataclasses.asdict(request))
     sampling = SamplingParams(temperature=request.temperature, top_k=request.top_k, top_p=request.top_p,
                               seed=request.seed, max_tokens=request.max_tokens or 1, stop=request.stop)
-    wire.check_carriable(wire.sampling_to_wire(sampling), "sampling")
+    wire.check_carriable(wire.to_wire(sampling), "sampling")
     if request.session_id is not None:
         wire.check_routing_key(request.session_id)
 

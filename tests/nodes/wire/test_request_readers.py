@@ -1,0 +1,56 @@
+"""What a node reads (nodes/wire/request_readers.py): what our client sends always passes unchanged;
+a prompt that can never fit is `rejected` in a decode request and `bad_request` elsewhere; a reason
+names fields and bounds, never a value from the body."""
+
+from __future__ import annotations
+
+from hypothesis import HealthCheck, given, settings
+
+from nodes import wire
+from tests.nodes.wire.strategies import BOUNDS, sampling
+
+SETTINGS = settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+
+
+def refusal(kind, body) -> wire.Refused:
+    try:
+        wire.from_wire(kind, body, BOUNDS)
+    except wire.Refused as refused:
+        return refused
+    raise AssertionError("accepted")
+
+
+@SETTINGS
+@given(sampling)
+def test_what_our_client_sends_always_passes_unchanged(params):
+    body = {"prompt_token_ids": [1, 2, 3], "sampling": wire.to_wire(params), "session_id": "chat-1",
+            "prefill": "auto", "resume": {"num_delivered": 3}}
+    assert wire.from_wire(wire.DecodeRequestBody, body, BOUNDS) == wire.DecodeRequestBody(
+        (1, 2, 3), params, "chat-1", wire.PrefillMode.AUTO, 3)
+    ready = wire.to_wire(wire.KvReadyBody("r" * 128, "t", 511))
+    assert wire.from_wire(wire.KvReadyBody, ready, BOUNDS) == wire.KvReadyBody("r" * 128, "t", 511)
+
+
+def test_defaults_fill_what_a_request_leaves_out():
+    body = wire.from_wire(wire.DecodeRequestBody, {"prompt_token_ids": [5], "session_id": ""}, BOUNDS)
+    assert body == wire.DecodeRequestBody((5,), wire.SamplingParams(), None, wire.PrefillMode.AUTO, 0)
+    assert wire.from_wire(wire.SamplingParams, {"max_tokens": 4, "unknown": 1}, BOUNDS).max_tokens == 4
+
+
+def test_reasons_name_fields_not_values():
+    refused = refusal(wire.KvReadyBody, {"type": "kv_ready", "request_id": "r", "transfer_id": "t",
+                                         "first_token_id": "SECRET" * 50})
+    assert "first_token_id" in refused.reason and "SECRET" not in refused.reason
+    assert refusal(wire.DecodeRequestBody, {"prompt_token_ids": [5] * 300}).code == wire.Code.REJECTED
+    assert refusal(wire.DecodeRequestBody, {"prompt_token_ids": [10**6]}).code == wire.Code.REJECTED
+    assert refusal(wire.PrefillRequestBody, {"prompt_token_ids": [10**6]}).code == wire.Code.BAD_REQUEST
+    assert refusal(wire.SamplingParams, {"max_tokens": 0}).code == wire.Code.BAD_REQUEST
+    assert "resume" in refusal(wire.DecodeRequestBody, {"prompt_token_ids": [5], "resume": "yes"}).reason
+
+
+def test_summary_is_bounded_whatever_the_value():
+    nested: list = []
+    for _ in range(10_000):
+        nested = [nested]
+    assert wire.summary(nested) == "list[1]"
+    assert wire.summary({"a": 1, "b": 2}) == "dict[2]" and wire.summary(3.5) == "float"
