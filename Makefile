@@ -99,19 +99,19 @@ model-info: install ## describe the prepared model and time its loading
 	$(BIN)/pdbus model info --time
 
 bench-bus: install ## broker vs a bare ROUTER relay: msg/s, round trip p50/p99, GB/s; CURVE on vs off
-	$(BENCH) -m harness.bench.bus --curve
+	$(BENCH) -m harness.bench.bus_bench --curve
 
 bench-kv: install ## KV codec and data plane throughput, per stage and end to end; CURVE on vs off
-	$(BENCH) -m harness.bench.kv --curve
+	$(BENCH) -m harness.bench.kv_bench --curve
 
 bench-kv-quality: install ## quality of each KV quantization mode on the real model
 	$(BENCH) -m harness.bench.kv_quality
 
 bench-engine: install ## engine prefill/decode speed beside transformers and rooflines
-	$(BENCH) -m harness.bench.engine
+	$(BENCH) -m harness.bench.engine_bench
 
 bench-engine-cuda: install ## the same on a CUDA GPU: the engine with and without CUDA graphs, transformers, rooflines
-	$(BENCH) -m harness.bench.engine --device cuda --steps 60
+	$(BENCH) -m harness.bench.engine_bench --device cuda --steps 60
 
 bench-kv-memory: install ## decode KV memory reserved at node start vs on demand: what requests wait (~1 min)
 	$(BENCH) -m harness.bench.kv_memory

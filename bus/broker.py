@@ -30,10 +30,10 @@ from zmq.utils.monitor import recv_monitor_message
 
 from bus import constants as c
 from bus.broker_core import BrokerCore
+from bus.broker_tables import BrokerEvent, CapacityChanged, NodeJoined, NodeLeft, PeerRejected
 from bus.liveness import HeartbeatConfig
 from bus.log import get_logger
 from bus.reactor import RouterReactor
-from bus.registry import BrokerEvent, CapacityChanged, NodeJoined, NodeLeft, PeerRejected
 from bus.routing import RoutingPolicy
 from bus.security import Gatekeeper, SecurityConfig, apply_server, principal_of
 

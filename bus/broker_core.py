@@ -13,7 +13,7 @@ Contract:
   `connection_lost`: a killed node is declared dead in about a third of the liveness window.
   A frozen or cut-off node keeps its connection and is still judged by its silence.
 - Results accumulate in `outbox` (lists `[identity, *frames]` to send as they are) and `events`
-  (`bus.registry` events for logs and listeners); the shell takes them with `take_outbox()` /
+  (`bus.broker_tables` events for logs and listeners); the shell takes them with `take_outbox()` /
   `take_events()`. `metrics` counts routed and dropped messages and joins/leaves.
 - A policy may defer a REQUEST (`bus.routing.Defer`): it waits in a bounded queue per service
   and is offered again on every join, CAPACITY and tick (see `bus.broker_routes`).
@@ -40,11 +40,11 @@ from bus import codec
 from bus import constants as c
 from bus.broker_admission import Admission
 from bus.broker_routes import RouteTable
+from bus.broker_tables import BrokerEvent, CapacityChanged, Node, NodeJoined, NodeLeft, PeerRejected
 from bus.codec import HEADERS, ProtocolError
 from bus.constants import Command, DisconnectReason, DropReason, LeaveReason
 from bus.liveness import HeartbeatConfig, LinkTimers
 from bus.messages import Disconnect, Error, Ready
-from bus.registry import BrokerEvent, CapacityChanged, Node, NodeJoined, NodeLeft, PeerRejected
 from bus.routing import LeastOutstandingPolicy, RoutingPolicy
 
 _HEARTBEAT = [HEADERS[Command.HEARTBEAT]]

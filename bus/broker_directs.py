@@ -32,7 +32,7 @@ from bus.constants import Command, ErrorCode
 MAX_HELD_BYTES = 64 << 20   # what DIRECTs waiting for their peer may hold in all
 
 if TYPE_CHECKING:
-    from bus.registry import Node
+    from bus.broker_tables import Node
 
 
 @dataclass(slots=True)

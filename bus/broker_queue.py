@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from bus.registry import Node
+from bus.broker_tables import Node
 
 MAX_QUEUED_BYTES = 256 << 20
 

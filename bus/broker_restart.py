@@ -16,10 +16,10 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+from bus.broker_tables import Node, Route
 from bus.codec import raw_bytes
 from bus.constants import Command, ErrorCode
 from bus.messages import Ready
-from bus.registry import Node, Route
 
 if TYPE_CHECKING:
     from collections import Counter

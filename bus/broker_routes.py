@@ -24,10 +24,10 @@ from bus import constants as c
 from bus.broker_directs import DirectRoutes, HeldDirects
 from bus.broker_queue import MAX_QUEUED_BYTES, Deferred, DeferredQueue
 from bus.broker_restart import RestartRoutes
+from bus.broker_tables import Node, Route
 from bus.codec import ProtocolError, raw_bytes
 from bus.constants import CancelReason, Command, ErrorCode
 from bus.messages import Cancel, Final
-from bus.registry import Node, Route
 from bus.routing import Defer, Refuse, RoutingPolicy
 
 if TYPE_CHECKING:

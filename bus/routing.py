@@ -14,7 +14,7 @@ Contract (the seam the cluster scheduler plugs into the broker):
   `retry_after_s`) when that queue is full or the request waited `timeout_s`. A queued request
   is offered again with the same arguments; deferring it again keeps it at the queue's head.
   Called on the hot path: O(candidates) or better.
-Nodes are `bus.registry.Node` objects owned by the broker: read them, never mutate them.
+Nodes are `bus.broker_tables.Node` objects owned by the broker: read them, never mutate them.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Protocol
 
-from bus.registry import Node
+from bus.broker_tables import Node
 
 
 class Refuse(Exception):

@@ -29,7 +29,7 @@ from bus.security import (
     load_keypair,
     load_public_key,
 )
-from nodes.settings import section
+from nodes.config_file import section
 
 DEFAULT_KEY_DIR = "keys"
 log = get_logger("security")

@@ -1,4 +1,4 @@
-"""The `pdbus` console script: dispatches to `nodes.commands.<name>` lazily.
+"""The `pdbus` console script: dispatches to `nodes.commands.<name>_cmd` lazily.
 
 Contract: `main(argv) -> int`. Each entry of `SUBCOMMANDS` names the module implementing it
 (see `nodes.commands`) and a one-line help; modules are imported only when their command runs.
@@ -12,22 +12,22 @@ import importlib
 import sys
 
 from bus.log import configure_logging
-from nodes.settings import SettingsError
+from nodes.config_file import SettingsError
 
 SUBCOMMANDS: dict[str, tuple[str, str]] = {
-    "broker": ("nodes.commands.broker", "run the ZeroMQ broker (ROUTER) that nodes register with"),
-    "cluster": ("nodes.commands.cluster", "run a local cluster from the config (broker + nodes), foreground"),
-    "prefill": ("nodes.commands.prefill", "run a prefill node"),
-    "decode": ("nodes.commands.decode", "run a decode node"),
-    "node": ("nodes.commands.node", "run a node by role (`--role both`: colocated prefill+decode)"),
-    "gateway": ("nodes.commands.gateway", "run the OpenAI-compatible HTTP/SSE + WebSocket gateway"),
-    "client": ("nodes.commands.client", "stream a completion or chat over the gateway's WebSocket"),
-    "complete": ("nodes.commands.complete", "stream a completion through the cluster (bus-level client)"),
-    "model": ("nodes.commands.model", "prepare or inspect the model (`pdbus model prepare`)"),
-    "generate": ("nodes.commands.generate", "generate locally with the built-in engine (no cluster)"),
-    "chaos": ("nodes.commands.chaos", "run the chaos and failover scenarios against a local cluster"),
-    "bench": ("nodes.commands.bench", "serving benchmark: disaggregated vs colocated vs vLLM, SLO attainment"),
-    "keys": ("nodes.commands.keys", "generate CURVE key pairs for the bus; list the keys the config admits"),
+    "broker": ("nodes.commands.broker_cmd", "run the ZeroMQ broker (ROUTER) that nodes register with"),
+    "cluster": ("nodes.commands.cluster_cmd", "run a local cluster from the config (broker + nodes), foreground"),
+    "prefill": ("nodes.commands.prefill_cmd", "run a prefill node"),
+    "decode": ("nodes.commands.decode_cmd", "run a decode node"),
+    "node": ("nodes.commands.node_cmd", "run a node by role (`--role both`: colocated prefill+decode)"),
+    "gateway": ("nodes.commands.gateway_cmd", "run the OpenAI-compatible HTTP/SSE + WebSocket gateway"),
+    "client": ("nodes.commands.client_cmd", "stream a completion or chat over the gateway's WebSocket"),
+    "complete": ("nodes.commands.complete_cmd", "stream a completion through the cluster (bus-level client)"),
+    "model": ("nodes.commands.model_cmd", "prepare or inspect the model (`pdbus model prepare`)"),
+    "generate": ("nodes.commands.generate_cmd", "generate locally with the built-in engine (no cluster)"),
+    "chaos": ("nodes.commands.chaos_cmd", "run the chaos and failover scenarios against a local cluster"),
+    "bench": ("nodes.commands.bench_cmd", "serving benchmark: disaggregated vs colocated vs vLLM, SLO attainment"),
+    "keys": ("nodes.commands.keys_cmd", "generate CURVE key pairs for the bus; list the keys the config admits"),
 }
 
 

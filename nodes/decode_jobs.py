@@ -21,7 +21,7 @@ node's kv_ready was accepted first and its transfer has not failed); `malformed`
 own for a body that does not parse. `KvArrived` is the event the KV thread posts into the node's
 inbox for every finished receive, ok or not. `plan_body` builds the plan PARTIAL (a remote plan's
 new transfer id recorded on the job), `done_body` the FINAL `done`, `refusal_code(admission)` the
-ERROR code of an engine's refusal. nodes/decode.py owns the logic.
+ERROR code of an engine's refusal. nodes/decode_node.py owns the logic.
 """
 
 from __future__ import annotations

@@ -1,5 +1,5 @@
 """Where a decode node's received KV lands: the `KVReceiver` on the KV thread and the buffers it
-writes into (the data-plane half of nodes/decode.py).
+writes into (the data-plane half of nodes/decode_node.py).
 
 Contract (`KvLanding(settings, engine, kv_thread, jobs, post)`), by thread:
 - KV thread: `allocate(transfer_id, request_id, info, mode) -> dst | None` takes a transfer only

@@ -32,7 +32,7 @@ def serve_role(args: argparse.Namespace, role: str) -> int:
         return 2
     # Imported only now: vLLM's start-up rebinds kernels across every loaded module and trips over
     # some (numba's llvmlite, which the KV codec may load), so the engine starts first.
-    from nodes.colocated import node_works
+    from nodes.colocated_node import node_works
     return run_node(settings, lambda kv_thread: node_works(role, settings, engine, kv_thread))
 
 

@@ -1,7 +1,7 @@
 """Settings of an engine node process: the config file's sections, then CLI flags, as one value.
 
 Contract: `node_settings(args, role) -> NodeSettings`, reading `[broker]`, `[heartbeat]`, `[engine]`,
-`[prefill]`, `[decode]`, `[kv]`, `[scheduler]`, `[security]` through `nodes.settings` (file < env < flags).
+`[prefill]`, `[decode]`, `[kv]`, `[scheduler]`, `[security]` through `nodes.config_file` (file < env < flags).
 `NodeSettings.engine_config()` is the `EngineConfig` the engine is built with. No torch here.
 """
 
@@ -14,8 +14,8 @@ from bus import constants as c
 from bus.liveness import HeartbeatConfig
 from bus.security import SecurityConfig, SecurityError, is_loopback
 from nodes.bus_config import heartbeat_config, security_config
+from nodes.config_file import SettingsError, load_settings, section
 from nodes.engines.base import ENGINE_KINDS, LOADER_SETTINGS, EngineConfig
-from nodes.settings import SettingsError, load_settings, section
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 

@@ -10,7 +10,7 @@ three threads, queues between them, and the engine's busy loop never touching a 
   (prefill side, decode side) its turn, then publishes capacity when it changed; once idle it
   hands freed heap back to the OS (`nodes.heap`).
 
-Contract for a `Work` (nodes/prefill.py, nodes/decode.py): `prepare() -> data endpoint | ""`
+Contract for a `Work` (nodes/prefill_node.py, nodes/decode_node.py): `prepare() -> data endpoint | ""`
 (before the endpoint exists), `attach(endpoint)`, `on_message(message) -> bool` (True: mine),
 `work(now) -> bool` (True: did something, poll again at once), `next_deadline() -> float | None`,
 `capacity() -> dict`, `close()`. `run_node(settings, make_works)` wires it all and serves until
@@ -251,7 +251,7 @@ def build_engine(settings: NodeSettings) -> Any:
 
         model = open_model_folder(settings.model, model_dir=settings.model_dir)
         return VllmEngine(model, settings.engine_config(), role=settings.role)
-    from nodes.engines.engine import LlamaEngine
+    from nodes.engines.llama_engine import LlamaEngine
     from nodes.engines.model_loader import load_model
 
     model = load_model(settings.model, model_dir=settings.model_dir)

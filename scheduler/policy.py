@@ -8,7 +8,7 @@ Contract (docs/CLUSTER.md "Services, keys and capacity"):
   stream or two of imbalance at low load never costs a session its cache. A
   new (or orphaned, or displaced) session goes to the first node clockwise from its key on a
   `BoundedLoadRing` that is not full and under that bound; if every non-full node is at the
-  bound the first non-full candidate takes it. Full (see `scheduler.registry`) everywhere
+  bound the first non-full candidate takes it. Full (see `scheduler.node_loads`) everywhere
   -> `Defer` into the broker's bounded queue; with `queue_size` 0 -> `Refuse("overloaded")`.
   A request without a key is placed by its request id and not remembered.
 - `prefill` requests: the live prefill node with the fewest outstanding prefill tokens (reported
@@ -38,7 +38,7 @@ from typing import Any
 
 from bus.constants import ErrorCode
 from bus.routing import Defer, Refuse
-from scheduler.registry import DECODE_ROLES, NodeView, PrefillLoads, decode_is_full
+from scheduler.node_loads import DECODE_ROLES, NodeView, PrefillLoads, decode_is_full
 from scheduler.ring import BoundedLoadRing
 from scheduler.sessions import SessionTable
 

@@ -25,7 +25,7 @@ def test_runtime_dependencies_hold_nothing_only_the_benchmarks_use():
 
 
 def test_serving_code_imports_no_benchmark_dependency():
-    code = ("import sys, nodes.cli, nodes.gateway.app, nodes.decode, nodes.prefill, bus.broker;"
+    code = ("import sys, nodes.cli, nodes.gateway.app, nodes.decode_node, nodes.prefill_node, bus.broker;"
             f"print(sorted(m for m in {BENCH_ONLY!r} if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO_ROOT)
     assert out.stdout.strip() == "[]"

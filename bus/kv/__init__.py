@@ -28,7 +28,8 @@ nodes/engines/kv_quant.py) encodes/decodes one chunk. Pure parts, usable without
 is a `KVError`.
 """
 
-from bus.kv.errors import (
+from bus.kv.faults import FaultInjector
+from bus.kv.kv_errors import (
     KVChecksumError,
     KVError,
     KVFrameError,
@@ -36,7 +37,6 @@ from bus.kv.errors import (
     KVTransferTimeout,
     KVValueError,
 )
-from bus.kv.faults import FaultInjector
 from bus.kv.layout import KVInfo
 from bus.kv.pieces import RawPieces
 from bus.kv.quant import MODES, EncodedPayload, NumpyQuantizer, Quantizer

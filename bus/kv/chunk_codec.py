@@ -25,9 +25,9 @@ import numpy as np
 import xxhash
 
 from bus.kv.compress import COMPRESSION_MODES, AutoCompression, compress_frame, decompress_frame
-from bus.kv.errors import KVChecksumError, KVValueError
 from bus.kv.frames import Chunk, FrameInfo
 from bus.kv.header_checks import MAX_CHUNK_BYTES, MAX_CHUNKS, MAX_DIM, MAX_KV_BYTES
+from bus.kv.kv_errors import KVChecksumError, KVValueError
 from bus.kv.layout import DEFAULT_CHUNK_BYTES, KVInfo, chunk_bytes_for, plan_chunks
 from bus.kv.pieces import RawPieces
 from bus.kv.quant import FRAMED_MODES, MODES, Quantizer, frame_specs_of, max_payload_sizes, payload_sizes

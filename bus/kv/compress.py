@@ -23,7 +23,7 @@ import lz4.block
 import numpy as np
 import zstandard
 
-from bus.kv.errors import KVFrameError
+from bus.kv.kv_errors import KVFrameError
 
 CODECS = ("none", "lz4", "zstd")
 COMPRESSION_MODES = ("none", "lz4", "zstd", "auto")

@@ -21,7 +21,7 @@ import msgpack
 import xxhash
 
 from bus.kv import header_checks as checks
-from bus.kv.errors import KVFrameError
+from bus.kv.kv_errors import KVFrameError
 from bus.kv.layout import ChunkSpec, KVInfo
 
 MAGIC = b"PDKV"

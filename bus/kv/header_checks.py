@@ -20,7 +20,7 @@ import math
 from typing import Any
 
 from bus.kv.compress import CODECS
-from bus.kv.errors import KVFrameError
+from bus.kv.kv_errors import KVFrameError
 from bus.kv.layout import DTYPES, ChunkSpec, KVInfo
 from bus.kv.quant import MODES, PARAMS_PER_ROW, SCALE_DTYPES, num_payload_frames, payload_bytes, payload_sizes
 

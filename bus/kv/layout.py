@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from bus.kv.errors import KVValueError
+from bus.kv.kv_errors import KVValueError
 
 # dtype name -> (numpy storage dtype, bytes per value)
 DTYPES: dict[str, np.dtype] = {

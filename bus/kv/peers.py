@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import zmq
 import zmq.asyncio
 
-from bus.kv.errors import KVTransferFailed
+from bus.kv.kv_errors import KVTransferFailed
 from bus.log import get_logger
 
 log = get_logger("kv.sender")

@@ -25,7 +25,7 @@ from typing import Any
 
 import numpy as np
 
-from bus.kv.errors import KVValueError
+from bus.kv.kv_errors import KVValueError
 from bus.kv.layout import DTYPES, ChunkSpec, KVInfo, as_planes
 
 

@@ -28,7 +28,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from bus.kv.errors import KVFrameError, KVValueError
+from bus.kv.kv_errors import KVFrameError, KVValueError
 from bus.kv.layout import (
     DTYPES,
     ChunkSpec,

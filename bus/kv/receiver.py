@@ -41,10 +41,10 @@ import numpy as np
 import zmq
 import zmq.asyncio
 
-from bus.kv.errors import KVTransferTimeout
 from bus.kv.faults import FaultInjector
 from bus.kv.frames import peek_transfer_id
 from bus.kv.header_checks import max_message_bytes
+from bus.kv.kv_errors import KVTransferTimeout
 from bus.kv.layout import DTYPES, KVInfo
 from bus.kv.quant import NumpyQuantizer, Quantizer
 from bus.kv.recv_core import NO_DESTINATION, Allocate, ReceiveConfig, ReceiverCore, Release, Reply

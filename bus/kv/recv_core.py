@@ -37,9 +37,9 @@ from typing import Any
 import numpy as np
 
 from bus.kv.chunk_codec import decode, transfer_digest, verify
-from bus.kv.errors import KVChecksumError, KVError, KVFrameError
 from bus.kv.frames import Abort, Ack, Chunk, Done, End, Nack, decode_message, encode_message
 from bus.kv.header_checks import MAX_CHUNK_BYTES
+from bus.kv.kv_errors import KVChecksumError, KVError, KVFrameError
 from bus.kv.layout import KVInfo
 from bus.kv.quant import Quantizer
 from bus.kv.stats import TransferResult, TransferStats

@@ -33,10 +33,10 @@ import zmq.asyncio
 
 from bus.kv.chunk_codec import ChunkEncoder
 from bus.kv.compress import AutoCompression
-from bus.kv.errors import KVFrameError, KVTransferFailed, KVTransferTimeout
 from bus.kv.faults import FaultInjector
 from bus.kv.frames import decode_message, peek_transfer_id
 from bus.kv.header_checks import MAX_HEADER_BYTES
+from bus.kv.kv_errors import KVFrameError, KVTransferFailed, KVTransferTimeout
 from bus.kv.layout import DEFAULT_CHUNK_BYTES
 from bus.kv.link import LinkShaper, gbit
 from bus.kv.peers import Connection, Peers

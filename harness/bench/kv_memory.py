@@ -24,7 +24,7 @@ import time
 import torch
 
 from nodes.engines.base import DecodeRequest, EngineConfig, SamplingParams
-from nodes.engines.engine import LlamaEngine
+from nodes.engines.llama_engine import LlamaEngine
 from nodes.engines.model_loader import DEFAULT_MODEL, load_model
 
 MODEL_NAME = DEFAULT_MODEL

@@ -17,7 +17,7 @@ import os
 import sys
 import time
 
-if __name__ == "__main__":   # the bench's own process only, as harness/bench/kv.py: an importer keeps its environment
+if __name__ == "__main__":   # the bench's own process only, as harness/bench/kv_bench.py: an importer keeps its environment
     os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import numpy as np  # noqa: E402

@@ -20,7 +20,7 @@ from typing import Any
 
 import httpx
 
-from harness.chaos.workload import RequestSpec
+from harness.chaos.chaos_workload import RequestSpec
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
 REQUEST_TIMEOUT_S = 120.0
@@ -179,7 +179,7 @@ class BusDriver:
     kind = "bus"
 
     def __init__(self, broker_endpoint: str, max_retries: int = 3) -> None:
-        from nodes.cluster_client import ClusterClient
+        from nodes.cluster import ClusterClient
 
         self.client = ClusterClient(broker_endpoint, max_retries=max_retries, stall_timeout_s=30.0)
 
@@ -190,7 +190,7 @@ class BusDriver:
         await asyncio.to_thread(self.client.close)
 
     async def run(self, spec: RequestSpec, abort_after: int | None = None) -> StreamRecord:
-        from nodes.cluster_client import ClusterError
+        from nodes.cluster import ClusterError
         from nodes.engines.base import SamplingParams
         from nodes.gateway.openai_format import pdbus_info
 

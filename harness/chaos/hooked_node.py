@@ -14,7 +14,7 @@ Contract:
 The receiver side needs no hook: the KV receiver itself logs every finished transfer
 (`kv_received` / `kv_receive_failed`: ok, checksum_failures, rejected, reason) and every message too
 damaged to decode (`kv_undecodable`), which is what harness/chaos/checks.kv_fault_audit reads.
-The hooks wrap the existing seams (`nodes.prefill.FaultInjector`, `PrefillBatcher.next_batch`)
+The hooks wrap the existing seams (`nodes.prefill_node.FaultInjector`, `PrefillBatcher.next_batch`)
 and change no behaviour when unarmed.
 """
 
@@ -82,11 +82,11 @@ class ArmedInjector(FaultInjector):
 
 
 def install(control_path: str, node_id: str | None = None) -> None:
-    import nodes.prefill
+    import nodes.prefill_node
 
     ArmedInjector.control_path = control_path
-    nodes.prefill.FaultInjector = ArmedInjector
-    next_batch, cache = nodes.prefill.PrefillBatcher.next_batch, {}
+    nodes.prefill_node.FaultInjector = ArmedInjector
+    next_batch, cache = nodes.prefill_node.PrefillBatcher.next_batch, {}
 
     def delayed_next_batch(self: Any, *args: Any, **kwargs: Any) -> Any:
         batch = next_batch(self, *args, **kwargs)
@@ -97,7 +97,7 @@ def install(control_path: str, node_id: str | None = None) -> None:
             time.sleep(delay_ms / 1000)
         return batch
 
-    nodes.prefill.PrefillBatcher.next_batch = delayed_next_batch
+    nodes.prefill_node.PrefillBatcher.next_batch = delayed_next_batch
 
 
 def main(argv: list[str]) -> int:

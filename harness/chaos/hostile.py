@@ -38,8 +38,8 @@ from bus import codec
 from bus.codec import ProtocolError
 from bus.constants import Command
 from bus.messages import Ready
+from harness.fuzz import forged_frames
 from harness.fuzz import strategies as s
-from harness.fuzz import wire
 from harness.fuzz.bus_peer import Counts, Session, garbage_burst, reply_frames
 from harness.fuzz.kv_peer import KvPeer
 from harness.fuzz.sampler import Sampler
@@ -62,7 +62,7 @@ def harmless(kind: str, frames: list[bytes], registered: bool) -> bool:
     return not (registered and kind == "CAPACITY")
 
 
-def read_ids(path: str, known: wire.Known) -> None:
+def read_ids(path: str, known: forged_frames.Known) -> None:
     try:
         ids = json.loads(Path(path).read_text())
     except (OSError, ValueError):
@@ -74,7 +74,7 @@ def read_ids(path: str, known: wire.Known) -> None:
 class Hostile:
     def __init__(self, args: argparse.Namespace) -> None:
         self.args, self.counts = args, Counts()
-        self.known = wire.Known(node_ids=list(args.node), data_endpoints=list(args.kv), geometry=wire.tiny_geometry())
+        self.known = forged_frames.Known(node_ids=list(args.node), data_endpoints=list(args.kv), geometry=forged_frames.tiny_geometry())
         self.sampler = Sampler(args.seed)
         self.control, self.kv = s.control(self.known), s.kv(self.known)
         self.sent_at = time.monotonic()
@@ -124,12 +124,12 @@ class Hostile:
             for node_id in self.known.node_ids:
                 ready = {"type": "kv_ready", "request_id": request_id, "transfer_id": uuid.uuid4().hex,
                          "first_token_id": first_token}
-                await self.live(session, "DIRECT", [codec.HEADERS[Command.DIRECT], node_id.encode(), wire.pack(ready)])
+                await self.live(session, "DIRECT", [codec.HEADERS[Command.DIRECT], node_id.encode(), forged_frames.pack(ready)])
             replies = zip((Command.PARTIAL, Command.FINAL, Command.ERROR), bodies, strict=False)
             for seq, (command, body) in enumerate(replies):
                 await self.live(session, command.name, reply_frames(command, request_id, seq, body))
             await self.live(session, "CANCEL", [codec.HEADERS[Command.CANCEL], request_id.encode(),
-                                                wire.pack({"reason": "client"})])
+                                                forged_frames.pack({"reason": "client"})])
 
     async def live(self, session: Session, kind: str, frames: list[bytes]) -> None:
         if await session.send(f"{kind}.live", frames):
@@ -140,8 +140,8 @@ class Hostile:
         layers, heads, dim = self.known.geometry
         pairs = zip(self.known.transfer_ids[-LIVE_PER_ROUND:], self.known.request_ids[-LIVE_PER_ROUND:], strict=False)
         for transfer_id, request_id in pairs:
-            forged = wire.forged_transfer(transfer_id, request_id, (layers, 2, heads, 4, dim), b"\x00\x00\xc0\x7f")
-            messages = {"CHUNK": forged[0], "END": forged[-1], "ABORT": [wire.kv_header(3, [transfer_id, "forged"])]}
+            forged = forged_frames.forged_transfer(transfer_id, request_id, (layers, 2, heads, 4, dim), b"\x00\x00\xc0\x7f")
+            messages = {"CHUNK": forged[0], "END": forged[-1], "ABORT": [forged_frames.kv_header(3, [transfer_id, "forged"])]}
             for peer in peers:
                 for kind, message in messages.items():
                     if await peer.send(f"{kind}.live", message):

@@ -16,8 +16,8 @@ from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from harness.chaos.chaos_workload import RequestSpec
 from harness.chaos.drivers import StreamRecord
-from harness.chaos.workload import RequestSpec
 
 FAULT_TIMEOUT_S = 60.0
 

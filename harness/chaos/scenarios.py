@@ -22,11 +22,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from harness.chaos import hostile_scenario
+from harness.chaos.chaos_workload import RequestSpec
 from harness.chaos.checks import kv_fault_audit
 from harness.chaos.drivers import StreamRecord
 from harness.chaos.passes import FaultEvent, Progress
 from harness.chaos.stalled import stalled_sse_stream
-from harness.chaos.workload import RequestSpec
 
 PARTITIONED_NODE = "decode-1"
 NUM_KV_FLIPS = 4      # per prefill node: one transfer's chunk fails every attempt (max_attempts = 4)

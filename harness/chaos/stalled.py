@@ -16,8 +16,8 @@ import time
 from collections.abc import Callable
 from urllib.parse import urlsplit
 
+from harness.chaos.chaos_workload import RequestSpec
 from harness.chaos.drivers import StreamRecord, request_body
-from harness.chaos.workload import RequestSpec
 
 
 def _hold(url: str, spec: RequestSpec, record: StreamRecord, hold_s: float, cut_off: Callable[[], bool]) -> None:

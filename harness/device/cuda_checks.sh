@@ -5,7 +5,7 @@
 #   PHASE "tiny": the gpu-marked tests on the tiny model (a cluster of GPU nodes too), then the
 #                 engine test files that build their engines through make_engine, on the GPU
 #                 (PDBUS_TEST_DEVICE=cuda);
-#   PHASE "real": `python -m harness.bench.engine --device cuda` (what `make bench-engine-cuda` runs;
+#   PHASE "real": `python -m harness.bench.engine_bench --device cuda` (what `make bench-engine-cuda` runs;
 #                 again without CUDA graphs should it fail), then the engine's gpu-marked tests, the
 #                 real model's too.
 # That machine has PyTorch but no registry: the pinned packages its image lacks travel as wheels in
@@ -47,9 +47,9 @@ tiny)
     ;;
 real)
     # The benchmark first; should the engine's CUDA graphs fail, the same without them.
-    python3 -m harness.bench.engine --device cuda --steps 60 --json "$OUT/engine-cuda.json" \
+    python3 -m harness.bench.engine_bench --device cuda --steps 60 --json "$OUT/engine-cuda.json" \
         > "$OUT/engine-cuda.txt" 2>&1 \
-        || python3 -m harness.bench.engine --device cuda --steps 60 --no-cuda-graphs \
+        || python3 -m harness.bench.engine_bench --device cuda --steps 60 --no-cuda-graphs \
             --json "$OUT/engine-cuda-eager.json" > "$OUT/engine-cuda-eager.txt" 2>&1
     tail -n 45 "$OUT"/engine-cuda*.txt
     python3 -m pytest -p no:cacheprovider -q -s -m gpu tests/nodes/engines/test_engine_cuda.py \

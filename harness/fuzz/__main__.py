@@ -1,6 +1,6 @@
 """`python -m harness.fuzz` (`make fuzz`): hostile traffic against a live local cluster.
 
-Contract: flags become `harness.fuzz.runner.FuzzOptions`; the exit code is `runner.main`'s (0 only
+Contract: flags become `harness.fuzz.fuzz_runner.FuzzOptions`; the exit code is `fuzz_runner.main`'s (0 only
 when every process survived within its memory bound and a normal request still streamed). SIGTERM
 unwinds like Ctrl-C, so the cluster's `with` block stops every process it started.
 """
@@ -12,8 +12,8 @@ import os
 import signal
 import sys
 
+from harness.fuzz.fuzz_runner import FuzzOptions, main
 from harness.fuzz.loop import TARGETS
-from harness.fuzz.runner import FuzzOptions, main
 
 
 def parse(argv: list[str]) -> FuzzOptions:

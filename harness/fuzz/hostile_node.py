@@ -24,8 +24,8 @@ from hypothesis import strategies as st
 from bus import codec
 from bus.constants import Command
 from bus.messages import Request
+from harness.fuzz import forged_frames
 from harness.fuzz import strategies as s
-from harness.fuzz import wire
 from harness.fuzz.bus_peer import Counts, Session, reply_frames
 from harness.fuzz.kv_peer import KvPeer
 from harness.fuzz.sampler import Sampler
@@ -36,12 +36,12 @@ def plans(role: str) -> st.SearchStrategy[tuple[str, Any, bytes, list]]:
     return st.tuples(st.sampled_from(actions), s.first_token_ids, st.sampled_from(s.FILLS), s.replies(role))
 
 
-def remember(known: wire.Known, request_id: str, limit: int = 256) -> None:
+def remember(known: forged_frames.Known, request_id: str, limit: int = 256) -> None:
     known.request_ids.append(request_id)
     del known.request_ids[:-limit]
 
 
-async def serve(session: Session, sampler: Sampler, known: wire.Known, kv_peers: dict[str, KvPeer],
+async def serve(session: Session, sampler: Sampler, known: forged_frames.Known, kv_peers: dict[str, KvPeer],
                 counts: Counts) -> None:
     pending: list = []
     while True:
@@ -64,7 +64,7 @@ async def answer(session: Session, request_id: str, replies: list[tuple[Command,
                                                                  else drawn_seq, body))
 
 
-async def forge(session: Session, request: Request, body: dict, kv: KvPeer, known: wire.Known, fill: bytes,
+async def forge(session: Session, request: Request, body: dict, kv: KvPeer, known: forged_frames.Known, fill: bytes,
                 first_token_id: Any, counts: Counts) -> None:
     prompt = body.get("prompt_token_ids")
     ids = [body.get(k) for k in ("transfer_id", "request_id", "decode_node_id")]
@@ -76,11 +76,11 @@ async def forge(session: Session, request: Request, body: dict, kv: KvPeer, know
     counts[f"forged.{'none' if ok is None else 'ok' if ok else 'refused'}"] += 1
     ready = {"type": "kv_ready", "request_id": decode_request_id, "transfer_id": transfer_id,
              "first_token_id": first_token_id}
-    await session.send("DIRECT.kv_ready", [codec.HEADERS[Command.DIRECT], decode_node_id.encode(), wire.pack(ready)])
+    await session.send("DIRECT.kv_ready", [codec.HEADERS[Command.DIRECT], decode_node_id.encode(), forged_frames.pack(ready)])
     token = first_token_id if isinstance(first_token_id, int) else 0
-    await session.send("PARTIAL.reply", reply_frames(Command.PARTIAL, request.request_id, 0, wire.pack(
+    await session.send("PARTIAL.reply", reply_frames(Command.PARTIAL, request.request_id, 0, forged_frames.pack(
         {"type": "token", "index": 0, "token_id": token, "text": "?"})))
-    await session.send("FINAL.reply", reply_frames(Command.FINAL, request.request_id, 1, wire.pack(
+    await session.send("FINAL.reply", reply_frames(Command.FINAL, request.request_id, 1, forged_frames.pack(
         {"type": "done", "node_id": session.node_id, "token": [0, token, "?"], "transfer": {"transfer_id": transfer_id},
          "timings": {}, "stats": {}})))
     await asyncio.sleep(0)

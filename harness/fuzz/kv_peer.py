@@ -6,7 +6,7 @@ Contract:
   receiver's replies in the background (counted as `seen.kv.<ACK|NACK|DONE|undecodable>`; DONEs
   are remembered per transfer id); `await send(kind, frames)`; `await close()`.
 - `await forge(transfer_id, request_id, shape, fill) -> bool | None`: sends a whole forged transfer
-  (wire.forged_transfer: consistent, checksummed, holding `fill`) and waits for its DONE
+  (forged_frames.forged_transfer: consistent, checksummed, holding `fill`) and waits for its DONE
   (ok, or None when none came within the timeout).
 """
 
@@ -20,7 +20,7 @@ import zmq.asyncio
 
 from bus.kv import frames as kvf
 from harness.fuzz.bus_peer import Counts, new_dealer, send
-from harness.fuzz.wire import forged_transfer
+from harness.fuzz.forged_frames import forged_transfer
 
 KINDS = {kvf.ACK: "ACK", kvf.NACK: "NACK", kvf.DONE: "DONE"}
 

@@ -29,9 +29,9 @@ from urllib.parse import urlsplit
 
 import zmq.asyncio
 
+from harness.fuzz import forged_frames
 from harness.fuzz import http_strategies as hs
 from harness.fuzz import strategies as s
-from harness.fuzz import wire
 from harness.fuzz.bus_peer import Counts, Session, garbage_burst
 from harness.fuzz.hostile_node import serve
 from harness.fuzz.http_peer import complete, http_send, ws_send
@@ -60,8 +60,8 @@ class Fuzzer:
         self.view, self.batch, self.targets = view, batch, targets
         self.counts = Counts()
         self.sampler = Sampler(seed)
-        self.known = wire.Known(node_ids=list(view.node_ids), data_endpoints=list(view.kv_endpoints.values()),
-                                geometry=wire.tiny_geometry())
+        self.known = forged_frames.Known(node_ids=list(view.node_ids), data_endpoints=list(view.kv_endpoints.values()),
+                                geometry=forged_frames.tiny_geometry())
         self.control, self.kv = s.control(self.known), s.kv(self.known)
         self.sessions: dict[str, Session] = {}
         self.kv_peers: dict[str, KvPeer] = {}

@@ -3,7 +3,7 @@ and the gateway's HTTP and WebSocket requests, well-formed where a peer checks f
 signatures, trailers) and mutated where it has to trust (fields, bodies, frame counts).
 
 Contract (pure: no sockets, no clocks; every strategy draws only bytes, str and plain values;
-`Known`, `pack`, `kv_header` and `forged_transfer` come from harness/fuzz/wire.py):
+`Known`, `pack`, `kv_header` and `forged_transfer` come from harness/fuzz/forged_frames.py):
 - `control(known) -> (kind, frames)`: one control-plane message, kind a command name or `garbage`;
   fields get wrong types, huge/negative/non-finite numbers, over-long, empty or non-UTF-8 strings,
   deep nesting, hand-made msgpack; frames go missing, repeat, grow many or big.
@@ -29,7 +29,7 @@ from bus.constants import Command
 from bus.kv import frames as kvf
 from bus.kv.layout import ChunkSpec, KVInfo
 from bus.kv.quant import payload_sizes
-from harness.fuzz.wire import Known, chunk_fields, forged_transfer, kv_header, pack
+from harness.fuzz.forged_frames import Known, chunk_fields, forged_transfer, kv_header, pack
 
 MODEL_NAME = "SmolLM2-135M-Instruct"
 HUGE_INTS = [2**64 - 1, 2**63, 2**63 - 1, -(2**63), 2**32, 2**31, -(2**31) - 1, -1, 0]

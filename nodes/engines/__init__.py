@@ -2,7 +2,7 @@
 
 `base.py` states the engine contract that node processes program against; `model_loader.py`
 turns a model spec (packaged GGUF, local HF folder, or the tiny random model) into weights, a
-config and a tokenizer; `llama.py` is the built-in runner and `engine.py` the engine around it.
+config and a tokenizer; `llama.py` is the built-in runner and `llama_engine.py` the engine around it.
 
 Importing this package sets OMP_WAIT_POLICY=PASSIVE (unless the environment already sets it)
 before torch loads OpenMP: with OpenMP's default spin-waiting, engine processes sharing cores with

@@ -47,7 +47,7 @@ from nodes.engines import (
 from nodes.engines import bf16_kernels as kernels
 from nodes.engines.model_config import LlamaConfig
 
-MAX_ROWS = 4   # GEMVs: above this oneDNN's AMX GEMMs win (harness.bench.engine, decode at batch 8)
+MAX_ROWS = 4   # GEMVs: above this oneDNN's AMX GEMMs win (harness.bench.engine_bench, decode at batch 8)
 # vdpbf16ps outer products (bf16_dot): on a Zen 4 a SmolLM2 decode step's linear layers took 16.3 / 46.9 ms
 # at 8 / 32 rows, oneDNN's packed GEMMs 24.4 / 57.8 (ad-hoc timing); bf16_dot's docstring has more.
 DOT_MAX_ROWS = 32

@@ -15,7 +15,7 @@ oneDNN's packed bf16 kernels read them at 7-13 GB/s on this machine's layer shap
 25 us a call; these loops pay ~6 us a call and stream cold weights at about the single-core read
 bandwidth: each matrix is read as two streams (its two halves side by side) with the rows two
 ahead requested (`_prefetch`), and 2-4 rows share one pass over each weight row (four
-accumulators). harness.bench.engine measures the whole step against the bandwidth floor.
+accumulators). harness.bench.engine_bench measures the whole step against the bandwidth floor.
 Products accumulate in float32 (LLVM vectorises the row dot under fast-math reassociation) and
 every result is rounded to bf16 where the oneDNN path rounds: after the norm's scale and weight,
 after silu, after the gating product, once after a fused residual add. So the two paths differ

@@ -11,7 +11,7 @@ It follows `ONEDNN_MAX_CPU_ISA` when that caps oneDNN below AMX or AVX512-BF16.
 choice); with `ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16` oneDNN leaves its tiles too (`make test-no-amx`).
 Tests and benchmarks use it to check the paths that such a machine takes.
 
-Kept apart from `engine.py` on purpose: the built-in runner loads numba kernels at import, and vLLM
+Kept apart from `llama_engine.py` on purpose: the built-in runner loads numba kernels at import, and vLLM
 0.32's start-up (which rebinds kernels across every loaded module) fails once numba's llvmlite is
 loaded, so the vLLM adapter must be importable without the built-in runner.
 """

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 
 from bus.kv import int8_decode, int8_kernels
-from bus.kv.errors import KVValueError
+from bus.kv.kv_errors import KVValueError
 from bus.kv.layout import ChunkSpec, KVInfo, plan_chunks
 from bus.kv.pieces import RawPieces
 from bus.kv.quant import EncodedPayload, NumpyQuantizer

@@ -29,16 +29,16 @@ from typing import Any
 from aiohttp import web
 
 from bus.log import get_logger
+from nodes.config_file import SettingsError
 from nodes.gateway import http, http_log, websocket
+from nodes.gateway.api_errors import ApiError, error_body
 from nodes.gateway.backend import Backend, ModelInfo
-from nodes.gateway.config import GatewayConfig
-from nodes.gateway.errors import ApiError, error_body
-from nodes.gateway.metrics import GatewayMetrics
+from nodes.gateway.gateway_metrics import GatewayMetrics
+from nodes.gateway.gateway_settings import GatewayConfig
 from nodes.gateway.protect import RateLimiter, check_api_key
-from nodes.gateway.serve import GATEWAY, IDENTITY, TENANT
+from nodes.gateway.served import GATEWAY, IDENTITY, TENANT
 from nodes.gateway.tenants import tenant_of
 from nodes.heap import freeze_startup_objects
-from nodes.settings import SettingsError
 
 log = get_logger("gateway")
 OPEN_PATHS = ("/health", "/ready", "/metrics")

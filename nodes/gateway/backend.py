@@ -28,8 +28,8 @@ from typing import Any
 from bus.constants import BROKER_STATS_SERVICE
 from bus.mailbox import BusError
 from nodes.engines.base import SamplingParams
-from nodes.gateway.config import GatewayConfig
-from nodes.gateway.errors import bad_request
+from nodes.gateway.api_errors import bad_request
+from nodes.gateway.gateway_settings import GatewayConfig
 from nodes.gateway.schema import ApiRequest, tokenize
 from nodes.wire import Code, Uncarriable
 

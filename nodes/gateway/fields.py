@@ -18,7 +18,7 @@ from typing import Any
 
 from bus import wire_checks
 from nodes import wire
-from nodes.gateway.errors import bad_request
+from nodes.gateway.api_errors import bad_request
 
 MAX_DEPTH = wire.MAX_DEPTH
 MAX_SESSION_ID_CHARS = 96

@@ -21,12 +21,12 @@ import time
 from aiohttp import web
 
 from bus.log import get_logger
-from nodes.cluster_client import ClusterError
-from nodes.gateway.errors import ApiError, bad_request, error_body
+from nodes.cluster import ClusterError
+from nodes.gateway.api_errors import ApiError, bad_request, error_body
 from nodes.gateway.openai_format import Shaper, pdbus_headers
 from nodes.gateway.relay import StalledConsumer, within
 from nodes.gateway.schema import MAX_DEPTH, parse_request
-from nodes.gateway.serve import GATEWAY, IDENTITY, TENANT, Served, cluster_error
+from nodes.gateway.served import GATEWAY, IDENTITY, TENANT, Served, cluster_error
 
 log = get_logger("gateway")
 

@@ -20,7 +20,7 @@ import hmac
 import math
 from dataclasses import dataclass
 
-from nodes.gateway.errors import ApiError
+from nodes.gateway.api_errors import ApiError
 
 MAX_IDENTITIES = 100_000
 HASH_PREFIX = "sha256:"

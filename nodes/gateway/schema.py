@@ -22,7 +22,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from nodes.gateway import fields
-from nodes.gateway.errors import ApiError, bad_request
+from nodes.gateway.api_errors import ApiError, bad_request
 from nodes.gateway.fields import MAX_DEPTH, MAX_SESSION_ID_CHARS, boolean, integer, number, string, text
 
 __all__ = ["MAX_DEPTH", "MAX_SESSION_ID_CHARS", "ApiRequest", "parse_request", "tokenize"]

@@ -24,13 +24,13 @@ from typing import Any
 from aiohttp import WSMsgType, web
 
 from bus.log import get_logger
-from nodes.cluster_client import ClusterError
-from nodes.gateway.errors import ApiError, bad_request
+from nodes.cluster import ClusterError
+from nodes.gateway.api_errors import ApiError, bad_request
 from nodes.gateway.http import parse_json
 from nodes.gateway.openai_format import usage_body
 from nodes.gateway.relay import StalledConsumer, within
 from nodes.gateway.schema import parse_request
-from nodes.gateway.serve import GATEWAY, IDENTITY, TENANT, Served, cluster_error
+from nodes.gateway.served import GATEWAY, IDENTITY, TENANT, Served, cluster_error
 
 log = get_logger("gateway")
 

@@ -1,5 +1,5 @@
 """The bodies of the cluster's control-plane messages (docs/CLUSTER.md), one frozen dataclass each:
-what producers build and consumers read. nodes/wire/codec.py turns them into the maps the bus
+what producers build and consumers read. nodes/wire/body_codec.py turns them into the maps the bus
 carries and back; nothing else builds or reads those maps.
 
 Services: `decode` (decode and both nodes), `prefill` (prefill and both nodes).

@@ -16,7 +16,7 @@ from typing import Any
 
 from bus.constants import MAX_BODY_DEPTH, MAX_ID_BYTES
 from nodes.wire.bodies import DecodeRequestBody, SamplingParams
-from nodes.wire.codec import to_wire
+from nodes.wire.body_codec import to_wire
 
 MAX_DEPTH = MAX_BODY_DEPTH                   # nested lists/maps in one body (the bus's own bound)
 INT_MIN, INT_MAX = -(2 ** 63), 2 ** 64 - 1   # what msgpack carries

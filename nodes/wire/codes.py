@@ -29,7 +29,7 @@ class Code(StrEnum):
     STALLED = "stalled"                    # a stream went silent for `stall_timeout_s`
     GAP = "gap"                            # tokens arrived without their predecessors
     PROTOCOL = "protocol"                  # a stream ended without its FINAL
-    BAD_REPLY = "bad_reply"                # a node's reply did not parse (nodes/wire/codec.py)
+    BAD_REPLY = "bad_reply"                # a node's reply did not parse (nodes/wire/body_codec.py)
     NO_PREFILL_NODE = "no_prefill_node"    # fell back to prefill on the decode node
     RETRIES_EXHAUSTED = "retries_exhausted"
     # the bus's (bus.constants.ErrorCode); `internal` is also a node failing while serving a request,

@@ -1,4 +1,4 @@
-"""Readers of the reply bodies the cluster client acts on (the reply side of nodes/wire/codec.py,
+"""Readers of the reply bodies the cluster client acts on (the reply side of nodes/wire/body_codec.py,
 which documents the contract): the plan, each token PARTIAL, and both FINALs with their tokens,
 transfer report, usage, timings and stats. Each takes the value as msgpack decoded it and the
 client's `Bounds` (its request's `max_tokens`) and returns the body dataclass or raises `Refused`.
@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any, TypeVar
 
-from nodes.wire import fields as f
+from nodes.wire import field_readers as f
 from nodes.wire.bodies import (
     FINISH_REASONS,
     DecodeDoneBody,
@@ -28,7 +28,7 @@ from nodes.wire.bodies import (
     TransferReport,
     Usage,
 )
-from nodes.wire.fields import Bounds, Refused
+from nodes.wire.field_readers import Bounds, Refused
 
 Timings = TypeVar("Timings", PrefillTimings, DecodeTimings)
 MAX_RETRY_AFTER_S = 60.0

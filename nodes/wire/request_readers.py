@@ -1,4 +1,4 @@
-"""Readers of the bodies a node acts on (the request side of nodes/wire/codec.py, which documents
+"""Readers of the bodies a node acts on (the request side of nodes/wire/body_codec.py, which documents
 the contract): the decode and prefill REQUESTs, the `kv_ready` DIRECT, and the sampling map inside
 both requests. Each takes the value as msgpack decoded it and the reader's `Bounds` (the node's
 engine), and returns the body dataclass or raises `Refused`: `rejected` for a decode request whose
@@ -9,10 +9,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from nodes.wire import fields as f
+from nodes.wire import field_readers as f
 from nodes.wire.bodies import DecodeRequestBody, KvReadyBody, PrefillMode, PrefillRequestBody, SamplingParams
 from nodes.wire.codes import Code
-from nodes.wire.fields import Bounds, Refused
+from nodes.wire.field_readers import Bounds, Refused
 
 MAX_STOPS, MAX_STOP_CHARS, MAX_STOP_TOKEN_IDS = 64, 1024, 1024
 MAX_TEMPERATURE = 100.0

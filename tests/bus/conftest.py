@@ -10,8 +10,8 @@ import pytest
 import uvloop
 
 from bus.broker import Broker
+from bus.broker_tables import BrokerEvent
 from bus.liveness import HeartbeatConfig
-from bus.registry import BrokerEvent
 from harness.cluster_procs import poll_until
 
 

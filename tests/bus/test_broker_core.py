@@ -8,6 +8,7 @@ import pytest
 from bus import codec
 from bus import constants as c
 from bus.broker_core import BrokerCore
+from bus.broker_tables import CapacityChanged, NodeJoined, NodeLeft
 from bus.constants import Command
 from bus.liveness import HeartbeatConfig
 from bus.messages import (
@@ -21,7 +22,6 @@ from bus.messages import (
     Partial,
     Request,
 )
-from bus.registry import CapacityChanged, NodeJoined, NodeLeft
 from bus.routing import Refuse
 from tests.bus.broker_helpers import BrokerDriver
 

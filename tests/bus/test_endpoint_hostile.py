@@ -12,7 +12,7 @@ import pytest
 
 from bus import codec
 from bus import constants as c
-from bus.client import BusClient
+from bus.bus_client import BusClient
 from bus.codec import ProtocolError
 from bus.endpoint import Endpoint
 from bus.endpoint_core import EndpointCore

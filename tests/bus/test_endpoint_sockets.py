@@ -12,11 +12,11 @@ import zmq
 
 from bus import codec
 from bus import constants as c
-from bus.client import BusClient
+from bus.broker_tables import NodeLeft
+from bus.bus_client import BusClient
 from bus.endpoint import Endpoint
 from bus.mailbox import BusError
 from bus.messages import Cancel, Direct, Final, Request
-from bus.registry import NodeLeft
 from tests.bus.conftest import BrokerThread, wait_until
 
 pytestmark = pytest.mark.integration

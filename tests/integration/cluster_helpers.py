@@ -6,9 +6,9 @@ from __future__ import annotations
 import torch
 
 from harness.cluster_procs import poll_until
-from nodes.cluster_client import ClusterClient
+from nodes.cluster import ClusterClient
 from nodes.engines.base import DecodeRequest, EngineConfig, SamplingParams
-from nodes.engines.engine import LlamaEngine
+from nodes.engines.llama_engine import LlamaEngine
 from nodes.engines.model_loader import build_tiny_model, load_model
 
 PROMPTS = ["Hello world! How are you today?", "Once upon a time there was a little model",

@@ -15,7 +15,7 @@ import pytest
 import zmq
 
 from bus import codec
-from bus.client import BusClient
+from bus.bus_client import BusClient
 from bus.liveness import HeartbeatConfig
 from bus.mailbox import BusError
 from tests.bus.processes import free_port, python_process, start_broker, start_node, timestamp

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 
-from harness.chaos.runner import run_chaos, short_options
+from harness.chaos.chaos_runner import run_chaos, short_options
 
 pytestmark = pytest.mark.integration
 

@@ -76,7 +76,7 @@ def test_abort_mid_decode_returns_the_blocks(tiny):
 CLIENT = """
 import asyncio, sys
 from bus.log import configure_logging, get_logger
-from nodes.cluster_client import ClusterClient
+from nodes.cluster import ClusterClient
 from nodes.engines.base import SamplingParams
 configure_logging("json", "info")
 

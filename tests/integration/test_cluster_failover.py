@@ -14,7 +14,7 @@ import signal
 import pytest
 
 from harness.cluster_procs import ClusterProcs, poll_until
-from nodes.cluster_client import ClusterError
+from nodes.cluster import ClusterError
 from tests.integration.cluster_helpers import PROMPTS, client_for, greedy, load, reference
 
 pytestmark = pytest.mark.integration

@@ -10,7 +10,7 @@ import asyncio
 import pytest
 
 from harness.cluster_procs import ClusterProcs
-from nodes.cluster_client import ClusterError
+from nodes.cluster import ClusterError
 from tests.integration.cluster_helpers import PROMPTS, client_for, greedy, load, reference
 
 pytestmark = pytest.mark.integration

@@ -147,7 +147,7 @@ async def test_bad_kv_is_refused_before_any_io(pair):
 
 
 async def test_a_receiver_in_another_process(tmp_path):
-    peer = subprocess.Popen([sys.executable, "-m", "harness.bench.kv_peer", "--digests", "--faults", "3"],
+    peer = subprocess.Popen([sys.executable, "-m", "harness.bench.kv_decode_side", "--digests", "--faults", "3"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
     try:
         endpoints = json.loads(peer.stdout.readline())

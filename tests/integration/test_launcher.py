@@ -10,7 +10,7 @@ import signal
 import psutil
 import pytest
 
-from bus.client import BusClient
+from bus.bus_client import BusClient
 from harness.cluster_procs import poll_until
 from tests.bus.processes import LoggedProcess, pdbus
 

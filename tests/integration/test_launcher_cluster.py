@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from nodes.cluster_client import ClusterClient, ClusterError
+from nodes.cluster import ClusterClient, ClusterError
 from nodes.engines.base import SamplingParams
 from tests.bus.processes import LoggedProcess, pdbus
 

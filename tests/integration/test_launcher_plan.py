@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from nodes.commands import cluster as command
+from nodes.commands import cluster_cmd as command
+from nodes.config_file import SettingsError
 from nodes.launcher import ClusterShape, cluster_plan, parse_line
-from nodes.settings import SettingsError
 
 
 def _args(**overrides):

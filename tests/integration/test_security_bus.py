@@ -9,7 +9,7 @@ import pytest
 import zmq
 
 from bus import codec
-from bus.client import BusClient
+from bus.bus_client import BusClient
 from bus.endpoint import Endpoint
 from bus.messages import Ready
 from tests.bus.conftest import BrokerThread

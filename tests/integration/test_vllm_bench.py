@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from harness.bench.serve.cli import run
+from harness.bench.serve.serve_cli import run
 from tests.integration.vllm_helpers import requires_vllm
 
 pytestmark = [pytest.mark.vllm, pytest.mark.integration, pytest.mark.real_model, requires_vllm,

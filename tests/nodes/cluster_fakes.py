@@ -11,7 +11,7 @@ import torch
 
 from bus.mailbox import Mailbox
 from nodes.engines.base import EngineConfig
-from nodes.engines.engine import LlamaEngine
+from nodes.engines.llama_engine import LlamaEngine
 from nodes.engines.model_loader import build_tiny_model
 from nodes.node_settings import NodeSettings
 

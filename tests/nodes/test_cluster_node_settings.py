@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
+from nodes.config_file import SettingsError
 from nodes.node_settings import node_settings
-from nodes.settings import SettingsError
 from tests.nodes.cluster_fakes import no_args
 
 CONFIG = """

@@ -13,7 +13,7 @@ from bus.kv.layout import KVInfo
 from bus.kv.stats import TransferStats
 from bus.messages import Direct
 from nodes import wire
-from nodes.decode import KvArrived
+from nodes.decode_node import KvArrived
 from tests.nodes.test_decode_node import PROMPT, make_work, prefilled, request
 
 

@@ -14,7 +14,7 @@ from bus.kv.layout import KVInfo
 from bus.kv.stats import TransferStats
 from bus.messages import Cancel, Direct, Request
 from nodes import wire
-from nodes.decode import DecodeWork, KvArrived
+from nodes.decode_node import DecodeWork, KvArrived
 from nodes.engines.base import PrefillRequest, SamplingParams
 from tests.nodes.cluster_fakes import FakeEndpoint, tiny_engine, tiny_settings
 from tests.nodes.engines.engine_helpers import raw_pieces

@@ -15,8 +15,8 @@ from bus.kv.layout import KVInfo
 from bus.kv.stats import TransferStats
 from bus.messages import Direct, Request
 from nodes import wire
-from nodes.colocated import node_works
-from nodes.decode import KvArrived
+from nodes.colocated_node import node_works
+from nodes.decode_node import KvArrived
 from nodes.runtime import NodeLoop
 from tests.nodes import test_prefill_node as prefill_tests
 from tests.nodes.cluster_fakes import FakeEndpoint, tiny_engine, tiny_settings

@@ -9,7 +9,7 @@ from collections import Counter
 import pytest
 
 from bus.routing import Defer, Refuse
-from nodes.settings import load_settings, section
+from nodes.config_file import load_settings, section
 from scheduler.policy import ClusterPolicy, SchedulerSettings
 from scheduler.simulation import (
     SimCluster,
@@ -47,8 +47,8 @@ def test_the_multihost_example_is_valid_toml_with_valid_scheduler_settings(repo_
 
 def test_the_broker_command_builds_the_policy_from_the_scheduler_section():
     from bus.routing import LeastOutstandingPolicy
-    from nodes.commands.broker import routing_policy
-    from nodes.settings import SettingsError
+    from nodes.commands.broker_cmd import routing_policy
+    from nodes.config_file import SettingsError
 
     policy = routing_policy({"scheduler": {"epsilon": 0.5, "vnodes": 16}})
     assert isinstance(policy, ClusterPolicy) and (policy.ring.epsilon, policy.ring.num_vnodes) == (0.5, 16)

@@ -8,7 +8,7 @@ import time
 
 import pytest
 
-from bus.client import BusClient
+from bus.bus_client import BusClient
 from bus.mailbox import BusError
 from tests.bus.processes import LoggedProcess, free_port, pdbus, python_process
 

@@ -1,7 +1,7 @@
-"""`python -m harness.bench.serve [flags]`: the serving benchmark (see `harness.bench.serve.cli`)."""
+"""`python -m harness.bench.serve [flags]`: the serving benchmark (see `harness.bench.serve.serve_cli`)."""
 
 import sys
 
-from harness.bench.serve.cli import run
+from harness.bench.serve.serve_cli import run
 
 sys.exit(run())

@@ -14,7 +14,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (the backend must be chosen first)
 
-from harness.bench.serve.report import ATTAINMENT_TARGET, _rate, measured  # noqa: E402
+from harness.bench.serve.serve_report import ATTAINMENT_TARGET, _rate, measured  # noqa: E402
 
 PANELS = (("p99_tpot_ms", "p99 TPOT (ms)"), ("p99_ttft_ms", "p99 TTFT (ms)"), ("slo_attainment", "SLO attainment"))
 

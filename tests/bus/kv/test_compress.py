@@ -16,7 +16,7 @@ from bus.kv.compress import (
     shuffle_bytes,
     unshuffle_bytes,
 )
-from bus.kv.errors import KVFrameError
+from bus.kv.kv_errors import KVFrameError
 
 DATA = np.random.default_rng(0).normal(size=20_000).astype(np.float32).tobytes()
 

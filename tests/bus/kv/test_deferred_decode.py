@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from bus.kv.errors import KVFrameError
 from bus.kv.frames import ACK, DONE, Done, decode_message
+from bus.kv.kv_errors import KVFrameError
 from bus.kv.send_core import SendState
 from tests.bus.kv.conftest import PEER
 

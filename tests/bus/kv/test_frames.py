@@ -12,7 +12,6 @@ from hypothesis import strategies as st
 from bus.kv import RawPieces
 from bus.kv.chunk_codec import ChunkEncoder, verify_and_decode
 from bus.kv.compress import AutoCompression
-from bus.kv.errors import KVChecksumError, KVError, KVFrameError
 from bus.kv.frames import (
     Abort,
     Ack,
@@ -27,6 +26,7 @@ from bus.kv.frames import (
     encode_header,
     encode_message,
 )
+from bus.kv.kv_errors import KVChecksumError, KVError, KVFrameError
 from bus.kv.layout import FRAME_BYTES, f32_to_bf16_bits
 from bus.kv.quant import NumpyQuantizer
 from tests.bus.kv.conftest import seal, synthetic_kv

@@ -16,7 +16,6 @@ from hypothesis import strategies as st
 from msgpack import ExtType, Timestamp
 
 from bus.kv.chunk_codec import ChunkEncoder
-from bus.kv.errors import KVFrameError, KVValueError
 from bus.kv.frames import (
     ABORT,
     ACK,
@@ -29,6 +28,7 @@ from bus.kv.frames import (
     decode_message,
     encode_message,
 )
+from bus.kv.kv_errors import KVFrameError, KVValueError
 from bus.kv.quant import MODES, NumpyQuantizer
 from tests.bus.kv.conftest import seal, synthetic_kv
 

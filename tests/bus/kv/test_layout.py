@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from bus.kv.errors import KVValueError
+from bus.kv.kv_errors import KVValueError
 from bus.kv.layout import (
     DEFAULT_CHUNK_BYTES,
     FRAME_BYTES,

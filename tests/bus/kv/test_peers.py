@@ -7,7 +7,7 @@ import asyncio
 
 import pytest
 
-from bus.kv.errors import KVTransferFailed
+from bus.kv.kv_errors import KVTransferFailed
 from bus.kv.peers import Connection, Peers
 
 

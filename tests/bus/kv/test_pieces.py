@@ -9,8 +9,8 @@ from hypothesis import strategies as st
 
 from bus.kv import RawPieces
 from bus.kv.chunk_codec import verify_and_decode
-from bus.kv.errors import KVError, KVValueError
 from bus.kv.frames import CHUNK, decode_message, encode_message
+from bus.kv.kv_errors import KVError, KVValueError
 from bus.kv.layout import ChunkSpec, KVInfo, f32_to_bf16_bits
 from bus.kv.quant import NumpyQuantizer
 from bus.kv.send_core import SendState

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bus.kv.errors import KVFrameError, KVValueError
+from bus.kv.kv_errors import KVFrameError, KVValueError
 from bus.kv.layout import bf16_bits_to_f32, f32_to_bf16_bits, numpy_kv_info, plan_chunks
 from bus.kv.quant import NumpyQuantizer, max_payload_sizes, payload_sizes
 from tests.bus.kv.conftest import synthetic_kv

@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from bus.kv.errors import KVValueError
 from bus.kv.frames import ACK, CHUNK, DONE, END, NACK, Abort, Done, decode_message, encode_message
+from bus.kv.kv_errors import KVValueError
 from bus.kv.recv_core import ReceiveConfig
 from bus.kv.send_core import SendConfig, SendState
 from tests.bus.kv.conftest import PEER, synthetic_kv

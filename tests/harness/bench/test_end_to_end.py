@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from harness.bench.serve.cli import run
+from harness.bench.serve.serve_cli import run
 from harness.bench.serve.systems import PdbusSystem, SystemUnavailable, VllmSystem
 
 pytestmark = pytest.mark.integration

@@ -3,7 +3,7 @@ interruptible pass to the end, the summary prints the chunked column (and both r
 
 from __future__ import annotations
 
-from harness.bench import engine as bench
+from harness.bench import engine_bench as bench
 from tests.nodes.cluster_fakes import tiny_engine
 
 

@@ -10,7 +10,6 @@ import torch
 
 from bus.kv import KVReceiver, ReceiveConfig
 from bus.kv.link import gbit
-from harness.bench.kv import print_targets
 from harness.bench.kv_auto import (
     AUTO_BASES,
     ORDERS,
@@ -20,6 +19,7 @@ from harness.bench.kv_auto import (
     run_auto_pairs,
     verdict,
 )
+from harness.bench.kv_bench import print_targets
 from nodes.engines.kv_quant import TorchQuantizer
 
 

@@ -1,10 +1,10 @@
-"""bench-kv's report of auto / none beside its null pair (harness/bench/kv.py)."""
+"""bench-kv's report of auto / none beside its null pair (harness/bench/kv_bench.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from harness.bench.kv import AUTO_BASES, CASES, paired_ratio, print_null_pairs
+from harness.bench.kv_bench import AUTO_BASES, CASES, paired_ratio, print_null_pairs
 
 
 def results_with(auto: float, again: float) -> dict:
@@ -32,7 +32,7 @@ def test_the_null_pair_is_printed_beside_auto_as_medians_of_per_round_ratios(cap
     assert "| 10 Gbit/s, bf16 raw | 0.990 (0.990–0.990) | 1.050 (1.050–1.050) |" in table
 
 
-@pytest.mark.parametrize("module", ["harness.bench.kv", "harness.bench.kv_quality"])
+@pytest.mark.parametrize("module", ["harness.bench.kv_bench", "harness.bench.kv_quality"])
 def test_importing_the_bench_leaves_the_environment_alone(module):
     import os
     import subprocess

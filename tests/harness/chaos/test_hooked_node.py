@@ -54,7 +54,7 @@ def test_a_half_written_control_file_keeps_the_previous_order_instead_of_raising
 def test_the_harness_replaces_the_control_file_atomically(tmp_path):
     from types import SimpleNamespace
 
-    from harness.chaos.cluster import ChaosCluster
+    from harness.chaos.chaos_cluster import ChaosCluster
     cluster = SimpleNamespace(control_path=tmp_path / "kv-faults.json")
     ChaosCluster.control(cluster, flip=4)
     assert json.loads(cluster.control_path.read_text()) == {"flip": 4}

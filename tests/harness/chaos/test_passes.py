@@ -6,9 +6,9 @@ from __future__ import annotations
 import asyncio
 import time
 
+from harness.chaos.chaos_workload import build_workload
 from harness.chaos.drivers import new_record
 from harness.chaos.passes import FaultEvent, run_pass
-from harness.chaos.workload import build_workload
 
 
 class FakeDriver:

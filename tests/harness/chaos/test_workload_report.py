@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import json
 
-from harness.chaos.report import render_markdown, render_table, write_json
-from harness.chaos.workload import LOWEST_PROMPT_ID, build_workload
+from harness.chaos.chaos_report import render_markdown, render_table, write_json
+from harness.chaos.chaos_workload import LOWEST_PROMPT_ID, build_workload
 
 
 def test_the_workload_is_the_same_for_a_seed_and_stays_inside_the_vocabulary():

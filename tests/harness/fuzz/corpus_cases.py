@@ -19,11 +19,11 @@ import zmq.asyncio
 from bus import codec
 from bus.constants import Command
 from harness.cluster_procs import ClusterProcs
-from harness.fuzz import wire
+from harness.fuzz import forged_frames
 from harness.fuzz.bus_peer import Counts, Session, reply_frames
 from harness.fuzz.hostile_node import forge
 from harness.fuzz.kv_peer import KvPeer
-from nodes.cluster_client import ClusterClient, ClusterError
+from nodes.cluster import ClusterClient, ClusterError
 from nodes.engines.base import SamplingParams
 
 NAN, GOOD_PROMPT, BAD_PROMPT = b"\x00\x00\xc0\x7f", [1, 2, 3, 4, 5, 6], [9, 9, 9, 9, 9, 9]
@@ -57,7 +57,7 @@ def nan_kv() -> dict:
         body = request.body
         fill = NAN if body["prompt_token_ids"] == BAD_PROMPT else b"\x00\x00\x00\x00"
         kv = KvPeer(context, body["data_endpoint"], Counts()).start()
-        await forge(session, request, body, kv, wire.Known(geometry=wire.tiny_geometry()), fill, 5, Counts())
+        await forge(session, request, body, kv, forged_frames.Known(geometry=forged_frames.tiny_geometry()), fill, 5, Counts())
         await kv.close()
 
     async def scenario(cluster) -> dict:
@@ -94,10 +94,10 @@ def wrong_reply(where: str, wrong) -> dict:
 
     async def answer(session, request, context):
         token = body("prefill_token", {"type": "token", "index": 0, "token_id": 5, "text": "x"})
-        await session.send("PARTIAL", reply_frames(Command.PARTIAL, request.request_id, 0, wire.pack(token)))
+        await session.send("PARTIAL", reply_frames(Command.PARTIAL, request.request_id, 0, forged_frames.pack(token)))
         final = body("prefill_final", {"type": "done", "node_id": "a-hostile-prefill", "token": [0, 5, "x"],
                                        "transfer": {}, "timings": {}, "stats": {}})
-        await session.send("FINAL", reply_frames(Command.FINAL, request.request_id, 1, wire.pack(final)))
+        await session.send("FINAL", reply_frames(Command.FINAL, request.request_id, 1, forged_frames.pack(final)))
 
     async def fake_decode(broker: str) -> None:
         context = zmq.asyncio.Context()
@@ -110,7 +110,7 @@ def wrong_reply(where: str, wrong) -> dict:
                 plan = body("decode_plan", {"type": "plan", "plan": "remote", "node_id": "a-fake-decode",
                                             "data_endpoint": "tcp://127.0.0.1:9", "transfer_id": "t-" + request.request_id})
                 await session.send("PARTIAL", [codec.HEADERS[Command.PARTIAL], request.request_id.encode(),
-                                               codec.encode_seq(0), wire.pack(plan)])
+                                               codec.encode_seq(0), forged_frames.pack(plan)])
         finally:
             await session.close()
             context.destroy(linger=0)

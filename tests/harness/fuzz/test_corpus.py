@@ -11,7 +11,7 @@ failing what it should have isolated, replayed exactly, as a regression case eac
    healthy ones included (`engine_step_failed`).
 3. Gateway, ClusterClient: a prefill node's FINAL whose body is not a map (or whose `token` /
    `transfer` has the wrong type) raised AttributeError / TypeError in
-   `cluster_orchestrator.Attempt._consume_prefill`; the generation ended as `internal` (and asyncio
+   `Attempt._consume_prefill` (nodes/cluster/attempt.py); the generation ended as `internal` (and asyncio
    logged "Task exception was never retrieved") instead of treating it as a failed prefill. The
    fuzz saw the same for a prefill PARTIAL token body without `index` / `token_id` (KeyError), or
    not a map, a non-numeric `token_id` (ValueError in `Attempt.deliver`), and a decode plan without
@@ -30,8 +30,8 @@ import sys
 
 import pytest
 
-from nodes.cluster_client import RequestTrace
-from nodes.gateway.metrics import GatewayMetrics
+from nodes.cluster import RequestTrace
+from nodes.gateway.gateway_metrics import GatewayMetrics
 from tests.conftest import REPO_ROOT
 
 pytestmark = pytest.mark.integration

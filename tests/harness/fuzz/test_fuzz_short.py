@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import pytest
 
+from harness.fuzz.fuzz_runner import FuzzOptions, run_fuzz
 from harness.fuzz.loop import TARGETS
-from harness.fuzz.runner import FuzzOptions, run_fuzz
 
 pytestmark = pytest.mark.integration
 SHORT = FuzzOptions(seconds=25.0, seed=1, warmup_s=5.0, settle_s=2.0, kv_idle_timeout_s=15.0, results_dir=None,

@@ -14,15 +14,15 @@ from bus import codec
 from bus.constants import Command
 from bus.kv import frames as kvf
 from bus.kv.chunk_codec import verify
-from bus.kv.errors import KVFrameError
+from bus.kv.kv_errors import KVFrameError
 from bus.kv.quant import NumpyQuantizer
 from bus.kv.recv_core import ReceiverCore
+from harness.fuzz import forged_frames
 from harness.fuzz import http_strategies as hs
 from harness.fuzz import strategies as s
-from harness.fuzz import wire
 from harness.fuzz.sampler import Sampler
 
-KNOWN = wire.Known(node_ids=["decode-0"], request_ids=["r-live"], transfer_ids=["t-live"],
+KNOWN = forged_frames.Known(node_ids=["decode-0"], request_ids=["r-live"], transfer_ids=["t-live"],
                 data_endpoints=["tcp://127.0.0.1:9"])
 
 
@@ -44,14 +44,14 @@ def test_most_control_headers_are_well_formed_so_fields_get_checked(control_exam
 
 def test_kv_headers_carry_a_valid_trailer_over_any_fields():
     for fields in ([1, 2], {"x": [None, 2**64 - 1]}, ["t", "r", [2**31 - 1] * 5], b"\xc1"):
-        header = wire.kv_header(kvf.CHUNK, fields)
+        header = forged_frames.kv_header(kvf.CHUNK, fields)
         assert xxhash.xxh3_64_intdigest(header[:-8]) == int.from_bytes(header[-8:], "little")
         try:
             kvf.decode_header(header)
         except KVFrameError as exc:
             assert "checksum" not in str(exc)
     with pytest.raises(KVFrameError, match="checksum"):
-        kvf.decode_header(wire.kv_header(kvf.END, ["t", "r", 1, 4, 0], trailer_ok=False))
+        kvf.decode_header(forged_frames.kv_header(kvf.END, ["t", "r", 1, 4, 0], trailer_ok=False))
 
 
 def test_kv_examples_cover_every_kind_and_mostly_pass_the_trailer():
@@ -70,7 +70,7 @@ def test_kv_examples_cover_every_kind_and_mostly_pass_the_trailer():
 
 def test_a_forged_transfer_passes_every_check_a_receiver_can_make():
     shape, nan = (2, 2, 2, 5, 16), b"\x00\x00\xc0\x7f"
-    messages = wire.forged_transfer("t-forged", "r-forged", shape, nan, chunk_bytes=256)
+    messages = forged_frames.forged_transfer("t-forged", "r-forged", shape, nan, chunk_bytes=256)
     for frames in messages[:-1]:
         chunk, payload = kvf.decode_message(frames)
         verify(chunk, payload)   # the payload checksum holds
@@ -97,7 +97,7 @@ def test_generation_is_reproducible_per_seed_and_bounded_in_count():
 
 
 def test_known_ids_are_read_when_drawn_not_when_built():
-    known = wire.Known(request_ids=[])
+    known = forged_frames.Known(request_ids=[])
     strategy = s.known_id(known, "request_ids", s.hex_ids.filter(lambda _: False))
     known.request_ids.append("r-late")
     assert set(Sampler(0).draw(strategy, 10)) == {"r-late"}

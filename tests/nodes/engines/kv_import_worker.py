@@ -15,7 +15,7 @@ import numpy as np
 import torch
 
 from nodes.engines.base import DecodeRequest, EngineConfig, SamplingParams
-from nodes.engines.engine import LlamaEngine
+from nodes.engines.llama_engine import LlamaEngine
 from nodes.engines.model_loader import load_model
 
 

@@ -141,7 +141,7 @@ def test_cuda_graphs_follow_a_growing_slot_cache_and_longer_contexts(tiny_model)
 GROWING_BATCH = """
 import torch
 from nodes.engines.base import DecodeRequest, EngineConfig, SamplingParams
-from nodes.engines.engine import LlamaEngine
+from nodes.engines.llama_engine import LlamaEngine
 from nodes.engines.model_loader import build_tiny_model
 model = build_tiny_model(seed=0)
 c = model.config
@@ -211,7 +211,7 @@ def test_a_chunked_prefill_pass_exports_the_one_pass_kv(tiny_model):
 
 @needs_cuda
 def test_a_kv_budget_larger_than_the_gpu_is_a_clear_error_and_the_engine_still_serves(tiny_model):
-    from nodes.engines.engine import KVMemoryError
+    from nodes.engines.llama_engine import KVMemoryError
     token_bytes = 2 * 2 * 2 * 16 * 4   # tiny model: layers x {K,V} x kv_heads x head_dim x fp32
     total = torch.cuda.get_device_properties(torch.device(DEVICE)).total_memory
     num_blocks = 2 * total // (token_bytes * 1024) + 1

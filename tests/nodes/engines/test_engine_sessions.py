@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from nodes.engines.base import DecodeRequest, PrefillRequest, SamplingParams
-from nodes.engines.prefill import PrefillBatcher
+from nodes.engines.prefill_pass import PrefillBatcher
 from tests.nodes.engines.engine_helpers import drain, make_engine, tokens_of
 
 SAMPLING = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)

@@ -11,7 +11,7 @@ import pytest
 from safetensors.torch import load_file, save_file
 
 from nodes.cli import build_parser
-from nodes.commands import model as model_command
+from nodes.commands import model_cmd as model_command
 from nodes.engines import model_loader
 from nodes.engines.model_loader import ModelLoadError, load_model, prepare_model, save_folder
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from nodes.engines.base import Engine, PrefillRequest, SamplingParams, WholePrefill
-from nodes.engines.prefill import ChunkedPrefill, plan_chunk
+from nodes.engines.prefill_pass import ChunkedPrefill, plan_chunk
 from tests.nodes.engines.engine_helpers import make_engine
 
 GREEDY = SamplingParams(temperature=0.0)

@@ -6,10 +6,10 @@ import argparse
 
 import pytest
 
+from nodes.config_file import SettingsError
 from nodes.engines import vllm_args
 from nodes.engines.base import EngineConfig
 from nodes.node_settings import add_node_arguments, node_settings
-from nodes.settings import SettingsError
 
 
 def test_missing_vllm_says_how_to_install_it(monkeypatch):

@@ -12,12 +12,11 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from nodes.cluster_client import ClusterError, GenerationResult, RequestTrace
-from nodes.cluster_orchestrator import StreamToken
+from nodes.cluster import ClusterError, GenerationResult, RequestTrace, StreamToken
 from nodes.engines.tiny import tiny_tokenizer
 from nodes.gateway.app import Gateway, build_app
 from nodes.gateway.backend import Backend, ModelInfo
-from nodes.gateway.config import GatewayConfig
+from nodes.gateway.gateway_settings import GatewayConfig
 
 BODY = {"model": "m", "prompt": "Hello", "max_tokens": 100}
 

@@ -1,11 +1,11 @@
-"""Response shapes (nodes/gateway/openai_format.py) and the [gateway] settings (config.py)."""
+"""Response shapes (nodes/gateway/openai_format.py) and the [gateway] settings (gateway_settings.py)."""
 
 import pytest
 
-from nodes.cluster_client import RequestTrace
-from nodes.gateway.config import GatewayConfig, kv_mode_name
+from nodes.cluster import RequestTrace
+from nodes.config_file import SettingsError
+from nodes.gateway.gateway_settings import GatewayConfig, kv_mode_name
 from nodes.gateway.openai_format import Shaper, pdbus_headers, pdbus_info
-from nodes.settings import SettingsError
 
 
 def trace():
@@ -32,7 +32,7 @@ def test_kv_mode_is_the_transfers_own_once_the_kv_moved():
 
 
 def test_metrics_count_kv_transfer_time_checksum_failures_and_resends():
-    from nodes.gateway.metrics import GatewayMetrics
+    from nodes.gateway.gateway_metrics import GatewayMetrics
 
     t = trace()
     t.kv_transfers.append({"mode": "int8", "compression": "none", "seconds": 0.01, "checksum_failures": 2,
@@ -77,5 +77,5 @@ def test_config_reads_gateway_keys_and_refuses_typos():
 
 
 def test_the_shipped_config_is_valid():
-    from nodes.settings import load_settings
+    from nodes.config_file import load_settings
     GatewayConfig.from_settings(load_settings())

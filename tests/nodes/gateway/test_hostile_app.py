@@ -16,11 +16,11 @@ import aiohttp
 import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
-from nodes.cluster_client import ClusterClient
+from nodes.cluster import ClusterClient
 from nodes.engines.tiny import tiny_tokenizer
 from nodes.gateway.app import Gateway, build_app
 from nodes.gateway.backend import Backend, ModelInfo
-from nodes.gateway.config import GatewayConfig
+from nodes.gateway.gateway_settings import GatewayConfig
 from tests.nodes.gateway.fake_bus import FakeBus
 
 GOOD = {"model": "m", "prompt": "Hello", "max_tokens": 3}

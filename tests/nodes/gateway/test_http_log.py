@@ -14,12 +14,12 @@ from aiohttp import web
 from aiohttp.http_exceptions import BadHttpMessage, LineTooLong
 from aiohttp.test_utils import TestServer
 
-from nodes.cluster_client import ClusterClient
+from nodes.cluster import ClusterClient
 from nodes.engines.tiny import tiny_tokenizer
 from nodes.gateway import http_log
 from nodes.gateway.app import Gateway, build_app, runner_options
 from nodes.gateway.backend import Backend, ModelInfo
-from nodes.gateway.config import GatewayConfig
+from nodes.gateway.gateway_settings import GatewayConfig
 from tests.nodes.gateway.fake_bus import FakeBus
 
 GARBAGE = [b"GET / HTTP/1.1\r\nHost: x\r\nBad Header\r\n\r\n", b"GET /" + b"a" * 20000 + b" HTTP/1.1\r\n\r\n",

@@ -2,7 +2,7 @@
 
 import pytest
 
-from nodes.gateway.errors import ApiError
+from nodes.gateway.api_errors import ApiError
 from nodes.gateway.protect import RateLimiter, check_api_key
 
 

@@ -5,7 +5,7 @@ import asyncio
 
 import pytest
 
-from nodes.cluster_orchestrator import StreamToken
+from nodes.cluster import StreamToken
 from nodes.gateway.relay import Relay, StalledConsumer
 
 

@@ -4,7 +4,7 @@ context-length check, without sockets."""
 import pytest
 
 from nodes.engines.tiny import tiny_tokenizer
-from nodes.gateway.errors import ApiError
+from nodes.gateway.api_errors import ApiError
 from nodes.gateway.schema import parse_request, tokenize
 
 MODEL = "m"

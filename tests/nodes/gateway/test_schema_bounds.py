@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from bus.codec import pack
 from nodes import wire
 from nodes.engines.base import SamplingParams
-from nodes.gateway.errors import ApiError
+from nodes.gateway.api_errors import ApiError
 from nodes.gateway.schema import MAX_DEPTH, MAX_SESSION_ID_CHARS, parse_request
 
 MODEL = "m"

@@ -11,11 +11,11 @@ import pytest
 from aiohttp.test_utils import TestClient, TestServer
 
 from bus.constants import MAX_ID_BYTES
-from nodes.cluster_client import RequestTrace
+from nodes.cluster import RequestTrace
 from nodes.engines.tiny import tiny_tokenizer
 from nodes.gateway.app import Gateway, build_app
 from nodes.gateway.backend import Backend, ModelInfo
-from nodes.gateway.config import GatewayConfig
+from nodes.gateway.gateway_settings import GatewayConfig
 from nodes.gateway.protect import hash_api_key
 from tests.nodes.gateway.test_app import FakeClient, FakeGeneration
 

@@ -12,13 +12,13 @@ import subprocess
 import aiohttp
 import pytest
 
+from nodes.config_file import SettingsError
 from nodes.engines.tiny import tiny_tokenizer
+from nodes.gateway.api_errors import ApiError
 from nodes.gateway.app import Gateway, serve, tls_context
 from nodes.gateway.backend import Backend, ModelInfo
-from nodes.gateway.config import GatewayConfig
-from nodes.gateway.errors import ApiError
+from nodes.gateway.gateway_settings import GatewayConfig
 from nodes.gateway.protect import check_api_key, hash_api_key
-from nodes.settings import SettingsError
 from tests.nodes.gateway.test_app import FakeClient
 
 KEY = "sk-test-very-secret"

@@ -1,4 +1,4 @@
-"""The codec's two properties, for every body kind (nodes/wire/codec.py): a body within the bounds
+"""The codec's two properties, for every body kind (nodes/wire/body_codec.py): a body within the bounds
 survives the bus unchanged (dataclass -> to_wire -> msgpack -> from_wire == the dataclass), and any
 value msgpack can decode, in any field, is either read as a typed body within the bounds or refused
 with `Refused` (a short reason that quotes nothing), never anything else."""

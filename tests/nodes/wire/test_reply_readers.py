@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from nodes import wire
-from tests.nodes.cluster_bus import decode_done, prefill_done, remote_plan, token
+from tests.nodes.cluster.scripted_bus import decode_done, prefill_done, remote_plan, token
 
 LIMIT = 16
 BOUNDS = wire.Bounds(max_tokens=LIMIT)

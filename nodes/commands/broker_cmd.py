@@ -1,0 +1,53 @@
+"""`pdbus broker`: run the control-plane broker in the foreground.
+
+Reads `[broker]` (endpoint, max_message_bytes), `[heartbeat]` (interval_ms, liveness) and
+`[scheduler]` (the cluster routing policy: vnodes, epsilon, queue_size, queue_timeout_s,
+retry_after_s, min_free_blocks, prefill_tokens_estimate, max_sessions) from the config; flags
+override them. `--policy least-outstanding` runs the bus's default policy instead of the
+scheduler. `[security]` (see nodes.commands.keys_cmd): CURVE with the `broker` key pair, admitting the
+keys listed per role; on by default for a non-loopback endpoint. SIGINT/SIGTERM stop it cleanly
+(nodes get DISCONNECT).
+"""
+
+from __future__ import annotations
+
+import argparse
+
+from bus import constants as c
+from bus.broker import run_broker
+from bus.routing import LeastOutstandingPolicy, RoutingPolicy
+from bus.security import SecurityError
+from nodes.bus_config import heartbeat_config, security_config
+from nodes.config_file import SettingsError, load_settings, section
+from scheduler.policy import ClusterPolicy, SchedulerSettings
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--endpoint", help=f"ROUTER endpoint to bind (default {c.DEFAULT_ENDPOINT})")
+    parser.add_argument("--heartbeat-ms", type=int, help="heartbeat interval in milliseconds")
+    parser.add_argument("--liveness", type=int, help="missed heartbeats before a node is dead")
+    parser.add_argument("--policy", choices=["cluster", "least-outstanding"], default="cluster",
+                        help="routing policy: the cluster scheduler (default) or fewest outstanding")
+
+
+def routing_policy(settings: dict, name: str = "cluster") -> RoutingPolicy:
+    """The broker's routing policy; `cluster` reads `[scheduler]`."""
+    if name == "least-outstanding":
+        return LeastOutstandingPolicy()
+    try:
+        return ClusterPolicy(SchedulerSettings.from_settings(section(settings, "scheduler")))
+    except (TypeError, ValueError) as exc:
+        raise SettingsError(f"[scheduler]: {exc}") from exc
+
+
+def main(args: argparse.Namespace) -> int:
+    settings = load_settings(args.config)
+    broker = section(settings, "broker")
+    endpoint = args.endpoint or broker.get("endpoint", c.DEFAULT_ENDPOINT)
+    max_bytes = int(broker.get("max_message_bytes", c.DEFAULT_MAX_MESSAGE_BYTES))
+    policy = routing_policy(settings, getattr(args, "policy", "cluster"))
+    try:
+        security = security_config(settings, "broker", endpoint)
+    except SecurityError as exc:
+        raise SettingsError(f"[security]: {exc}") from exc
+    return run_broker(endpoint, heartbeat_config(settings, args), max_bytes, policy, security)

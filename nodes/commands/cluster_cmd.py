@@ -1,0 +1,72 @@
+"""`pdbus cluster`: a broker and its nodes as child processes, in the foreground.
+
+Reads `[cluster]` (`prefill`, `decode`: node counts; `colocated`: `both` nodes for
+`--colocated`, 0 = one per core; `stop_grace_s`; `start_timeout_s`) and `[broker] endpoint`
+from the config; flags override them. The OpenAI gateway (`pdbus gateway`, on `[gateway]
+host:port`) runs too, unless `--no-gateway` or `--idle` (idle nodes serve no model). Every child
+gets the same `--config`, so heartbeat, scheduler, engine, KV and gateway settings agree. Ctrl-C / SIGTERM stops the nodes, then the broker
+(SIGKILL after the grace period). Exit code 0 after a requested stop, 1 if the broker dies.
+See `nodes.launcher` for what is logged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import threading
+
+from bus import constants as c
+from bus.log import wants_json
+from nodes.config_file import SettingsError, load_settings, section
+from nodes.launcher import ClusterShape, Supervisor, cluster_plan
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prefill", type=int, help="prefill nodes (default: [cluster] prefill)")
+    parser.add_argument("--decode", type=int, help="decode nodes (default: [cluster] decode)")
+    parser.add_argument("--colocated", action="store_true",
+                        help="run `both` nodes (prefill+decode on one engine) instead")
+    parser.add_argument("--nodes", type=int, help="with --colocated: how many (default: one per core)")
+    parser.add_argument("--model", help="model spec passed to every node")
+    parser.add_argument("--idle", action="store_true", help="nodes without an engine (`pdbus node --idle`)")
+    parser.add_argument("--endpoint", help=f"broker endpoint (default: [broker] endpoint, {c.DEFAULT_ENDPOINT})")
+    parser.add_argument("--stop-grace-s", type=float, help="seconds between SIGTERM and SIGKILL")
+    parser.add_argument("--no-gateway", action="store_true", help="do not run the OpenAI gateway")
+
+
+def _count(flag: int | None, configured: object, name: str) -> int:
+    value = flag if flag is not None else configured
+    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+        raise SettingsError(f"[cluster] {name} must be a whole number >= 0, got {value!r}")
+    return value
+
+
+def cluster_shape(settings: dict, args: argparse.Namespace) -> ClusterShape:
+    cluster = section(settings, "cluster")
+    num_colocated = 0
+    if args.colocated:
+        num_colocated = _count(args.nodes, cluster.get("colocated", 0), "colocated") or os.cpu_count() or 1
+    shape = ClusterShape(num_prefill=_count(args.prefill, cluster.get("prefill", 1), "prefill"),
+                         num_decode=_count(args.decode, cluster.get("decode", 1), "decode"),
+                         num_colocated=num_colocated, idle=args.idle, model=args.model,
+                         gateway=not (args.idle or args.no_gateway))
+    if not num_colocated and shape.num_decode == 0:
+        raise SettingsError("a cluster needs at least one decode node (or --colocated)")
+    return shape
+
+
+def main(args: argparse.Namespace) -> int:
+    settings = load_settings(args.config)
+    cluster = section(settings, "cluster")
+    endpoint = args.endpoint or section(settings, "broker").get("endpoint", c.DEFAULT_ENDPOINT)
+    common = tuple(a for flag, value in (("--config", args.config), ("--log-level", args.log_level))
+                   if value for a in (flag, value))
+    plan = cluster_plan(cluster_shape(settings, args), endpoint, common)
+    supervisor = Supervisor(plan, grace_s=float(args.stop_grace_s or cluster.get("stop_grace_s", 5.0)),
+                            start_timeout_s=float(cluster.get("start_timeout_s", 30.0)),
+                            json_output=wants_json(args.log_format))
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    return supervisor.run(stop)

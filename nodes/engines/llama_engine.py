@@ -1,0 +1,281 @@
+"""`LlamaEngine`: the built-in torch engine behind the `Engine` contract (see `base.py`).
+
+One engine serves either side or both. `step()` has nano-vllm's shape: `schedule()` picks this
+step's chunks (decode tokens first, then prefill chunks), `_run()` packs them into one forward pass,
+`_postprocess()` samples, streams and retires finished requests. Admission (`admission.py`) charges
+each request its KV reservation (prompt + max_tokens, in blocks) and the padded slot cache it
+implies, evicting least-recently-used finished sessions first, and answers "full" rather than
+over-committing memory. Torch threads are pinned at construction (`num_threads`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence as Seq
+
+import torch
+
+from nodes.engines import hugepages
+from nodes.engines.admission import AdmissionPlanner
+from nodes.engines.base import (
+    Admission,
+    DecodeRequest,
+    Engine,
+    EngineConfig,
+    KvUsage,
+    PrefillPass,
+    PrefillRequest,
+    PrefillResult,
+    TokenEvent,
+)
+from nodes.engines.block_manager import BlockManager, CachedSession, SessionCache
+from nodes.engines.engine_common import DTYPES, EngineStats, resolve_device, resolve_dtype
+from nodes.engines.kv_slots import SlotCache
+from nodes.engines.llama import DecodeGroup, ForwardBatch, LlamaRunner, PrefillSpan
+from nodes.engines.output import OutputTracker
+from nodes.engines.prefill_pass import ChunkedPrefill, run_prefill
+from nodes.engines.sampling import new_generator, sample
+from nodes.engines.step_schedule import ScheduledChunk, Sequence, schedule
+
+__all__ = ["DTYPES", "EngineStats", "KVMemoryError", "LlamaEngine", "resolve_dtype"]
+
+MAX_MEMORY_SHARE = 0.9   # of MemAvailable a KV reservation may take: the other processes need some
+
+
+class KVMemoryError(ValueError):
+    """The configured KV budget cannot be reserved in this machine's memory."""
+
+
+class LlamaEngine(Engine):
+    copies_imported_kv = True   # add_request writes request.kv into the slot cache before returning
+
+    def __init__(self, model, config: EngineConfig | None = None) -> None:
+        self.config = config or EngineConfig()
+        torch.set_num_threads(self.config.num_threads)
+        self.model_name = model.name
+        self.tokenizer = model.tokenizer
+        self.eos_token_ids = tuple(model.config.eos_token_ids)
+        self.max_model_len = min(self.config.max_model_len or model.config.max_position_embeddings,
+                                 model.config.max_position_embeddings)
+        device = resolve_device(self.config.device)
+        self.runner = LlamaRunner(model.config, model.weights, dtype=resolve_dtype(self.config.dtype, self.config.device),
+                                  device=device, max_len=self.max_model_len,
+                                  cuda_graphs=self.config.cuda_graphs)
+        self.device = self.runner.device
+        self.blocks = BlockManager(self.config.num_kv_blocks, self.config.block_size)
+        self.sessions = SessionCache()
+        self.slots = SlotCache(model.config, dtype=self.runner.dtype, device=self.device,
+                               max_slots=self.config.max_num_seqs, max_len=self.max_model_len,
+                               budget_tokens=self.config.num_kv_blocks * self.config.block_size)
+        self.planner = AdmissionPlanner(self.config, self.blocks, self.sessions, self.slots, self.max_model_len,
+                                        model.config)
+        self.running: list[Sequence] = []          # index == slot
+        self._pending_events: list[TokenEvent] = []
+        self.stats = EngineStats()
+        self.on_logits = None   # test/debug hook: on_logits(request_ids, logits) after each forward
+
+    # ---- prefill side ------------------------------------------------------------------------
+    def prefill(self, requests: Seq[PrefillRequest]) -> list[PrefillResult]:
+        results = run_prefill(self.runner, self.tokenizer, requests, max_batch_tokens=self.config.max_batch_tokens,
+                              max_model_len=self.max_model_len, eos_token_ids=self.eos_token_ids)
+        self.stats.num_prefilled_tokens += sum(r.num_prompt_tokens for r in results)
+        return results
+
+    def start_prefill(self, requests: Seq[PrefillRequest], *, chunk_tokens: int) -> PrefillPass:
+        return ChunkedPrefill(self.runner, self.tokenizer, requests, chunk_tokens=chunk_tokens,
+                              max_model_len=self.max_model_len, eos_token_ids=self.eos_token_ids, stats=self.stats)
+
+    # ---- decode side -------------------------------------------------------------------------
+    def check_admission(self, request: DecodeRequest) -> Admission:
+        return self.planner.plan(request, num_running=len(self.running)).admission
+
+    def add_request(self, request: DecodeRequest) -> Admission:
+        if any(seq.request_id == request.request_id for seq in self.running):
+            return Admission("rejected", f"request {request.request_id} is already running")
+        plan = self.planner.plan(request, num_running=len(self.running))
+        if not plan.admission.ok:
+            return plan.admission
+        for session_id in plan.evict_sessions:
+            self.planner.drop_session(session_id)
+        reused = self.planner.take_session(plan.reuse_session) if plan.reuse_session else None
+        seq = self._new_sequence(request, plan.num_reserved_tokens)
+        self.blocks.allocate(seq.request_id, plan.num_reserved_tokens)
+        self.slots.ensure(len(self.running) + 1, max([plan.num_reserved_tokens] +
+                                                    [s.num_reserved_tokens for s in self.running]),
+                          self.planner.slot_budget_tokens(),
+                          max((s.num_computed_tokens for s in self.running), default=0))
+        seq.slot = len(self.running)
+        self.running.append(seq)
+        self._load_kv(seq, request, reused, plan.num_reused_tokens)
+        if reused is not None:   # copied into its slot (or superseded): its room in the tail is free
+            self.slots.forget(reused)
+        return plan.admission
+
+    def _new_sequence(self, request: DecodeRequest, num_reserved: int) -> Sequence:
+        sampling = request.sampling
+        # The context may end before max_tokens does: then the request ends with "length" there.
+        max_tokens = num_reserved - len(request.prompt_token_ids)
+        tracker = OutputTracker(self.tokenizer, sampling, self.eos_token_ids, max_tokens=max_tokens)
+        seq = Sequence(request.request_id, list(request.prompt_token_ids), len(request.prompt_token_ids),
+                       sampling, tracker, num_reserved,
+                       session_id=request.session_id, generator=new_generator(sampling.seed))
+        if request.first_token_id is not None:
+            # The prefill node sampled (and streamed) this token: replay it so text and the seeded
+            # random stream continue exactly where the prefill node left them.
+            seq.token_ids.append(request.first_token_id)
+            seq.output.push(request.first_token_id)
+            if seq.generator is not None and not sampling.is_greedy:
+                torch.rand(1, generator=seq.generator)
+        return seq
+
+    def _load_kv(self, seq: Sequence, request: DecodeRequest, reused: CachedSession | None,
+                 num_reused: int) -> None:
+        if request.kv is not None:
+            self.slots.write(seq.slot, request.kv)
+            # KV for the whole prompt but no first token: the last prompt token runs again (its
+            # KV is rewritten identically) because its logits are needed to sample.
+            seq.num_computed_tokens = min(int(request.kv.shape[3]), len(seq.token_ids) - 1)
+            self.stats.num_imported_tokens += seq.num_computed_tokens
+        elif reused is not None and num_reused:
+            self.slots.write(seq.slot, reused.payload[:, :, :, :num_reused])
+            seq.num_computed_tokens = num_reused
+            self.stats.num_reused_tokens += num_reused
+        if seq.output.finish_reason is not None:   # the imported first token already ended it
+            self._pending_events.append(TokenEvent(seq.request_id, None, "", 1, seq.output.finish_reason))
+            self._retire(seq, keep_session=True)
+
+    def step(self) -> list[TokenEvent]:
+        events, self._pending_events = self._pending_events, []
+        chunks = schedule(self.running, max_batch_tokens=self.config.max_batch_tokens,
+                          prefill_chunk_tokens=self.config.prefill_chunk_tokens)
+        if chunks:
+            logits = self._run(chunks)
+            events.extend(self._postprocess(chunks, logits))
+        return events
+
+    def _run(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
+        decode = sorted((c for c in chunks if c.num_tokens == 1), key=lambda c: c.seq.slot)
+        spans = [c for c in chunks if c.num_tokens > 1]
+        ordered = decode + spans
+        token_ids = [t for c in ordered for t in c.token_ids]
+        positions = [p for c in ordered for p in range(c.start, c.start + c.num_tokens)]
+        sample_rows, row = {}, 0
+        prefill_spans = []
+        for chunk in ordered:
+            if chunk.num_tokens > 1:
+                prefill_spans.append(PrefillSpan(row, chunk.num_tokens, chunk.start, self.slots.view(chunk.seq.slot)))
+            row += chunk.num_tokens
+            if chunk.samples:
+                sample_rows[id(chunk)] = row - 1
+        device = self.device
+        batch = ForwardBatch(torch.tensor(token_ids, device=device), torch.tensor(positions, device=device),
+                             torch.tensor([sample_rows[id(c)] for c in chunks if c.samples], dtype=torch.long, device=device),
+                             spans=prefill_spans, decode=self._decode_group(decode))
+        # On a GPU the logits stay there: sampling copies out a token id per greedy row, not a row of
+        # 49,152 logits (sampling.py), and only a random-sampled row's logits come to the CPU.
+        logits = self.runner.forward(batch)
+        self.stats.num_steps += 1
+        self.stats.num_prefilled_tokens += sum(max(0, min(c.start + c.num_tokens, c.seq.num_prompt_tokens) - c.start)
+                                               for c in chunks)
+        if self.on_logits is not None:
+            self.on_logits([c.seq.request_id for c in chunks if c.samples], logits)
+        return logits
+
+    def _decode_group(self, decode: list[ScheduledChunk]) -> DecodeGroup | None:
+        if not decode:
+            return None
+        num_slots = len(self.running)
+        slots = [c.seq.slot for c in decode]
+        lengths = torch.ones(num_slots, dtype=torch.long)   # idle slots attend one harmless key
+        lengths[slots] = torch.tensor([c.start + 1 for c in decode])
+        max_len = int(lengths.max())
+        device = self.device
+        return DecodeGroup(rows=torch.arange(len(decode), device=device), slots=torch.tensor(slots, device=device),
+                           positions=torch.tensor([c.start for c in decode], device=device),
+                           cache=self.slots.tensor, num_slots=num_slots,
+                           lengths=lengths.to(device) if int(lengths.min()) < max_len else None, max_len=max_len,
+                           dense=slots == list(range(num_slots)))
+
+    def _postprocess(self, chunks: list[ScheduledChunk], logits: torch.Tensor) -> list[TokenEvent]:
+        for chunk in chunks:
+            chunk.seq.num_computed_tokens += chunk.num_tokens
+        sampled = [c for c in chunks if c.samples]
+        tokens = sample(logits, [c.seq.sampling for c in sampled], [c.seq.generator for c in sampled])
+        events = []
+        for chunk, token in zip(sampled, tokens, strict=True):
+            seq = chunk.seq
+            seq.token_ids.append(token)
+            text, finish_reason = seq.output.push(token)
+            events.append(TokenEvent(seq.request_id, token, text, seq.num_output_tokens - 1, finish_reason))
+            self.stats.num_generated_tokens += 1
+            if finish_reason is not None:
+                self._retire(seq, keep_session=True)
+        return events
+
+    def unsound_requests(self) -> list[str]:
+        # Only after a step raised: a scan of each running slot's computed KV (its cost does not matter there).
+        return [seq.request_id for seq in self.running
+                if not bool(torch.isfinite(self.slots.view(seq.slot)[:, :, :, :seq.num_computed_tokens]).all())]
+
+    def abort(self, request_id: str) -> TokenEvent | None:
+        seq = next((s for s in self.running if s.request_id == request_id), None)
+        if seq is None:
+            return None
+        seq.output.abort()
+        self._retire(seq, keep_session=False)
+        return TokenEvent(request_id, None, "", seq.num_output_tokens, "abort")
+
+    def _retire(self, seq: Sequence, *, keep_session: bool) -> None:
+        self.blocks.free(seq.request_id)
+        if keep_session and seq.session_id and self.config.keep_sessions:
+            session = CachedSession(seq.session_id, tuple(seq.token_ids[:seq.num_computed_tokens]), None)
+            if self.planner.keep_session(session):   # its KV goes to the store's tail (kv_slots.keep)
+                self.slots.keep(session, seq.slot, seq.num_computed_tokens)
+        last = self.running.pop()
+        if last is not seq:   # keep slots dense: the last request moves into the freed slot
+            self.slots.move(last.slot, seq.slot, last.num_computed_tokens)
+            last.slot = seq.slot
+            self.running[seq.slot] = last
+        if not self.running:
+            self.slots.idle()   # its store stays for the next request: new memory faults in slowly (kv_slots.py)
+
+    def has_unfinished(self) -> bool:
+        return bool(self.running or self._pending_events)
+
+    def reserve_kv_memory(self) -> None:
+        """The slot store for the whole budget, faulted in now (`preallocate_kv`): no request then
+        waits for memory, neither the first one nor the one that grows the batch (kv_slots.py).
+        Raises KVMemoryError, before touching any of it, when the budget exceeds the memory
+        available (faulting it in would end in the kernel's OOM killer, not in an error). A second
+        call finds it done and does nothing (`pdbus decode` reserves before DecodeWork.prepare)."""
+        num_tokens = self.planner.slot_budget_tokens()
+        num_bytes = self.slots.num_bytes_for(num_tokens) - self.slots.num_bytes
+        if not self.config.preallocate_kv or num_bytes <= 0:   # off, or reserved already: nothing to do
+            return
+        available = hugepages.available_bytes() if self.device.type == "cpu" else None
+        if available is not None and num_bytes > MAX_MEMORY_SHARE * available:
+            raise self._memory_error(num_bytes, f"only {available / 2**30:.2f} GiB of memory is available")
+        try:
+            self.slots.reserve(num_tokens)
+        except RuntimeError as exc:   # the allocator's refusal (torch.OutOfMemoryError on a GPU)
+            raise self._memory_error(num_bytes, f"allocating it failed ({str(exc).splitlines()[0]})") from None
+
+    def _memory_error(self, num_bytes: int, why: str) -> KVMemoryError:
+        c = self.config
+        return KVMemoryError(
+            f"the KV budget ([decode] num_kv_blocks = {c.num_kv_blocks} x block_size {c.block_size} tokens) "
+            f"needs {num_bytes / 2**30:.2f} GiB, but {why}: lower num_kv_blocks, or set "
+            "[decode] preallocate_kv = false to allocate it on demand")
+
+    # ---- sessions and usage --------------------------------------------------------------------
+    def cached_session_tokens(self, session_id: str) -> int:
+        session = self.sessions.get(session_id)
+        return 0 if session is None else len(session.token_ids)
+
+    def drop_session(self, session_id: str) -> bool:
+        return self.planner.drop_session(session_id)
+
+    def kv_usage(self) -> KvUsage:
+        session_blocks = sum(self.blocks.num_blocks_of(self.planner.session_owner(s)) for s in self.sessions.lru_order())
+        return KvUsage(self.blocks.block_size, self.blocks.num_blocks, self.blocks.num_free_blocks,
+                       sum(self.blocks.num_blocks_of(s.request_id) for s in self.running), session_blocks,
+                       len(self.sessions), self.slots.num_bytes)

@@ -1,0 +1,59 @@
+"""Workload generation: deterministic per seed, lengths within their ranges, 80/20 mix, arrivals."""
+
+import math
+import statistics
+
+import pytest
+
+from harness.bench.serve.serve_workload import FIRST_ID, arrival_offsets, mixed_workload, random_workload
+
+
+def test_random_workload_is_deterministic_per_seed_and_within_the_range_ratio():
+    first = random_workload(50, 512, 64, 0.9, vocab_size=1000, seed=7)
+    assert first == random_workload(50, 512, 64, 0.9, vocab_size=1000, seed=7)
+    assert first != random_workload(50, 512, 64, 0.9, vocab_size=1000, seed=8)
+    assert all(51 <= s.prompt_len <= 973 and 6 <= s.output_len <= 122 for s in first)
+    assert all(FIRST_ID <= t < 1000 for s in first for t in s.prompt_token_ids)
+
+
+def test_random_workload_with_ratio_zero_has_exact_lengths():
+    specs = random_workload(5, 100, 10, 0.0, vocab_size=512, seed=0)
+    assert {(s.prompt_len, s.output_len) for s in specs} == {(100, 10)}
+
+
+def test_mixed_workload_is_80_percent_chats_and_20_percent_documents():
+    specs = mixed_workload(50, seed=3, vocab_size=49152)
+    chats = [s for s in specs if s.kind == "chat"]
+    documents = [s for s in specs if s.kind == "document"]
+    assert (len(chats), len(documents)) == (40, 10)
+    assert all(64 <= s.prompt_len <= 192 and s.output_len == 128 for s in chats)
+    assert all(1152 <= s.prompt_len <= 1920 and s.output_len == 64 for s in documents)
+    assert specs == mixed_workload(50, seed=3, vocab_size=49152)
+    assert [s.kind for s in specs] != sorted(s.kind for s in specs)   # shuffled, not grouped
+
+
+def test_mixed_workload_scale_shortens_outputs_only():
+    full, half = mixed_workload(10, 1, 512), mixed_workload(10, 1, 512, scale=0.5)
+    assert [s.prompt_token_ids for s in full] == [s.prompt_token_ids for s in half]
+    assert [s.output_len for s in half] == [s.output_len // 2 for s in full]
+
+
+def test_poisson_arrivals_have_the_asked_mean_rate_and_are_seeded():
+    offsets = arrival_offsets(4000, rate=2.0, seed=1)
+    gaps = [b - a for a, b in zip(offsets, offsets[1:], strict=False)]
+    assert offsets[0] == 0.0 and offsets == sorted(offsets)
+    assert statistics.mean(gaps) == pytest.approx(0.5, rel=0.05)
+    assert statistics.stdev(gaps) == pytest.approx(0.5, rel=0.1)    # exponential: stdev = mean
+    assert offsets == arrival_offsets(4000, rate=2.0, seed=1)
+    bursty = arrival_offsets(4000, rate=2.0, burstiness=0.25, seed=1)
+    assert statistics.stdev(b - a for a, b in zip(bursty, bursty[1:], strict=False)) > 0.8
+
+
+def test_infinite_rate_sends_everything_at_once_and_bad_inputs_are_refused():
+    assert arrival_offsets(3, math.inf) == [0.0, 0.0, 0.0]
+    with pytest.raises(ValueError):
+        arrival_offsets(3, 0)
+    with pytest.raises(ValueError):
+        random_workload(1, 10, 10, 1.0, 512, 0)
+    with pytest.raises(ValueError):
+        random_workload(1, 10, 10, 0.5, vocab_size=FIRST_ID, seed=0)

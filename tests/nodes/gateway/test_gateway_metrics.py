@@ -1,0 +1,79 @@
+"""The gateway's metrics hold what a node sends to a fixed shape: error codes a node invents share one
+`other` label (bounded series), and counters or timings of the wrong type or range in a node's
+FINAL are ignored and counted, never an exception."""
+
+from __future__ import annotations
+
+import pytest
+
+from nodes.cluster import RequestTrace
+from nodes.gateway.gateway_metrics import GatewayMetrics
+
+USAGE = {"prompt_tokens": 1, "completion_tokens": 1}
+
+
+def series(metrics: GatewayMetrics, name: str) -> dict[str, float]:
+    body, _ = metrics.render()
+    rows = [line.rsplit(" ", 1) for line in body.decode().splitlines() if line.startswith(name)]
+    return {key: float(value) for key, value in rows}
+
+
+def observe(metrics: GatewayMetrics, trace: RequestTrace) -> None:
+    metrics.observe_stream(trace, USAGE, [0.5], 0.0, 1.0)
+
+
+def test_invented_error_codes_share_one_label_known_ones_keep_theirs():
+    metrics = GatewayMetrics()
+    for i in range(300):
+        trace = RequestTrace("r", "s")
+        trace.failures += [f"hostile-{i}@a-fake-decode", "node_lost@d", "prefill_kv_failed@p", "bad_reply@d",
+                           f"prefill_hostile-{i}@p", "retries_exhausted@"]
+        observe(metrics, trace)
+    found = series(metrics, "pdbus_cluster_failures_total{")
+    assert found == {'pdbus_cluster_failures_total{code="other"}': 600.0,
+                     'pdbus_cluster_failures_total{code="node_lost"}': 300.0,
+                     'pdbus_cluster_failures_total{code="prefill_kv_failed"}': 300.0,
+                     'pdbus_cluster_failures_total{code="bad_reply"}': 300.0,
+                     'pdbus_cluster_failures_total{code="retries_exhausted"}': 300.0}
+
+
+@pytest.mark.parametrize("final", [
+    {"stats": {"kv_raw_bytes": "a", "kv_wire_bytes": "b"}}, {"stats": [1]}, {"stats": "x"}, [1, 2], 1.5,
+    {"stats": {"kv_raw_bytes": -5, "kv_wire_bytes": 1}}, {"stats": {"kv_raw_bytes": float("nan"), "kv_wire_bytes": 1}},
+    {"stats": {"kv_raw_bytes": True, "kv_wire_bytes": 10**30}}])
+def test_a_decode_final_of_the_wrong_types_is_ignored_and_counted(final):
+    metrics = GatewayMetrics()
+    trace = RequestTrace("r", "s")
+    trace.decode_final = final
+    observe(metrics, trace)
+    assert series(metrics, "pdbus_kv_bytes_total") == {}
+    assert series(metrics, "pdbus_ignored_node_values_total")["pdbus_ignored_node_values_total"] >= 1
+
+
+@pytest.mark.parametrize("transfer", [{"seconds": "1", "checksum_failures": "x", "resends": -2}, [1], "x",
+                                      {"seconds": float("inf"), "checksum_failures": 2.5, "resends": None}])
+def test_a_transfer_report_of_the_wrong_types_is_ignored_and_counted(transfer):
+    metrics = GatewayMetrics()
+    trace = RequestTrace("r", "s")
+    trace.kv_transfers.append(transfer)
+    trace.timings.update({"prefill_s": "slow", "decode_s": -1.0, "queue_s": float("nan")})
+    observe(metrics, trace)
+    assert series(metrics, "pdbus_ignored_node_values_total")["pdbus_ignored_node_values_total"] >= 4
+    assert series(metrics, "pdbus_kv_resends_total") == {"pdbus_kv_resends_total": 0.0}
+
+
+def test_good_values_are_still_counted():
+    metrics = GatewayMetrics()
+    trace = RequestTrace("r", "s")
+    trace.decode_final = {"stats": {"kv_raw_bytes": 400, "kv_wire_bytes": 100}}
+    trace.kv_transfers.append({"seconds": 0.5, "checksum_failures": 2, "resends": 3})
+    trace.timings["prefill_s"] = 0.25
+    trace.num_bad_replies = 2
+    observe(metrics, trace)
+    assert series(metrics, "pdbus_kv_bytes_total{") == {'pdbus_kv_bytes_total{kind="raw"}': 400.0,
+                                                        'pdbus_kv_bytes_total{kind="wire"}': 100.0}
+    assert series(metrics, "pdbus_kv_resends_total") == {"pdbus_kv_resends_total": 3.0}
+    assert series(metrics, 'pdbus_stage_seconds_count{stage="prefill"}') == {
+        'pdbus_stage_seconds_count{stage="prefill"}': 1.0}
+    assert series(metrics, "pdbus_ignored_node_values_total") == {"pdbus_ignored_node_values_total": 0.0}
+    assert series(metrics, "pdbus_bad_replies_total") == {"pdbus_bad_replies_total": 2.0}
