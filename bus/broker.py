@@ -23,6 +23,7 @@ import asyncio
 import signal
 import time
 from collections.abc import Callable
+from typing import Any
 
 import uvloop
 import zmq
@@ -64,6 +65,7 @@ class Broker:
 
     async def wait_bound(self) -> str:
         await self._bound.wait()
+        assert self.bound_endpoint is not None   # set by _bind, before _bound is
         return self.bound_endpoint
 
     async def serve(self) -> None:
@@ -72,7 +74,7 @@ class Broker:
                                       after_batch=self._publish_events)
         monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         loop = asyncio.get_running_loop()
-        loop.add_reader(monitor.getsockopt(zmq.FD), self._on_monitor, monitor)
+        loop.add_reader(monitor.fileno(), self._on_monitor, monitor)
         self.log.info("broker_started", endpoint=self.bound_endpoint,
                       heartbeat_ms=self.core.heartbeat.interval_s * 1000,
                       liveness=self.core.heartbeat.liveness)
@@ -80,7 +82,7 @@ class Broker:
         try:
             await self._reactor.run()
         finally:
-            loop.remove_reader(monitor.getsockopt(zmq.FD))
+            loop.remove_reader(monitor.fileno())
             socket.disable_monitor()
             monitor.close(linger=0)
             self.core.shutdown(time.monotonic())
@@ -115,14 +117,15 @@ class Broker:
                               (zmq.LINGER, 0), (zmq.MAXMSGSIZE, self.core.max_message_bytes)):
             socket.setsockopt(option, value)
         if self.security is not None:
-            self.gatekeeper = Gatekeeper(self._context, self.security).start()
+            self.gatekeeper = Gatekeeper.started(self._context, self.security)
             apply_server(socket, self.security)
         socket.bind(self.endpoint)
         self.bound_endpoint = socket.getsockopt_string(zmq.LAST_ENDPOINT)
         return socket
 
-    def _authorize(self, header_frame: object, role: str) -> str | None:
+    def _authorize(self, header_frame: Any, role: str) -> str | None:
         """Why the sender of this READY may not register as `role` (None: it may)."""
+        assert self.security is not None   # only a CURVE broker authorizes
         principal = principal_of(header_frame, self.security)
         if principal is None:
             return "no admitted CURVE key"
@@ -131,7 +134,7 @@ class Broker:
         return None
 
     @staticmethod
-    def _identify(header_frame: object) -> str | None:
+    def _identify(header_frame: Any) -> str | None:
         """The sender's CURVE public key (ZAP made it the connection's User-Id): node ids bind to it."""
         try:
             return header_frame.get("User-Id") or None

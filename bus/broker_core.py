@@ -44,7 +44,7 @@ from bus.broker_tables import BrokerEvent, CapacityChanged, Node, NodeJoined, No
 from bus.codec import HEADERS, ProtocolError
 from bus.constants import Command, DisconnectReason, DropReason, LeaveReason
 from bus.liveness import HeartbeatConfig, LinkTimers
-from bus.messages import Disconnect, Error, Ready
+from bus.messages import CapacityUpdate, Disconnect, Error, Ready
 from bus.routing import LeastOutstandingPolicy, RoutingPolicy
 
 _HEARTBEAT = [HEADERS[Command.HEARTBEAT]]
@@ -142,13 +142,15 @@ class BrokerCore(RouteTable):
 
     def _on_ready(self, node: Node | None, command: Command, frames: list, now: float,
                   identity: bytes | None = None) -> None:
+        if identity is None:
+            assert node is not None, "a READY comes from a registered node or with its sender's identity"
+            identity = node.identity
         try:
             ready = codec.decode(frames)
         except ProtocolError as exc:
-            self._reject(identity or node.identity, exc, frames)
+            self._reject(identity, exc, frames)
             return
         assert isinstance(ready, Ready)
-        identity = identity or node.identity
         refusal = self.admission.refusal(ready, frames[0], self.nodes_by_id)
         if refusal is not None:
             self._reject(identity, refusal, frames)
@@ -224,6 +226,7 @@ class BrokerCore(RouteTable):
         except ProtocolError as exc:
             self._reject(node.identity, exc, frames)
             return
+        assert isinstance(update, CapacityUpdate)   # dispatched on its command byte
         node.capacity = dict(update.capacity)
         self._tell_policy(self.policy.on_capacity, node)
         self.events.append(CapacityChanged(node.node_id, dict(node.capacity)))
@@ -277,7 +280,7 @@ class BrokerCore(RouteTable):
         node = self.nodes_by_identity.get(identity)
         self.events.append(PeerRejected(exc.reason, exc.detail, node.node_id if node else None, identity))
         if exc.request_id is not None:
-            self.fail_rejected_request(identity, node, exc)
+            self.fail_rejected_request(identity, node, exc, exc.request_id)
             return
         self.outbox.append([identity, *codec.encode(Disconnect(exc.reason, exc.detail))])
         if node is not None:

@@ -62,11 +62,13 @@ class RestartRoutes:
         return held
 
     def _release_held(self, route: Route, now: float) -> None:
+        client = route.client
+        assert client is not None, "held replies are released to the client that re-registered"
         held = self._drop_held(route)
         for command, frames in held:
             route.num_replies += 1
-            route.client.timers.last_sent = now
-            self.outbox.append([route.client.identity, *frames])
+            client.timers.last_sent = now
+            self.outbox.append([client.identity, *frames])
             self.metrics["routed.reply"] += 1
             if command is not Command.PARTIAL:
                 self.finish(route)

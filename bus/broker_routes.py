@@ -45,6 +45,7 @@ class RouteTable(DirectRoutes, RestartRoutes):
     policy: RoutingPolicy
     nodes_by_id: dict[str, Node]
     send_error: Callable[..., None]
+    send: Callable[[Node, list, float], None]
 
     def __init__(self, orphan_grace_s: float = 1.5) -> None:
         self.by_service: dict[bytes, tuple[Node, ...]] = {}
@@ -180,7 +181,8 @@ class RouteTable(DirectRoutes, RestartRoutes):
     def dispatch_queued(self, now: float) -> None:
         """Offer each service's waiting requests to the policy, oldest first, until one of
         them is deferred again (the rest of that queue would be too)."""
-        for entry in self.queue.heads():
+        for head in self.queue.heads():
+            entry: Deferred | None = head
             while entry is not None:
                 if not self.dispatch(entry.client, entry.request_id, entry.service, entry.frames,
                                      now, entry):
@@ -248,13 +250,14 @@ class RouteTable(DirectRoutes, RestartRoutes):
             cancel = Cancel(route.request_id.decode(errors="replace"), CancelReason.CLIENT_LOST)
             self.outbox.append([route.server.identity, *codec.encode(cancel)])
 
-    def fail_rejected_request(self, identity: bytes, node: Node | None, exc: ProtocolError) -> None:
-        """A request-scoped message was refused: ERROR to its sender; if it was a serving
-        node's reply, the client's stream is broken too, so end it for both."""
-        route = self.routes.get(exc.request_id.encode())
+    def fail_rejected_request(self, identity: bytes, node: Node | None, exc: ProtocolError,
+                              request_id: str) -> None:
+        """A message of request `request_id` was refused (`exc`): ERROR to its sender; if it was
+        a serving node's reply, the client's stream is broken too, so end it for both."""
+        route = self.routes.get(request_id.encode())
         if node is not None and route is not None and route.server is node:
             self.finish(route)
             if route.client is not None:
-                self.send_error(route.client.identity, exc.request_id, exc.reason,
+                self.send_error(route.client.identity, request_id, exc.reason,
                                 f"reply refused by the broker: {exc.detail}")
-        self.send_error(identity, exc.request_id, exc.reason, exc.detail)
+        self.send_error(identity, request_id, exc.reason, exc.detail)

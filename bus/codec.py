@@ -17,6 +17,7 @@ Frame layouts (after the ROUTER identity): see docs/PROTOCOL.md part 1 and `_LAY
 from __future__ import annotations
 
 import struct
+from collections.abc import Callable
 from typing import Any
 
 import msgpack
@@ -259,7 +260,7 @@ def _decode_cancel(frames: list[Any]) -> Cancel:
     return Cancel(request_id=request_id, reason=reason)
 
 
-_DECODERS = {
+_DECODERS: dict[Command, Callable[[list[Any]], Message]] = {
     Command.READY: _decode_ready,
     Command.HEARTBEAT: lambda f: Heartbeat(),
     Command.DISCONNECT: _decode_disconnect,

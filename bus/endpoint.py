@@ -40,6 +40,7 @@ from bus.liveness import HeartbeatConfig
 from bus.log import get_logger
 from bus.mailbox import Mailbox, ReplyStream
 from bus.messages import Direct, Error, Final, Partial, Request
+from bus.reactor import has_input
 from bus.security import SecurityConfig, apply_client
 
 _BATCH = 256
@@ -95,8 +96,10 @@ class Endpoint:
         if self._thread is None or self._loop is None:
             return
         self._stopping = True
+        wake = self._wake   # None only before the I/O loop started: it then sees _stopping at once
         with contextlib.suppress(RuntimeError):   # the loop already closed
-            self._loop.call_soon_threadsafe(self._wake.set)
+            if wake is not None:
+                self._loop.call_soon_threadsafe(wake.set)
         self._thread.join(timeout)
 
     def __enter__(self) -> Endpoint:
@@ -209,14 +212,14 @@ class Endpoint:
             apply_client(socket, self.security)
         socket.connect(self.broker_endpoint)
         self._socket = socket
-        asyncio.get_running_loop().add_reader(socket.getsockopt(zmq.FD), self._drain)
+        asyncio.get_running_loop().add_reader(socket.fileno(), self._drain)   # zmq.FD: edge-triggered
         self.core.on_socket_opened(time.monotonic())
         self._flush()
 
     def _close_socket(self, linger_ms: int) -> None:
         if self._socket is None:
             return
-        asyncio.get_running_loop().remove_reader(self._socket.getsockopt(zmq.FD))
+        asyncio.get_running_loop().remove_reader(self._socket.fileno())
         self._socket.close(linger=linger_ms)
         self._socket = None
 
@@ -232,7 +235,7 @@ class Endpoint:
                 break
             self.core.on_frames(frames, now)
         else:
-            self._loop.call_soon(self._drain)   # more waiting: let timers and calls run first
+            asyncio.get_running_loop().call_soon(self._drain)   # more waiting: timers and calls first
         self._dispatch()
         self._flush()
 
@@ -247,8 +250,8 @@ class Endpoint:
             except zmq.Again:
                 self.core.metrics["dropped.send_queue_full"] += 1
         # A send can consume the edge-triggered read notification: look again.
-        if socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            self._loop.call_soon(self._drain)
+        if has_input(socket):
+            asyncio.get_running_loop().call_soon(self._drain)
 
     def _dispatch(self) -> None:
         for event in self.core.take_events():

@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter, deque
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -304,7 +304,7 @@ class EndpointCore:
         return events
 
 
-_HANDLERS = {
+_HANDLERS: dict[type, Callable[[EndpointCore, Any], None]] = {
     Request: EndpointCore._on_request, Cancel: EndpointCore._on_cancel,
     Direct: EndpointCore._on_direct,
     Partial: EndpointCore._on_reply, Final: EndpointCore._on_reply, Error: EndpointCore._on_reply,

@@ -12,7 +12,7 @@ delay. The same reactor drives the broker and the benchmark's bare relay, so the
 is the protocol logic alone.
 `queued_messages(socket, limit, copy)` yields the messages already queued on a synchronous socket
 (at most `limit`) without blocking: the KV data plane's sender and receiver take what arrived
-between two awaits with it.
+between two awaits with it. `has_input(socket)`: a message is queued on it (zmq.EVENTS).
 """
 
 from __future__ import annotations
@@ -29,12 +29,19 @@ import zmq
 _BATCH = 512
 
 
+def has_input(socket: zmq.Socket) -> bool:
+    """Whether a message is queued on `socket`. Re-read after sending: a send can consume the
+    edge-triggered FD's read notification."""
+    events = socket.get(zmq.EVENTS)   # an int; pyzmq types every option `int | bytes`
+    return isinstance(events, int) and bool(events & zmq.POLLIN)
+
+
 def queued_messages(socket: zmq.Socket, limit: int | None = None, copy: bool = True) -> Iterator[list]:
     """The messages already queued on `socket`, at most `limit` (None: all of them), received
     NOBLOCK. EVENTS is read before each receive: a getsockopt is cheaper than the zmq.Again a
     NOBLOCK receive raises when nothing is there, which is most times a caller looks."""
     for _ in itertools.repeat(None) if limit is None else range(limit):
-        if not socket.get(zmq.EVENTS) & zmq.POLLIN:
+        if not has_input(socket):
             return
         try:
             frames = socket.recv_multipart(zmq.NOBLOCK, copy=copy)
@@ -53,12 +60,12 @@ class RouterReactor:
         self.after_batch = after_batch or (lambda: None)
         self.clock = clock
         self._stop = asyncio.Event()
-        self._loop: asyncio.AbstractEventLoop | None = None
 
     async def run(self) -> None:
-        self._loop = asyncio.get_running_loop()
-        fd = self.socket.getsockopt(zmq.FD)
-        self._loop.add_reader(fd, self.drain)
+        """Serve until `stop()`; `drain` and `flush` run on this coroutine's loop."""
+        loop = asyncio.get_running_loop()
+        fd = self.socket.fileno()   # zmq.FD: edge-triggered
+        loop.add_reader(fd, self.drain)
         self.drain()
         try:
             while not self._stop.is_set():
@@ -68,7 +75,7 @@ class RouterReactor:
                 self.core.tick(self.clock())
                 self.flush()
         finally:
-            self._loop.remove_reader(fd)
+            loop.remove_reader(fd)
 
     def stop(self) -> None:
         self._stop.set()
@@ -83,7 +90,7 @@ class RouterReactor:
                 break
             on_frames(frames[0].bytes, frames[1:], now)
         else:
-            self._loop.call_soon(self.drain)   # more waiting: let the timer run in between
+            asyncio.get_running_loop().call_soon(self.drain)   # more waiting: let the timer run in between
         self.flush()
 
     def flush(self) -> None:
@@ -101,5 +108,5 @@ class RouterReactor:
                     peer_gone(frames[0], self.clock())
         self.after_batch()
         # A send can consume the edge-triggered read notification: look again.
-        if socket.getsockopt(zmq.EVENTS) & zmq.POLLIN:
-            self._loop.call_soon(self.drain)
+        if has_input(socket):
+            asyncio.get_running_loop().call_soon(self.drain)

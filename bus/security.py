@@ -9,7 +9,7 @@ Contract:
   server accepts, each mapped to its `Principal(name, roles)`. A frozen value; `None` anywhere a
   `security=` argument is taken means plain TCP (the default on loopback).
 - `apply_client(socket, config, server_key=None)` / `apply_server(socket, config)` set the CURVE
-  options before connect/bind. `Gatekeeper(context, config)` is the ZAP handler (pyzmq's
+  options before connect/bind. `Gatekeeper.started(context, config)` is the ZAP handler (pyzmq's
   ThreadAuthenticator) of one context: it admits the configured public keys only, logs every refusal
   with a key fingerprint (never a key), counts them, and makes the peer's key its ZMQ User-Id, so
   `principal_of(frame)` on a received frame says who sent it.
@@ -242,7 +242,12 @@ class Gatekeeper(ThreadAuthenticator):
         self.metrics: Counter[str] = Counter()
         self.lock = threading.Lock()
 
-    def start(self) -> Gatekeeper:
+    @classmethod
+    def started(cls, context: zmq.Context, config: SecurityConfig) -> Gatekeeper:
+        gatekeeper = cls(context, config)
+        gatekeeper.start()
+        return gatekeeper
+
+    def start(self) -> None:
         self.configure_curve_callback(ZAP_DOMAIN, _AdmittedKeys(self))   # before any handshake can ask
         super().start()
-        return self

@@ -10,15 +10,14 @@ prefill node. It binds no KV data endpoint (it never needs KV from others).
 
 from __future__ import annotations
 
-from typing import Any
-
 from nodes.decode_node import DecodeWork
+from nodes.engines.base import Engine
 from nodes.node_settings import NodeSettings
 from nodes.prefill_node import PrefillWork
 from nodes.runtime import LoopThread, Work
 
 
-def node_works(role: str, settings: NodeSettings, engine: Any, kv_thread: LoopThread) -> list[Work]:
+def node_works(role: str, settings: NodeSettings, engine: Engine, kv_thread: LoopThread) -> list[Work]:
     if role == "prefill":
         return [PrefillWork(settings, engine, kv_thread)]
     if role == "decode":

@@ -29,11 +29,10 @@ from __future__ import annotations
 import uuid
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
-from typing import Any
 
 from bus.kv import TransferResult
 from nodes import wire
-from nodes.engines.base import Admission, SamplingParams, TokenEvent
+from nodes.engines.base import Admission, EngineStats, SamplingParams, TokenEvent
 from nodes.runtime import StageClock
 
 
@@ -193,7 +192,7 @@ def refusal_code(admission: Admission) -> wire.Code:
     return wire.Code.REJECTED if admission.status == "rejected" else wire.Code.FULL
 
 
-def done_body(job: DecodeJob, event: TokenEvent, node_id: str, stats: Any,
+def done_body(job: DecodeJob, event: TokenEvent, node_id: str, stats: EngineStats,
               num_kv_bytes_received: int) -> wire.DecodeDoneBody:
     """The FINAL `done`: every token streamed, usage, stage timings, the request's and the node's
     counters (`stats`: the engine's)."""
@@ -201,9 +200,10 @@ def done_body(job: DecodeJob, event: TokenEvent, node_id: str, stats: Any,
     timings = wire.DecodeTimings(kv_wait_s=job.clock.seconds("planned", "kv_arrived"),
                                  decode_queue_s=job.clock.seconds("admitted", "first_token"),
                                  decode_s=job.clock.seconds("first_token", "finished"))
-    counters = {"num_cached_tokens": job.num_cached_tokens, "kv_raw_bytes": job.kv_raw_bytes,
-                "kv_wire_bytes": job.kv_wire_bytes, "node_kv_bytes_received": num_kv_bytes_received,
-                "node_prefilled_tokens": stats.num_prefilled_tokens,
-                "node_imported_tokens": stats.num_imported_tokens, "node_reused_tokens": stats.num_reused_tokens}
+    counters: dict[str, int | float] = {
+        "num_cached_tokens": job.num_cached_tokens, "kv_raw_bytes": job.kv_raw_bytes,
+        "kv_wire_bytes": job.kv_wire_bytes, "node_kv_bytes_received": num_kv_bytes_received,
+        "node_prefilled_tokens": stats.num_prefilled_tokens,
+        "node_imported_tokens": stats.num_imported_tokens, "node_reused_tokens": stats.num_reused_tokens}
     return wire.DecodeDoneBody(node_id, event.finish_reason, tuple(job.tokens), job.plan,
                                wire.Usage(len(job.prompt), num_output), timings, counters)

@@ -6,7 +6,8 @@ Contract (`KvLanding(settings, engine, kv_thread, jobs, post)`), by thread:
   for a request in `jobs` still waiting for its KV whose prompt and the model's layout match the
   transfer's shape (else the receiver refuses it, `refused.no_destination`), and records the
   transfer id on the job; every finished receive, ok or not, is `post`ed as `KvArrived`.
-- node thread: `start() -> data endpoint`, `give_back(kv)` (a buffer nobody will decode from),
+- node thread: `start() -> data endpoint`, `received_kv(result)` (a verified result's KV, as
+  `allocate` gave it), `give_back(kv)` (a buffer nobody will decode from),
   `give_back_arrived(job)`, `cancel(job, reason)` (its receives), `on_idle()`, `num_free_mib()`,
   `close()`.
 Received KV lands in reused buffers where the engine copies it on admission (nodes/kv_buffers.py:
@@ -17,16 +18,20 @@ fresh pages made a 45 MiB int8 receive 8x slower), or for `raw` in its verified 
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, cast
 
 from bus.kv import KVReceiver, RawPieces, TransferResult
-from bus.kv.layout import DEFAULT_CHUNK_BYTES
+from bus.kv.layout import DEFAULT_CHUNK_BYTES, KVInfo
 from bus.kv.recv_core import ReceiveConfig
 from nodes.decode_jobs import DecodeJob, KvArrived
+from nodes.engines.base import Engine
 from nodes.engines.kv_quant import TorchQuantizer
 from nodes.kv_buffers import KVBufferPool
 from nodes.node_settings import NodeSettings
 from nodes.runtime import LoopThread
+
+if TYPE_CHECKING:
+    import torch
 
 IDLE_BUFFER_BYTES = 64 << 20   # a quiet node keeps one received-KV buffer up to this size (kv_buffers.py)
 # A legitimate chunk carries at most about `[kv] chunk_mib` of payload; prefill nodes may be set
@@ -41,11 +46,11 @@ def receive_config(settings: NodeSettings) -> ReceiveConfig:
 
 
 class KvLanding:
-    def __init__(self, settings: NodeSettings, engine: Any, kv_thread: LoopThread, jobs: dict[str, DecodeJob],
+    def __init__(self, settings: NodeSettings, engine: Engine, kv_thread: LoopThread, jobs: dict[str, DecodeJob],
                  post: Callable[[Any], None]) -> None:
         self.settings, self.engine, self.kv_thread, self.jobs, self.post = settings, engine, kv_thread, jobs, post
         self.quantizer = TorchQuantizer(compile=settings.kv_compile)
-        self.buffers = KVBufferPool() if getattr(engine, "copies_imported_kv", False) else None
+        self.buffers = KVBufferPool() if engine.copies_imported_kv else None
         self.receiver = KVReceiver(self.allocate, lambda transfer_id, kv: self.give_back(kv),   # failed receives
                                    quantizer=self.quantizer, config=receive_config(settings),
                                    bind=settings.kv_bind,
@@ -59,20 +64,25 @@ class KvLanding:
         self.started = True
         return self.kv_thread.run(self.receiver.start())
 
-    def allocate(self, transfer_id: str, request_id: str, info: Any, mode: str) -> Any:
+    def allocate(self, transfer_id: str, request_id: str, info: KVInfo, mode: str) -> Any:
         job = self.jobs.get(request_id)
         if job is None or not job.waiting or info.shape[3] != len(job.prompt):
             return None
-        runner = self.engine.runner
-        c = runner.config
-        shape = (c.num_layers, 2, c.num_kv_heads, info.num_tokens, c.head_dim)   # what new_kv makes
+        layout = self.engine.kv_layout
+        shape = layout.shape(info.num_tokens)   # what new_kv makes
         if shape != tuple(info.shape):
             return None
         job.transfer_ids.add(transfer_id)
         if self.buffers is None:
-            return runner.new_kv(info.num_tokens)
+            return self.engine.new_kv(info.num_tokens)
         # Raw KV is already the engine's bytes: keep the verified frames, the engine copies them once.
-        return RawPieces(info) if mode == "raw" else self.buffers.take(shape, runner.dtype)
+        return RawPieces(info) if mode == "raw" else self.buffers.take(shape, layout.dtype)
+
+    @staticmethod
+    def received_kv(result: TransferResult) -> torch.Tensor | RawPieces:
+        """The destination `allocate` gave for this verified transfer, now written (bus.kv types it
+        `object`: it knows no torch)."""
+        return cast("torch.Tensor | RawPieces", result.kv)
 
     def _on_result(self, result: TransferResult) -> None:
         self.post(KvArrived(result))

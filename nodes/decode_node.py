@@ -33,7 +33,7 @@ from bus.messages import Cancel, Direct, Request
 from nodes import wire
 from nodes.decode_jobs import DecodeJob, KvArrived, KvReadyRefusal, done_body, plan_body, refusal_code
 from nodes.decode_kv import KvLanding
-from nodes.engines.base import DecodeRequest, TokenEvent
+from nodes.engines.base import DecodeRequest, Engine, KvUsage, TokenEvent
 from nodes.node_settings import NodeSettings
 from nodes.runtime import GuardedWork, LoopThread, engine_bounds
 
@@ -41,14 +41,14 @@ __all__ = ["DecodeWork", "KvArrived"]
 
 
 class DecodeWork(GuardedWork):
-    def __init__(self, settings: NodeSettings, engine: Any, kv_thread: LoopThread, *, always_local: bool = False) -> None:
+    def __init__(self, settings: NodeSettings, engine: Engine, kv_thread: LoopThread, *,
+                 always_local: bool = False) -> None:
         self.settings, self.engine, self.kv_thread = settings, engine, kv_thread
         self.always_local = always_local
         self.jobs: dict[str, DecodeJob] = {}
         self.kv = KvLanding(settings, engine, kv_thread, self.jobs, lambda event: self.endpoint.inbox.put(event))
         self.bounds = engine_bounds(engine)
         self.counters: Counter[str] = Counter()   # refused / dropped / failed, by kind
-        self.endpoint: Endpoint | None = None
         self.publish_capacity = lambda: None   # set by run_node: send CAPACITY now
         self.log = get_logger("decode")
         self.num_kv_bytes_received = 0
@@ -64,7 +64,7 @@ class DecodeWork(GuardedWork):
         return "" if self.always_local else self.kv.start()
 
     def attach(self, endpoint: Endpoint) -> None:
-        self.endpoint = endpoint
+        self._endpoint = endpoint
         self.log = get_logger("decode", node_id=endpoint.node_id)
 
     def on_message(self, message: Any) -> bool:
@@ -113,17 +113,16 @@ class DecodeWork(GuardedWork):
                 "kv_mib_cached": round(usage.num_session_blocks * self._block_mib(usage.block_size), 1),
                 "kv_mib_slots": round(usage.num_slot_cache_bytes / 2**20, 1),
                 "kv_mib_buffers": self.kv.num_free_mib(),
-                "max_running": self.engine.config.max_num_seqs, "num_running": len(self.engine.running) + num_waiting,
+                "max_running": self.engine.max_num_seqs, "num_running": self.engine.num_running + num_waiting,
                 "full": int(self.num_blocks_wanted > 0)}
 
     def _block_mib(self, block_size: int) -> float:
         """Memory one KV block takes (MiB), so the memory finished sessions hold by design is known."""
         if self._mib_per_block is None:
-            runner = getattr(self.engine, "runner", None)
-            self._mib_per_block = runner.new_kv(block_size).nbytes / 2**20 if runner is not None else 0.0
+            self._mib_per_block = self.engine.kv_layout.num_bytes(block_size) / 2**20
         return self._mib_per_block
 
-    def _num_available_blocks(self, usage: Any) -> int:
+    def _num_available_blocks(self, usage: KvUsage) -> int:
         """Blocks a new request could get: free ones plus finished sessions' (evicted LRU-first
         when needed), minus those held for requests whose KV is on its way."""
         return usage.num_free_blocks + usage.num_session_blocks - self._reserved_blocks()
@@ -165,7 +164,7 @@ class DecodeWork(GuardedWork):
         admission = self.engine.check_admission(DecodeRequest(job.request_id, job.prompt, job.sampling))
         num_waiting = sum(j.waiting for j in self.jobs.values())
         fits = (admission.ok and admission.num_blocks_needed <= self._num_available_blocks(self.engine.kv_usage())
-                and len(self.engine.running) + num_waiting < self.engine.config.max_num_seqs)
+                and self.engine.num_running + num_waiting < self.engine.max_num_seqs)
         if not fits:
             code = refusal_code(admission)
             if code == wire.Code.FULL:
@@ -219,10 +218,11 @@ class DecodeWork(GuardedWork):
             self._drop_kv_ready(KvReadyRefusal.MALFORMED, direct, refusal.reason)
             return
         job = self.jobs.get(ready.request_id)
-        refusal = KvReadyRefusal.UNKNOWN_REQUEST if job is None else job.kv_ready_refusal(ready.transfer_id, direct.peer)
-        if refusal is not None:
-            self._drop_kv_ready(refusal, direct, "", request_id=ready.request_id, transfer_id=ready.transfer_id)
+        why = KvReadyRefusal.UNKNOWN_REQUEST if job is None else job.kv_ready_refusal(ready.transfer_id, direct.peer)
+        if why is not None:
+            self._drop_kv_ready(why, direct, "", request_id=ready.request_id, transfer_id=ready.transfer_id)
             return
+        assert job is not None   # else `why` is UNKNOWN_REQUEST
         job.accept_kv_ready(ready.transfer_id, direct.peer, ready.first_token_id)
         self._guard(job.request_id, self._maybe_start_remote, job)
 
@@ -239,7 +239,7 @@ class DecodeWork(GuardedWork):
         job.kv_raw_bytes, job.kv_wire_bytes = result.stats.raw_bytes, result.stats.wire_bytes
         self.num_kv_bytes_received += result.stats.wire_bytes
         job.clock.mark("kv_arrived")
-        request = DecodeRequest(job.request_id, job.prompt, job.sampling, kv=result.kv,
+        request = DecodeRequest(job.request_id, job.prompt, job.sampling, kv=self.kv.received_kv(result),
                                 first_token_id=job.kv_ready[transfer_id], session_id=job.session_id)
         del self.jobs[job.request_id]
         try:
@@ -282,7 +282,7 @@ class DecodeWork(GuardedWork):
         job ends failed, or cancelled by its client."""
         job = self.jobs.pop(request_id, None)
         stage = "kv_wait" if job is not None and job.waiting else "decode"
-        if stage == "kv_wait":
+        if job is not None and job.waiting:
             self.kv.cancel(job, reason)
         else:
             self.engine.abort(request_id)

@@ -109,6 +109,7 @@ class Child:
         self._reader.start()
 
     def _read(self, lines: queue.Queue) -> None:
+        assert self.process.stderr is not None   # opened with stderr=PIPE
         for line in self.process.stderr:
             lines.put((self, line.rstrip("\n")))
 
@@ -157,8 +158,10 @@ class Supervisor:
         broker = self._spawn(broker_spec, broker_spec.argv)
         code = self._wait_for_broker(broker, stop)
         if code is None:
+            endpoint = self.broker_endpoint
+            assert endpoint is not None   # known once _wait_for_broker returns None
             for spec in node_specs:
-                self._spawn(spec, (*spec.argv, "--broker", self.broker_endpoint))
+                self._spawn(spec, (*spec.argv, "--broker", endpoint))
             code = self._serve(broker, stop)
         self.stop_all()
         return code

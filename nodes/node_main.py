@@ -12,6 +12,7 @@ import sys
 import time
 
 from bus.log import get_logger
+from nodes.engines.base import Engine
 from nodes.runtime import prefer_passive_openmp
 
 
@@ -36,7 +37,7 @@ def serve_role(args: argparse.Namespace, role: str) -> int:
     return run_node(settings, lambda kv_thread: node_works(role, settings, engine, kv_thread))
 
 
-def _reserve_kv(engine, role: str) -> None:
+def _reserve_kv(engine: Engine, role: str) -> None:
     """The decode side's KV memory, before the node serves; logged with what it took."""
     started = time.monotonic()
     engine.reserve_kv_memory()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 from dataclasses import dataclass, field
+from typing import overload
 
 from bus import constants as c
 from bus.liveness import HeartbeatConfig
@@ -109,6 +110,10 @@ def node_security(settings: dict, args: argparse.Namespace, role: str, broker: s
         raise SettingsError(f"[security]: {exc}") from exc
 
 
+@overload
+def _kv_size(kv: dict, key: str, unit: str, default: float) -> float: ...
+@overload
+def _kv_size(kv: dict, key: str, unit: str, default: None) -> float | None: ...
 def _kv_size(kv: dict, key: str, unit: str, default: float | None) -> float | None:
     """A positive [kv] number of `unit`; where `default` is None, "auto" (or nothing) gives None."""
     value = kv.get(key, default)

@@ -39,7 +39,7 @@ from bus.kv.link import gbit
 from bus.log import get_logger
 from bus.messages import Cancel, Request
 from nodes import wire
-from nodes.engines.base import PrefillPass, PrefillRequest, PrefillResult
+from nodes.engines.base import Engine, PrefillPass, PrefillRequest, PrefillResult
 from nodes.engines.kv_quant import TorchQuantizer
 from nodes.engines.prefill_pass import PrefillBatcher
 from nodes.node_settings import NodeSettings
@@ -77,7 +77,7 @@ class RunningPass:
 
 
 class PrefillWork(GuardedWork):
-    def __init__(self, settings: NodeSettings, engine: Any, kv_thread: LoopThread) -> None:
+    def __init__(self, settings: NodeSettings, engine: Engine, kv_thread: LoopThread) -> None:
         self.settings, self.engine, self.kv_thread = settings, engine, kv_thread
         config = engine.config
         self.batcher = PrefillBatcher(max_batch_tokens=config.max_batch_tokens, max_wait_s=config.prefill_max_wait_s)
@@ -93,7 +93,6 @@ class PrefillWork(GuardedWork):
         self.jobs: dict[str, PrefillJob] = {}
         self.bounds = engine_bounds(engine)
         self.counters: Counter[str] = Counter()   # refused / failed, by kind
-        self.endpoint: Endpoint | None = None
         self.log = get_logger("prefill")
         self.num_kv_bytes_sent = 0
         self.num_prefilled = 0   # in the capacity, so every pass ends in a report (see `capacity`)
@@ -105,7 +104,7 @@ class PrefillWork(GuardedWork):
         return ""
 
     def attach(self, endpoint: Endpoint) -> None:
-        self.endpoint = endpoint
+        self._endpoint = endpoint
         self.log = get_logger("prefill", node_id=endpoint.node_id)
 
     def on_message(self, message: Any) -> bool:
@@ -223,6 +222,7 @@ class PrefillWork(GuardedWork):
                                             mode=self.settings.kv_quant, compression=self.settings.kv_compression)
             # Tell the decode node now: the node's thread may be inside its next prefill pass
             # for a second or more before it handles KvSendDone.
+            assert job.first_token is not None   # streamed before the send started
             ready = wire.KvReadyBody(job.decode_request_id, job.transfer_id, job.first_token.token_id)
             self.endpoint.send_direct(job.decode_node_id, wire.to_wire(ready))
             done = KvSendDone(job.request_id, report)
@@ -247,7 +247,7 @@ class PrefillWork(GuardedWork):
         final = self._done_body(job, done.report)
         self.endpoint.reply_final(job.request_id, wire.to_wire(final))
         self.log.info("prefill_done", request_id=job.request_id, decode_request_id=job.decode_request_id,
-                      num_prompt_tokens=job.num_prompt_tokens, wire_bytes=final.transfer.wire_bytes,
+                      num_prompt_tokens=job.num_prompt_tokens, wire_bytes=done.report.stats.wire_bytes,
                       timings=final.timings.measured())
 
     def _done_body(self, job: PrefillJob, report: TransferReport) -> wire.PrefillDoneBody:
@@ -258,8 +258,8 @@ class PrefillWork(GuardedWork):
         timings = wire.PrefillTimings(queue_s=job.clock.seconds("received", "prefill_started"),
                                       prefill_s=job.clock.seconds("prefill_started", "prefilled"),
                                       kv_transfer_s=job.clock.seconds("prefilled", "sent"))
-        stats = {"num_prefilled_tokens": self.engine.stats.num_prefilled_tokens,
-                 "num_kv_bytes_sent": self.num_kv_bytes_sent}
+        stats: dict[str, int | float] = {"num_prefilled_tokens": self.engine.stats.num_prefilled_tokens,
+                                         "num_kv_bytes_sent": self.num_kv_bytes_sent}
         return wire.PrefillDoneBody(self.endpoint.node_id, job.first_token, transfer, timings, stats)
 
     def _on_cancel(self, request_id: str) -> None:

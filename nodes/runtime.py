@@ -40,6 +40,7 @@ from bus.endpoint import Endpoint
 from bus.log import get_logger
 from bus.messages import Cancel, Direct, Error, Request
 from nodes import wire
+from nodes.engines.base import Engine
 from nodes.heap import HeapTrimmer, configure_decode_heap, freeze_startup_objects
 from nodes.node_settings import NodeSettings
 
@@ -91,12 +92,19 @@ class GuardedWork:
     logged with the request id and counted (`counters["request.failed"]`), `_release(request_id)`
     frees what the request held, and its client gets ERROR `internal` when it waits on us (`ours`,
     or the request is in `jobs`). `_end_failed(request_id, reply=...)` is that end without a handler.
+    `endpoint` is the node's, set by the work's `attach` before any message or turn reaches it.
     """
 
     jobs: dict[str, Any]
     counters: Counter[str]
-    endpoint: Any
     log: Any
+    _endpoint: Endpoint | None = None
+
+    @property
+    def endpoint(self) -> Endpoint:
+        if self._endpoint is None:
+            raise RuntimeError(f"{type(self).__name__} is not attached to an endpoint yet")
+        return self._endpoint
 
     def _release(self, request_id: str) -> Any:
         raise NotImplementedError
@@ -233,9 +241,9 @@ class NodeLoop:
             self.log.info("capacity_updated", capacity=capacity)
 
 
-def engine_bounds(engine: Any) -> wire.Bounds:
+def engine_bounds(engine: Engine) -> wire.Bounds:
     """The engine's vocabulary and context: what a node checks token ids and prompts against."""
-    return wire.Bounds(vocab_size=int(engine.runner.config.vocab_size), max_model_len=int(engine.max_model_len))
+    return wire.Bounds(vocab_size=engine.vocab_size, max_model_len=engine.max_model_len)
 
 
 def prefer_passive_openmp() -> None:
@@ -243,14 +251,14 @@ def prefer_passive_openmp() -> None:
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 
-def build_engine(settings: NodeSettings) -> Any:
+def build_engine(settings: NodeSettings) -> Engine:
     """Load the model and build the engine (torch threads are pinned by the engine)."""
     if settings.engine_kind == "vllm":
         from nodes.engines.model_loader import open_model_folder
         from nodes.engines.vllm_engine import VllmEngine
 
-        model = open_model_folder(settings.model, model_dir=settings.model_dir)
-        return VllmEngine(model, settings.engine_config(), role=settings.role)
+        folder = open_model_folder(settings.model, model_dir=settings.model_dir)
+        return VllmEngine(folder, settings.engine_config(), role=settings.role)
     from nodes.engines.llama_engine import LlamaEngine
     from nodes.engines.model_loader import load_model
 
@@ -261,9 +269,9 @@ def build_engine(settings: NodeSettings) -> Any:
 def engine_dtype(works: list[Work]) -> str | None:
     """The dtype the node's engine runs in (what `[engine] dtype = "auto"` chose), None without one."""
     for work in works:
-        runner = getattr(getattr(work, "engine", None), "runner", None)
-        if runner is not None:
-            return str(runner.dtype).removeprefix("torch.")
+        engine = getattr(work, "engine", None)   # a Work may have none (the idle node's)
+        if isinstance(engine, Engine):
+            return engine.kv_layout.dtype_name
     return None
 
 

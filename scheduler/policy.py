@@ -34,13 +34,15 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
-from typing import Any
+from typing import Any, TypeVar
 
 from bus.constants import ErrorCode
 from bus.routing import Defer, Refuse
 from scheduler.node_loads import DECODE_ROLES, NodeView, PrefillLoads, decode_is_full
 from scheduler.ring import BoundedLoadRing
 from scheduler.sessions import SessionTable
+
+N = TypeVar("N", bound=NodeView)   # the broker's nodes, or the simulation's: `choose` returns one of its own
 
 MAX_PREFILL_KEY_DIGITS = 9   # a prompt length; longer "numbers" are peer noise, not a load
 
@@ -62,7 +64,7 @@ class SchedulerSettings:
     @classmethod
     def from_settings(cls, values: Mapping[str, Any]) -> SchedulerSettings:
         known = {f.name: f.type for f in fields(cls)}
-        chosen = {name: (float if kind == "float" else int)(values[name])
+        chosen: dict[str, Any] = {name: (float if kind == "float" else int)(values[name])
                   for name, kind in known.items() if name in values}
         settings = cls(**chosen)
         if settings.queue_size < 0 or settings.queue_timeout_s <= 0 or settings.retry_after_s < 0:
@@ -97,8 +99,7 @@ class ClusterPolicy:
 
     # -- placement -----------------------------------------------------------------------
 
-    def choose(self, service: str, key: str, request_id: str, candidates: Sequence[NodeView]
-               ) -> NodeView | None:
+    def choose(self, service: str, key: str, request_id: str, candidates: Sequence[N]) -> N | None:
         if service == "decode":
             node = self._choose_decode(key or request_id, bool(key), candidates)
         elif service == "prefill":
@@ -109,7 +110,7 @@ class ClusterPolicy:
             self.metrics[f"placed.{service}.{node.node_id}"] += 1
         return node
 
-    def _choose_decode(self, key: str, is_session: bool, candidates: Sequence[NodeView]) -> NodeView | None:
+    def _choose_decode(self, key: str, is_session: bool, candidates: Sequence[N]) -> N | None:
         live = {n.node_id: n for n in candidates if n.node_id in self.ring}
         if not live:   # only if a node joined before this policy was attached: no_node, not "full"
             return None
@@ -151,7 +152,7 @@ class ClusterPolicy:
         self.metrics["decode.all_full"] += 1
         return Defer(settings.queue_size, settings.queue_timeout_s, settings.retry_after_s, message)
 
-    def _choose_prefill(self, key: str, candidates: Sequence[NodeView]) -> NodeView:
+    def _choose_prefill(self, key: str, candidates: Sequence[N]) -> N:
         loads = self.prefill_loads
         node = min(candidates, key=lambda n: (loads.outstanding_tokens(n), n.num_outstanding,
                                               n.num_assigned, n.node_id))

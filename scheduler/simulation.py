@@ -52,6 +52,7 @@ class SimCluster:
         self._num_requests += 1
         candidates = [n for n in self.nodes.values() if service in SERVICES_BY_ROLE[n.role]]
         node = self.policy.choose(service, key, f"request-{self._num_requests}", candidates)
+        assert node is not None, f"no {service} node in the simulated cluster"
         node.num_outstanding += 1
         node.num_assigned += 1
         return node

@@ -123,7 +123,7 @@ class Done:
 
 
 Message = Chunk | End | Abort | Ack | Nack | Done
-KINDS: dict[type, int] = {Chunk: CHUNK, End: END, Abort: ABORT, Ack: ACK, Nack: NACK, Done: DONE}
+KINDS: dict[type[Message], int] = {Chunk: CHUNK, End: END, Abort: ABORT, Ack: ACK, Nack: NACK, Done: DONE}
 TYPES = {kind: cls for cls, kind in KINDS.items()}
 _FRAMES_FIELD = Chunk.__slots__.index("frames")
 _SHAPE_FIELD = Chunk.__slots__.index("shape")

@@ -77,7 +77,7 @@ def _kv_info(shape: Any, dtype: str) -> KVInfo:
     _check(type(shape) is list and len(shape) == 5 and all(_is_int(n, 1, MAX_DIM) for n in shape)
            and shape[1] == 2, "shape")
     _check(math.prod(shape) * DTYPES[dtype].itemsize <= MAX_KV_BYTES, "shape: KV over MAX_KV_BYTES")
-    return KVInfo(tuple(shape), dtype)  # type: ignore[arg-type]
+    return KVInfo(tuple(shape), dtype)
 
 
 def _chunk_spec(info: KVInfo, p0: Any, p1: Any, t0: Any, t1: Any) -> ChunkSpec:

@@ -42,7 +42,7 @@ from bus.kv.layout import (
 )
 
 MODES = ("raw", "bf16", "int8", "int8_sym")
-SCALE_DTYPES = {"f16": np.dtype(np.float16), "f32": np.dtype(np.float32)}
+SCALE_DTYPES: dict[str, np.dtype] = {"f16": np.dtype(np.float16), "f32": np.dtype(np.float32)}
 PARAMS_PER_ROW = {"int8": 2, "int8_sym": 1}
 FRAMED_MODES = ("raw", "bf16")   # one value per element: their payload travels as frame_specs' frames
 

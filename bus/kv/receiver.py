@@ -102,7 +102,7 @@ class KVReceiver:
         self._socket.setsockopt(zmq.ROUTER_MANDATORY, 0)
         self._socket.setsockopt(zmq.MAXMSGSIZE, max_message_bytes(self.core.config.max_chunk_bytes))
         if self.security is not None:
-            self.gatekeeper = Gatekeeper(self._context, self.security).start()
+            self.gatekeeper = Gatekeeper.started(self._context, self.security)
             apply_server(self._socket, self.security)
         self._socket.bind(self.bind)
         self._polled = zmq.Socket.shadow(self._socket.underlying)   # the same socket, synchronous
@@ -115,9 +115,10 @@ class KVReceiver:
 
     async def _read(self) -> None:
         loop = asyncio.get_running_loop()
-        polled = self._polled
+        socket, polled = self._socket, self._polled
+        assert socket is not None and polled is not None   # start() opened them before this task
         while True:
-            self._handle(await self._socket.recv_multipart(copy=False), loop.time())
+            self._handle(await socket.recv_multipart(copy=False), loop.time())
             # Take what is already queued without a future per message. Bounded, then a yield:
             # an await on a socket with a message waiting completes without yielding, so a sender
             # that never pauses would otherwise starve this loop's other tasks (timers, results).
@@ -164,10 +165,10 @@ class KVReceiver:
     def _dispatch(self, replies: list[Reply]) -> None:
         # Synchronous sends: a ROUTER never blocks on send (it drops a message for a peer whose
         # pipe is full, and the sender's timer resends), and a reply is a header frame.
-        for peer, frames in replies:
-            if self.faults is not None and (frames := self.faults.apply(frames)) is None:
-                continue
-            self._polled.send_multipart([peer, *frames])
+        for peer, reply in replies:
+            frames = reply if self.faults is None else self.faults.apply(reply)
+            if frames is not None:   # else dropped by the fault injector
+                self._started_socket().send_multipart([peer, *frames])
         for result in self.core.pop_results():
             self._deliver(result)
 
@@ -223,11 +224,17 @@ class KVReceiver:
         """Drop an in-flight transfer (idempotent); the sender is told with DONE(ok=False)."""
         replies = self.core.cancel(transfer_id, asyncio.get_running_loop().time(), reason)
         for peer, frames in replies:
-            self._polled.send_multipart([peer, *frames])  # a ROUTER never blocks on send
+            self._started_socket().send_multipart([peer, *frames])  # a ROUTER never blocks on send
         for result in self.core.pop_results():
             self._unclaimed.pop(result.transfer_id, None)
             if self.on_result is not None:
                 self.on_result(result)
+
+    def _started_socket(self) -> zmq.Socket:
+        """The synchronous shadow of the data socket, for replies (a ROUTER never blocks on send)."""
+        if self._polled is None:
+            raise RuntimeError("the KV receiver is not started")
+        return self._polled
 
     async def close(self) -> None:
         for task in self._tasks:

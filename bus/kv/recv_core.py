@@ -139,11 +139,10 @@ class ReceiverCore:
     def _on_chunk(self, peer: bytes, chunk: Chunk, payload: list[Any], now: float) -> list[Reply]:
         if chunk.transfer_id in self._finished:
             return [self._late_reply(peer, chunk.transfer_id, chunk.index)]
-        inbound = self._transfers.get(chunk.transfer_id)
-        if inbound is None:
-            inbound = self._open(peer, chunk, now)
-            if isinstance(inbound, str):   # refused: the reason
-                return [self._done_reply(peer, chunk.transfer_id, False, inbound, None)]
+        known = self._transfers.get(chunk.transfer_id)
+        inbound = known if known is not None else self._open(peer, chunk, now)
+        if isinstance(inbound, str):   # refused: the reason
+            return [self._done_reply(peer, chunk.transfer_id, False, inbound, None)]
         if inbound.peer != peer:   # answered to that peer: the owner's NACK budget is not its to spend
             inbound.stats.rejected += 1
             return [(peer, encode_message(Nack(chunk.transfer_id, chunk.index, "chunk from another peer")))]

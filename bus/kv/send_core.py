@@ -120,8 +120,10 @@ class SendTransfer:
             return self.next_frames(now)
         if flight.attempts >= self.config.max_attempts:
             if not flight.nacked:  # never answered at all: the receiver is gone or unreachable
-                return self._fail(f"timed out: chunk {index} unacknowledged after {flight.attempts} attempts")
-            return self._fail(f"chunk {index} not accepted after {flight.attempts} attempts")
+                self._fail(f"timed out: chunk {index} unacknowledged after {flight.attempts} attempts")
+            else:
+                self._fail(f"chunk {index} not accepted after {flight.attempts} attempts")
+            return None
         flight.attempts += 1
         flight.sent_at = now
         self.stats.resends += 1
@@ -129,7 +131,8 @@ class SendTransfer:
 
     def _send_end(self, now: float) -> list[Any] | None:
         if self._end_attempts >= self.config.max_attempts:
-            return self._fail(f"timed out: no DONE after {self._end_attempts} ENDs")
+            self._fail(f"timed out: no DONE after {self._end_attempts} ENDs")
+            return None
         if self._end_attempts:
             self.stats.resends += 1
         self._end_attempts += 1
@@ -211,7 +214,6 @@ class SendTransfer:
         if not self.finished:
             self.state, self.reason = SendState.FAILED, reason
             self._release()
-        return None
 
     def _release(self) -> None:
         self._in_flight.clear()

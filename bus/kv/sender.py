@@ -122,8 +122,9 @@ class KVSender:
                 timer.cancel()
             transfer.poll(loop.time())
 
-    async def _put(self, connection: Connection, frames: list[Any], loop: asyncio.AbstractEventLoop) -> None:
-        if self.faults is not None and (frames := self.faults.apply(frames)) is None:
+    async def _put(self, connection: Connection, message: list[Any], loop: asyncio.AbstractEventLoop) -> None:
+        frames = message if self.faults is None else self.faults.apply(message)
+        if frames is None:   # dropped by the fault injector
             return
         if self.shaper is None:
             try:   # the common case, without a future and a timeout for each chunk
@@ -180,19 +181,20 @@ class KVSender:
         socket.setsockopt(zmq.LINGER, 0)
         socket.setsockopt(zmq.MAXMSGSIZE, MAX_HEADER_BYTES)   # replies are header frames only
         if self.security is not None:
-            self._secure(socket, address, server_key)
+            self._secure(socket, self.security, address, server_key)
         socket.connect(address)
         connection = Connection(socket, zmq.Socket.shadow(socket.underlying))
         connection.reader = asyncio.get_running_loop().create_task(self._read(connection))
         return connection
 
-    def _secure(self, socket: zmq.Socket, address: str, server_key: bytes | None) -> None:
-        principal = self.security.principal(server_key) if server_key else None
+    def _secure(self, socket: zmq.Socket, security: SecurityConfig, address: str,
+                server_key: bytes | None) -> None:
+        principal = security.principal(server_key) if server_key else None
         if principal is None or not principal.roles & {"decode", "both"}:
             socket.close(linger=0)
             why = "no CURVE key" if server_key is None else "a key not admitted as a decode node"
             raise KVTransferFailed("", f"data endpoint {address} has {why}: KV not sent")
-        apply_client(socket, self.security, server_key)
+        apply_client(socket, security, server_key)
 
     async def _read(self, connection: Connection) -> None:
         loop = asyncio.get_running_loop()

@@ -58,7 +58,7 @@ def random_prompt(num_tokens: int, seed: int, vocab_size: int = 40_000) -> tuple
 
 
 def prefill_request(engine: LlamaEngine, num_tokens: int) -> PrefillRequest:
-    return PrefillRequest("p", random_prompt(num_tokens, num_tokens, engine.runner.config.vocab_size), GREEDY)
+    return PrefillRequest("p", random_prompt(num_tokens, num_tokens, engine.vocab_size), GREEDY)
 
 
 def engine_prefill_seconds(engine: LlamaEngine, num_tokens: int) -> float:
@@ -80,9 +80,9 @@ def engine_chunked_prefill_seconds(engine: LlamaEngine, num_tokens: int) -> floa
 
 def engine_decode_seconds(engine: LlamaEngine, batch: int, num_steps: int) -> float:
     """Seconds per decode step with `batch` requests at CONTEXT tokens of imported (random) KV."""
-    c = engine.runner.config
+    layout = engine.kv_layout
     for i in range(batch):
-        kv = torch.randn(c.num_layers, 2, c.num_kv_heads, CONTEXT, c.head_dim, dtype=engine.runner.dtype)
+        kv = torch.randn(layout.shape(CONTEXT), dtype=layout.dtype)
         request = DecodeRequest(f"d{i}", random_prompt(CONTEXT, i), GREEDY, kv=kv, first_token_id=1000 + i)
         assert engine.add_request(request).ok
     engine.step()
@@ -232,9 +232,9 @@ from nodes.engines.llama_engine import LlamaEngine
 from nodes.engines.model_loader import load_model
 dtype, batch, seconds, threads = sys.argv[1], int(sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
 engine = LlamaEngine(load_model(), EngineConfig(dtype=dtype, num_threads=threads))
-c = engine.runner.config
+layout = engine.kv_layout
 for i in range(batch):
-    kv = torch.randn(c.num_layers, 2, c.num_kv_heads, 512, c.head_dim, dtype=engine.runner.dtype)
+    kv = torch.randn(layout.shape(512), dtype=layout.dtype)
     engine.add_request(DecodeRequest(str(i), (5,) * 512, SamplingParams(temperature=0, max_tokens=4096,
                                      ignore_eos=True), kv=kv, first_token_id=7))
 for _ in range(3):

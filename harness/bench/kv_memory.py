@@ -38,8 +38,7 @@ def one_engine(model, dtype: str, reserved: bool, num_tokens: int, max_tokens: i
     started = time.perf_counter()
     engine.reserve_kv_memory()
     times = {"reserve at start": (time.perf_counter() - started) * 1e3, "MiB": engine.slots.num_bytes / 2**20}
-    c = model.config
-    kv = torch.randn(c.num_layers, 2, c.num_kv_heads, num_tokens, c.head_dim).to(engine.runner.dtype)
+    kv = torch.randn(engine.kv_layout.shape(num_tokens)).to(engine.kv_layout.dtype)
     sampling = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
     for i in range(max(EVENTS) + 1):
         request = DecodeRequest(f"r{i}", tuple([1] * num_tokens), sampling, kv=kv, first_token_id=5)

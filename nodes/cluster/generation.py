@@ -64,6 +64,7 @@ class Generation:
     async def collect(self) -> GenerationResult:
         async for _ in self:
             pass
+        assert self.result is not None   # set when the stream ends
         return self.result
 
     async def aclose(self) -> None:

@@ -1,6 +1,7 @@
 """Inference engines: the only package in pdbus that imports torch (or vllm).
 
-`base.py` states the engine contract that node processes program against; `model_loader.py`
+`base.py` states the engine contract that node processes program against (the values crossing it
+are in `engine_types.py`, importable without torch); `model_loader.py`
 turns a model spec (packaged GGUF, local HF folder, or the tiny random model) into weights, a
 config and a tokenizer; `llama.py` is the built-in runner and `llama_engine.py` the engine around it.
 

@@ -1,11 +1,13 @@
 """The engine contract: what prefill, decode and colocated nodes call, whatever runs the model.
 
-Requests and results are frozen dataclasses; the KV cache crosses the seam as one plain tensor per
-request, laid out ``[num_layers, 2 (K, V), num_kv_heads, num_tokens, head_dim]`` in the engine's
-dtype and on the CPU (the KV codec serialises exactly this; an engine on a GPU copies a prompt's KV
-out once when its prefill ends, and copies imported KV in). Token ids are plain ints; text is
-produced by the engine's incremental detokenizer so every side agrees on where a multi-byte
-character ends.
+Requests and results are frozen dataclasses (nodes/engines/engine_types.py, re-exported here); the
+KV cache crosses the seam as one plain tensor per request, laid out as the engine's `kv_layout`
+says, `[num_layers, 2 (K, V), num_kv_heads, num_tokens, head_dim]` in its dtype and on the CPU (the
+KV codec serialises exactly this; an engine on a GPU copies a prompt's KV out once when its prefill
+ends, and copies imported KV in). Token ids are plain ints; text is produced by the engine's
+incremental detokenizer so every side agrees on where a multi-byte character ends. A node reads
+nothing of an engine that this contract does not name (tests/nodes/engines/test_engine_contract.py
+runs one suite against every engine).
 
 Every method of `Engine`, by side:
 
@@ -13,7 +15,8 @@ Prefill side (a `pdbus prefill` node):
     prefill(requests) -> list[PrefillResult]
         Run one batch of prompts (the node's `PrefillBatcher` decides when a batch is ready: a token
         budget or a max wait). Each result carries the first sampled token, its text, the prompt's KV
-        and a finish reason when the request already ended (EOS, stop, max_tokens == 1).
+        (`kv_layout.shape(num_prompt_tokens)`) and a finish reason when the request already ended
+        (EOS, stop, max_tokens == 1).
     start_prefill(requests, *, chunk_tokens) -> PrefillPass
         The same batch as a pass the node runs one `step()` (forward pass of at most `chunk_tokens`
         prompt tokens) at a time, so that between two steps it can run an urgent prompt first; a
@@ -25,22 +28,32 @@ Decode side (a `pdbus decode` node):
     check_admission(request) -> Admission   would `add_request` accept it now? (no side effects)
     add_request(request) -> Admission       admit (KV imported, or a cached session extended, or
                                             the prompt queued for a local chunked prefill) or
-                                            refuse with status "full" / "rejected" and a reason.
+                                            refuse with status "full" / "rejected" and a reason;
+                                            a request id already running is "rejected".
     step() -> list[TokenEvent]              one scheduling round: every running request gets one
                                             token; pending prefill chunks run in the same batch.
-    abort(request_id) -> TokenEvent | None  free the request's KV now (idempotent).
+    abort(request_id) -> TokenEvent | None  free the request's KV now (idempotent: None when it
+                                            is not running).
     unsound_requests() -> list[str]         after `step()` raised: the running requests whose KV
                                             holds non-finite values (verified KV from a buggy or
                                             hostile prefill node), so the node ends those alone.
                                             Runs only on that failure path (may scan their KV).
                                             Default: [] (the node then ends every running request).
-    has_unfinished() -> bool
-    cached_session_tokens(session_id) -> int   tokens of a finished session's KV still held.
-    drop_session(session_id) -> bool
+    has_unfinished() -> bool                running requests, or events still to hand out.
+    num_running: int                        requests holding KV in the engine now (admitted, not
+                                            finished or aborted); at most `max_num_seqs`.
+    max_num_seqs: int                       requests that may hold KV at once. Default:
+                                            `config.max_num_seqs`.
+    cached_session_tokens(session_id) -> int   tokens of a finished session's KV still held (0:
+                                            none, or an engine that keeps no sessions).
+    drop_session(session_id) -> bool        forget it; False when it was not held.
     kv_usage() -> KvUsage
     reserve_kv_memory() -> None            called at node start: allocate the KV budget's memory
                                             now (`preallocate_kv`), not inside a request; again: no-op.
                                             Default: nothing (engines that allocate at construction).
+    new_kv(num_tokens) -> torch.Tensor     an uninitialised CPU tensor of `kv_layout.shape(num_tokens)`
+                                            in `kv_layout.dtype`: where received KV lands for an
+                                            engine that does not copy it (default: `torch.empty`).
     copies_imported_kv: bool               True when add_request has copied `request.kv` by the
                                             time it returns (the caller may reuse that memory);
                                             False (the default) when the engine reads it later.
@@ -50,165 +63,47 @@ Decode side (a `pdbus decode` node):
 Colocated (`both`): the decode-side methods with requests that carry no KV; `step()` then
 interleaves chunked prefills with decode steps (the vLLM scheduling policy).
 
-Common: `tokenizer`, `model_name`, `config`, `stats` (counters the cluster asserts on), `close()`.
+Common, set at construction:
+    model_name: str, tokenizer: Tokenizer, config: EngineConfig (the settings it was built with)
+    max_model_len: int                      the context a request may fill, prompt and output
+    vocab_size: int                         token ids are in [0, vocab_size)
+    kv_layout: KvLayout                     the KV tensor's layers, heads, head_dim and dtype (the
+                                            dtype the engine runs in)
+    stats: EngineStats                      counters the nodes report and the cluster asserts on
+    close()                                 release threads and device memory.
 """
 
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING
 
-FinishReason = Literal["stop", "length", "abort"]
-AdmissionStatus = Literal["ok", "full", "rejected"]
-LOADER_SETTINGS = frozenset({"model", "model_dir", "kind"})   # read by the node, not the engine
-ENGINE_KINDS = ("torch", "vllm")
+from nodes.engines.engine_types import (
+    ENGINE_KINDS,
+    LOADER_SETTINGS,
+    Admission,
+    AdmissionStatus,
+    DecodeRequest,
+    EngineConfig,
+    EngineStats,
+    FinishReason,
+    KvLayout,
+    KvUsage,
+    PrefillRequest,
+    PrefillResult,
+    SamplingParams,
+    TokenEvent,
+)
 
+if TYPE_CHECKING:
+    import torch
 
-@dataclass(frozen=True, slots=True)
-class SamplingParams:
-    """How to pick tokens. temperature 0 means greedy; top_k 0 and top_p 1.0 mean "off"."""
+    from nodes.engines.tokenizer import Tokenizer
 
-    temperature: float = 1.0
-    top_k: int = 0
-    top_p: float = 1.0
-    seed: int | None = None
-    max_tokens: int = 256
-    stop: tuple[str, ...] = ()
-    stop_token_ids: tuple[int, ...] = ()
-    ignore_eos: bool = False
-
-    def __post_init__(self) -> None:
-        if self.temperature < 0:
-            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
-        if self.top_k < 0:
-            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
-        if not 0.0 < self.top_p <= 1.0:
-            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
-        if self.max_tokens < 1:
-            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
-        if any(not s for s in self.stop):
-            raise ValueError("stop strings must be non-empty")
-
-    @property
-    def is_greedy(self) -> bool:
-        return self.temperature == 0.0 or self.top_k == 1
-
-
-@dataclass(frozen=True, slots=True)
-class PrefillRequest:
-    request_id: str
-    prompt_token_ids: tuple[int, ...]
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-
-
-@dataclass(frozen=True, slots=True)
-class PrefillResult:
-    request_id: str
-    first_token_id: int
-    text: str                       # text of the first token (may be "" mid UTF-8 character)
-    kv: Any                         # torch.Tensor [layers, 2, kv_heads, num_prompt_tokens, head_dim]
-    num_prompt_tokens: int
-    finish_reason: FinishReason | None = None   # set when the request is already complete
-
-
-@dataclass(frozen=True, slots=True)
-class DecodeRequest:
-    """A request for the decode side.
-
-    - After a remote prefill: `kv` covers every prompt token and `first_token_id` is the token the
-      prefill node sampled (and already streamed); decoding starts with no recomputation.
-    - `kv` covering only a prefix (or none at all, colocated): the rest is prefilled here in chunks.
-    - `session_id` with no `kv`: the longest common prefix with that session's cached KV is reused
-      and only the new suffix is prefilled. With `session_id`, the KV is kept after finishing.
-    """
-
-    request_id: str
-    prompt_token_ids: tuple[int, ...]
-    sampling: SamplingParams = field(default_factory=SamplingParams)
-    kv: Any = None
-    first_token_id: int | None = None
-    session_id: str | None = None
-
-    def __post_init__(self) -> None:
-        if not self.prompt_token_ids:
-            raise ValueError(f"request {self.request_id}: empty prompt")
-        num_kv = 0 if self.kv is None else int(self.kv.shape[3])
-        if num_kv > len(self.prompt_token_ids):
-            raise ValueError(f"request {self.request_id}: KV has {num_kv} tokens, prompt only "
-                             f"{len(self.prompt_token_ids)}")
-        if self.first_token_id is not None and num_kv != len(self.prompt_token_ids):
-            raise ValueError(f"request {self.request_id}: first_token_id needs KV for the whole prompt")
-
-
-@dataclass(frozen=True, slots=True)
-class TokenEvent:
-    """One output token (or the end of a stream). `index` counts output tokens from 0."""
-
-    request_id: str
-    token_id: int | None            # None only for an event that just closes the stream
-    text: str
-    index: int
-    finish_reason: FinishReason | None = None
-
-    @property
-    def finished(self) -> bool:
-        return self.finish_reason is not None
-
-
-@dataclass(frozen=True, slots=True)
-class Admission:
-    """The answer to "can you take this request?". "full" is transient (try another node or
-    later); "rejected" never fits here (e.g. longer than the model's context)."""
-
-    status: AdmissionStatus
-    reason: str = ""
-    num_blocks_needed: int = 0
-    num_blocks_free: int = 0
-
-    @property
-    def ok(self) -> bool:
-        return self.status == "ok"
-
-
-@dataclass(frozen=True, slots=True)
-class KvUsage:
-    block_size: int
-    num_blocks: int
-    num_free_blocks: int
-    num_running_blocks: int
-    num_session_blocks: int
-    num_sessions: int
-    num_slot_cache_bytes: int = 0   # the decode side's KV store: the batch's slots, sessions in its tail (kv_slots.py)
-
-
-@dataclass(frozen=True, slots=True)
-class EngineConfig:
-    """Engine settings (the `[engine]` section of the cluster config)."""
-
-    dtype: str = "auto"              # bf16 on a GPU or with bf16 instructions (AMX, AVX512-BF16), else fp32
-    device: str = "cpu"
-    num_threads: int = 1             # torch threads pinned per engine process
-    block_size: int = 16             # KV accounting granularity, tokens
-    num_kv_blocks: int = 2048        # KV budget (decode side), blocks of `block_size` tokens
-    max_num_seqs: int = 64           # requests holding KV at once (decode side)
-    max_batch_tokens: int = 2048     # tokens per forward pass (prefill batch, or decode + chunks)
-    prefill_chunk_tokens: int = 256  # longest prefill chunk interleaved with decode steps
-    prefill_max_wait_s: float = 0.005
-    max_model_len: int | None = None  # default: the model's max_position_embeddings
-    keep_sessions: bool = True       # keep finished sessions' KV (LRU within the budget)
-    preallocate_kv: bool = True      # decode side: allocate the KV budget's memory at node start
-    cuda_graphs: bool = True         # on a CUDA device: pure decode steps replay CUDA graphs (cuda_graphs.py)
-
-    @classmethod
-    def from_dict(cls, values: dict[str, Any]) -> EngineConfig:
-        """From the `[engine]` table; `model`/`model_dir` there belong to the model loader."""
-        known = {k: v for k, v in values.items() if k in cls.__dataclass_fields__}
-        unknown = sorted(set(values) - set(known) - LOADER_SETTINGS)
-        if unknown:
-            raise ValueError(f"unknown [engine] settings: {', '.join(unknown)}")
-        return cls(**known)
+__all__ = ["ENGINE_KINDS", "LOADER_SETTINGS", "Admission", "AdmissionStatus", "DecodeRequest", "Engine",
+           "EngineConfig", "EngineStats", "FinishReason", "KvLayout", "KvUsage", "PrefillPass", "PrefillRequest",
+           "PrefillResult", "SamplingParams", "TokenEvent", "WholePrefill"]
 
 
 class PrefillPass(ABC):
@@ -235,7 +130,8 @@ class PrefillPass(ABC):
 class WholePrefill(PrefillPass):
     """The default pass: all the prompts in one `prefill(requests)` call, in a single step."""
 
-    def __init__(self, prefill, requests: Sequence[PrefillRequest]) -> None:
+    def __init__(self, prefill: Callable[[Sequence[PrefillRequest]], list[PrefillResult]],
+                 requests: Sequence[PrefillRequest]) -> None:
         self._prefill, self._requests = prefill, list(requests)
 
     def step(self) -> list[PrefillResult]:
@@ -260,9 +156,28 @@ class Engine(ABC):
     """See the module docstring for the whole contract."""
 
     model_name: str
+    tokenizer: Tokenizer
     config: EngineConfig
+    max_model_len: int
+    stats: EngineStats
     copies_imported_kv: bool = False
 
+    # ---- common ------------------------------------------------------------------------------
+    @property
+    @abstractmethod
+    def vocab_size(self) -> int:
+        """Token ids this engine's model knows: [0, vocab_size)."""
+
+    @property
+    @abstractmethod
+    def kv_layout(self) -> KvLayout:
+        """The layout of every KV tensor that crosses the seam, both ways."""
+
+    def close(self) -> None:
+        """Release resources (threads, device memory). Default: nothing to do."""
+        return None
+
+    # ---- prefill side ------------------------------------------------------------------------
     @abstractmethod
     def prefill(self, requests: Sequence[PrefillRequest]) -> list[PrefillResult]: ...
 
@@ -270,6 +185,7 @@ class Engine(ABC):
         """`prefill(requests)` as an interruptible pass. Default: one uninterruptible step."""
         return WholePrefill(self.prefill, requests)
 
+    # ---- decode side -------------------------------------------------------------------------
     @abstractmethod
     def check_admission(self, request: DecodeRequest) -> Admission: ...
 
@@ -285,6 +201,16 @@ class Engine(ABC):
     @abstractmethod
     def has_unfinished(self) -> bool: ...
 
+    @property
+    @abstractmethod
+    def num_running(self) -> int:
+        """Requests holding KV in the engine now: admitted, not yet finished or aborted."""
+
+    @property
+    def max_num_seqs(self) -> int:
+        """Requests that may hold KV at once (a node reports it as `max_running`)."""
+        return self.config.max_num_seqs
+
     @abstractmethod
     def cached_session_tokens(self, session_id: str) -> int: ...
 
@@ -298,10 +224,14 @@ class Engine(ABC):
         """Allocate the decode side's KV memory now (see the module docstring). Default: nothing."""
         return None
 
+    def new_kv(self, num_tokens: int) -> torch.Tensor:
+        """An uninitialised CPU tensor for `num_tokens` tokens of KV, as `kv_layout` says."""
+        # Imported here: the gateway and the wire bodies import this module, and never torch.
+        import torch
+
+        layout = self.kv_layout
+        return torch.empty(layout.shape(num_tokens), dtype=layout.dtype)
+
     def unsound_requests(self) -> list[str]:
         """Running requests whose KV holds non-finite values (see the module docstring). Default: none known."""
         return []
-
-    def close(self) -> None:
-        """Release resources (threads, device memory). Default: nothing to do."""
-        return None

@@ -73,7 +73,7 @@ class Bf16Gemv:
     def __init__(self, config: LlamaConfig, get, use_amx: bool = False, use_dot: bool = False,
                  use_attention: bool = True) -> None:
         self.eps = float(config.rms_norm_eps)
-        matrices = {}
+        matrices: dict[tuple[int, str] | str, torch.Tensor] = {}   # (layer, name), and "head"
         for i in range(config.num_layers):
             p = f"model.layers.{i}"
             matrices[i, "qkv"] = torch.cat([get(f"{p}.self_attn.{x}_proj.weight") for x in "qkv"])

@@ -1,4 +1,4 @@
-"""What every engine shares without importing a runner: dtype names and the stats counters.
+"""What every engine shares without importing a runner: dtype names and devices.
 
 `resolve_dtype("auto", device)` is the dtype the built-in engine runs fastest in here, chosen by
 `make bench-engine` on three instruction sets (docs/BENCHMARKS.md, "Which dtype `[engine] dtype =
@@ -19,21 +19,11 @@ loaded, so the vLLM adapter must be importable without the built-in runner.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
 
 import torch
 
 DTYPES = {"float32": torch.float32, "fp32": torch.float32, "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
           "float16": torch.float16, "fp16": torch.float16}
-
-
-@dataclass(slots=True)
-class EngineStats:
-    num_prefilled_tokens: int = 0     # prompt tokens this engine computed KV for
-    num_imported_tokens: int = 0      # tokens whose KV arrived from elsewhere
-    num_reused_tokens: int = 0        # tokens whose KV came from a cached session
-    num_generated_tokens: int = 0
-    num_steps: int = 0
 
 
 def resolve_device(name: str) -> torch.device:

@@ -17,6 +17,7 @@ The torch kernels agree with numpy up to one code step where float rounding ties
 from __future__ import annotations
 
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -103,9 +104,11 @@ def convert_into(source: torch.Tensor, out: torch.Tensor) -> None:
 
 
 
-KERNELS = {"params_int8": asym_params, "params_int8_sym": sym_params, "quantize_int8": quantize_asym,
-           "quantize_int8_sym": quantize_sym, "decode_int8": decode_int8_rows,
-           "decode_int8_sym": decode_int8_sym_rows, "convert": convert_into}
+KERNELS: dict[str, Callable[..., Any]] = {
+    "params_int8": asym_params, "params_int8_sym": sym_params, "quantize_int8": quantize_asym,
+    "quantize_int8_sym": quantize_sym, "decode_int8": decode_int8_rows,
+    "decode_int8_sym": decode_int8_sym_rows, "convert": convert_into,
+}
 
 
 class TorchQuantizer:

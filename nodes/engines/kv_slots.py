@@ -84,11 +84,17 @@ class SlotCache:
 
     @property
     def num_slots(self) -> int:
-        return 0 if self.tensor is None or self._idle else self.tensor.shape[1]
+        running = self._running()
+        return 0 if running is None else running.shape[1]
 
     @property
     def capacity(self) -> int:
-        return 0 if self.tensor is None or self._idle else self.tensor.shape[4]
+        running = self._running()
+        return 0 if running is None else running.shape[4]
+
+    def _running(self) -> torch.Tensor | None:
+        """The layout the running requests' slots are in (None: nothing runs)."""
+        return None if self.tensor is None or self._idle else self.tensor
 
     @property
     def num_bytes(self) -> int:
@@ -118,32 +124,36 @@ class SlotCache:
         """Lay out room for `num_slots` requests of up to `num_tokens` tokens; what the running slots
         hold is kept, their first `num_live_tokens` tokens (default: whole rows) when it moves."""
         slots, capacity = self.layout_after(num_slots, num_tokens, budget_tokens)
-        running = None if self.tensor is None or self._idle else tuple(self.tensor.shape)
+        live = self._running()
+        running = None if live is None else tuple(live.shape)
         c = self._config
         shape = (c.num_layers, slots, 2, c.num_kv_heads, capacity, c.head_dim)
         if running == shape:
             return
         need = math.prod(shape)
-        if self._store is None or self._store.numel() < need:
-            self._replace_store(need, shape)
+        store = self._store
+        if store is None or store.numel() < need:
+            store = self._replace_store(need, shape)
         else:
-            self.sessions.make_room(self._store, need)
+            self.sessions.make_room(store, need)
             if running is not None:
-                relayout(self._store, running, shape, num_live_tokens)
-        self.tensor = self._store[:need].view(shape)
+                relayout(store, running, shape, num_live_tokens)
+        self.tensor = store[:need].view(shape)
         self._idle = False
 
     def reserve(self, num_tokens: int) -> None:
         """Allocate (and fault in) a store of `num_tokens` token rows now, unless it holds them."""
         need = num_tokens * self._token_elements()
         if self._store is None or self._store.numel() < need:
-            self._replace_store(need, None if self.num_slots == 0 else tuple(self.tensor.shape))
+            live = self._running()
+            self._replace_store(need, None if live is None else tuple(live.shape))
 
     def keep(self, owner: Any, slot: int, num_tokens: int) -> None:
         """Point `owner.payload` at a copy of the slot's first `num_tokens` tokens: in the store's
         tail when it has room there (session_tail.py), else a tensor of its own."""
         source = self.view(slot)[:, :, :, :num_tokens]
-        front = 0 if self.num_slots == 0 else self.tensor.numel()
+        live = self._running()
+        front = 0 if live is None else live.numel()
         if self._store is None or not self.sessions.place(self._store, owner, source, front):
             owner.payload = source.clone()
 
@@ -151,9 +161,9 @@ class SlotCache:
         """`owner`'s KV is no longer needed: its room in the tail is free."""
         self.sessions.forget(owner)
 
-    def _replace_store(self, num_elements: int, shape: tuple[int, ...] | None) -> None:
+    def _replace_store(self, num_elements: int, shape: tuple[int, ...] | None) -> torch.Tensor:
         """A new, zeroed store; what the running slots hold is copied into layout `shape` of it."""
-        running = None if self.num_slots == 0 else self.tensor
+        running = self._running()
         self.sessions.evict_all()
         if running is None:   # nothing to carry over: let the old store go before the new one faults in
             self.tensor = self._store = None
@@ -166,6 +176,7 @@ class SlotCache:
             view[:, :running.shape[1], :, :, :running.shape[4]] = running
             self.tensor = view
         self._store = store
+        return store
 
     def _token_elements(self) -> int:
         c = self._config
@@ -181,9 +192,14 @@ class SlotCache:
         self.sessions.evict_all()
         self.tensor, self._store, self._idle = None, None, False
 
+    @property
+    def cache(self) -> torch.Tensor:
+        """The slots' tensor as `ensure` laid it out (a decode step attends over all of it)."""
+        assert self.tensor is not None, "no slots laid out yet"
+        return self.tensor
+
     def view(self, slot: int) -> torch.Tensor:
-        assert self.tensor is not None
-        return self.tensor[:, slot]
+        return self.cache[:, slot]
 
     def write(self, slot: int, kv: torch.Tensor | RawPieces) -> None:
         if isinstance(kv, RawPieces):   # a raw transfer's frames, copied here once (bus/kv/pieces.py)

@@ -119,8 +119,8 @@ class LlamaRunner:
         self.fused = self.gemv is not None
         if dtype == torch.float32 and self.device.type == "cpu" and use_gemv and bf16_gemv._compiles(f32_dot.warmup):
             # float32 decode steps' linear layers on AVX-512 outer products (2-3x MKL's GEMVs here).
-            self._linear = f32_dot.SmallLinear([self.lm_head] + [w for layer in self.layers
-                                                                for w in (layer.qkv, layer.o, layer.gate_up, layer.down)])
+            mats = [w for layer in self.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down) if w is not None]
+            self._linear = f32_dot.SmallLinear([self.lm_head, *mats])
         # float32 pure decode steps: the KV write and attention in one numba kernel instead of SDPA.
         self.f32_attends = dtype == torch.float32 and self.device.type == "cpu" and use_gemv and bf16_gemv._compiles(
             f32_attention.warmup)
@@ -208,12 +208,13 @@ class LlamaRunner:
         return self._linear(last, self.lm_head).float()
 
     def _norm(self, x: torch.Tensor, index: int, post: bool = False) -> torch.Tensor:
-        if self.fused:
+        if self.fused and self.gemv is not None:   # fused: on the GEMV kernels' RMSNorm
             return self.gemv.rms_norm(index, x, post)
         layer = self.layers[index]
         return rms_norm(x, layer.post_norm if post else layer.input_norm, self.config.rms_norm_eps)
 
     def _fused_prefill_attention(self, layer: int, qkv: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        assert self.gemv is not None   # only a fused runner gets here
         outputs = []
         for span in batch.spans:
             rows = slice(span.row, span.row + span.num_tokens)
@@ -239,6 +240,7 @@ class LlamaRunner:
             pointwise = torch.ops.mkldnn._linear_pointwise
             gated = pointwise.binary(h, pointwise(h, layer.gate, None, "swish", [], ""), layer.up, None, "mul")
             return pointwise.binary(gated, residual, layer.down, None, "add")
+        assert layer.gate_up is not None   # plain weights have it
         gate, up = self._linear(h, layer.gate_up).chunk(2, dim=-1)
         return residual + self._linear(F.silu(gate) * up, layer.down)
 

@@ -10,6 +10,7 @@ over-committing memory. Torch threads are pinned at construction (`num_threads`)
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from collections.abc import Sequence as Seq
 
 import torch
@@ -21,6 +22,7 @@ from nodes.engines.base import (
     DecodeRequest,
     Engine,
     EngineConfig,
+    KvLayout,
     KvUsage,
     PrefillPass,
     PrefillRequest,
@@ -28,9 +30,11 @@ from nodes.engines.base import (
     TokenEvent,
 )
 from nodes.engines.block_manager import BlockManager, CachedSession, SessionCache
-from nodes.engines.engine_common import DTYPES, EngineStats, resolve_device, resolve_dtype
+from nodes.engines.engine_common import DTYPES, resolve_device, resolve_dtype
+from nodes.engines.engine_types import EngineStats
 from nodes.engines.kv_slots import SlotCache
 from nodes.engines.llama import DecodeGroup, ForwardBatch, LlamaRunner, PrefillSpan
+from nodes.engines.model_loader import LoadedModel
 from nodes.engines.output import OutputTracker
 from nodes.engines.prefill_pass import ChunkedPrefill, run_prefill
 from nodes.engines.sampling import new_generator, sample
@@ -48,7 +52,7 @@ class KVMemoryError(ValueError):
 class LlamaEngine(Engine):
     copies_imported_kv = True   # add_request writes request.kv into the slot cache before returning
 
-    def __init__(self, model, config: EngineConfig | None = None) -> None:
+    def __init__(self, model: LoadedModel, config: EngineConfig | None = None) -> None:
         self.config = config or EngineConfig()
         torch.set_num_threads(self.config.num_threads)
         self.model_name = model.name
@@ -71,7 +75,22 @@ class LlamaEngine(Engine):
         self.running: list[Sequence] = []          # index == slot
         self._pending_events: list[TokenEvent] = []
         self.stats = EngineStats()
-        self.on_logits = None   # test/debug hook: on_logits(request_ids, logits) after each forward
+        # Test/debug hook: on_logits(request_ids, logits) after each forward.
+        self.on_logits: Callable[[list[str], torch.Tensor], None] | None = None
+        c = model.config
+        self._kv_layout = KvLayout(c.num_layers, c.num_kv_heads, c.head_dim, self.runner.dtype)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.runner.config.vocab_size
+
+    @property
+    def kv_layout(self) -> KvLayout:
+        return self._kv_layout
+
+    @property
+    def num_running(self) -> int:
+        return len(self.running)
 
     # ---- prefill side ------------------------------------------------------------------------
     def prefill(self, requests: Seq[PrefillRequest]) -> list[PrefillResult]:
@@ -191,7 +210,7 @@ class LlamaEngine(Engine):
         device = self.device
         return DecodeGroup(rows=torch.arange(len(decode), device=device), slots=torch.tensor(slots, device=device),
                            positions=torch.tensor([c.start for c in decode], device=device),
-                           cache=self.slots.tensor, num_slots=num_slots,
+                           cache=self.slots.cache, num_slots=num_slots,
                            lengths=lengths.to(device) if int(lengths.min()) < max_len else None, max_len=max_len,
                            dense=slots == list(range(num_slots)))
 

@@ -69,7 +69,9 @@ def _pack(requests: Sequence[PrefillRequest], max_batch_tokens: int) -> list[lis
 def _prefill_group(runner: LlamaRunner, tokenizer, group: list[PrefillRequest],
                    eos_token_ids: tuple[int, ...]) -> list[PrefillResult]:
     device = runner.device
-    spans, token_ids, positions, last_rows = [], [], [], []
+    spans, last_rows = [], []
+    token_ids: list[int] = []
+    positions: list[int] = []
     for request in group:
         num_tokens = len(request.prompt_token_ids)
         spans.append(PrefillSpan(row=len(token_ids), num_tokens=num_tokens, start=0, kv=runner.new_kv(num_tokens)))
@@ -164,7 +166,9 @@ class ChunkedPrefill(PrefillPass):
         plan = plan_chunk([(p.num_tokens, p.num_computed) for p in self._prompts], self.chunk_tokens)
         if not plan:
             return []
-        spans, token_ids, positions, sample_rows, finished = [], [], [], [], []
+        spans, sample_rows, finished = [], [], []
+        token_ids: list[int] = []
+        positions: list[int] = []
         for index, start, num_tokens in plan:
             prompt = self._prompts[index]
             if prompt.kv is None:

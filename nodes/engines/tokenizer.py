@@ -96,8 +96,10 @@ class Tokenizer:
         special = {name: _token_content(config.get(name)) for name in SPECIAL_TOKEN_NAMES}
         if bos_token_id is None and special["bos_token"]:
             bos_token_id = backend.token_to_id(special["bos_token"])
-        if not eos_token_ids and special["eos_token"] and backend.token_to_id(special["eos_token"]) is not None:
-            eos_token_ids = (backend.token_to_id(special["eos_token"]),)
+        if not eos_token_ids and special["eos_token"]:
+            eos_token_id = backend.token_to_id(special["eos_token"])
+            if eos_token_id is not None:
+                eos_token_ids = (eos_token_id,)
         return cls(backend, bos_token_id=bos_token_id, eos_token_ids=eos_token_ids,
                    chat_template=_chat_template(folder, config), special_tokens=special)
 

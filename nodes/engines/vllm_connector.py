@@ -37,7 +37,7 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 from bus.log import get_logger
-from nodes.engines.vllm_kv import KvLayoutError, gather, paged_layout, probe_cpu_order, scatter
+from nodes.engines.vllm_kv import KvLayoutError, PagedLayout, gather, paged_layout, probe_cpu_order, scatter
 from nodes.engines.vllm_mailbox import CAPTURE_PARAM, KV_KEY_PARAM, MAILBOX
 
 if TYPE_CHECKING:
@@ -91,14 +91,16 @@ class PdbusConnector(KVConnectorBase_V1):
         self._loading: dict[str, _Tracked] = {}
         # worker half
         self._layers: list[torch.Tensor] = []
-        self._layout = None
+        self._layout: PagedLayout | None = None   # once vLLM registered its caches
         self._failed_block_ids: set[int] = set()
 
     # ---- scheduler half --------------------------------------------------------------------------
     def get_num_new_matched_tokens(self, request: Request, num_computed_tokens: int) -> tuple[int, bool]:
         params = _params(request)
         key = params.get(KV_KEY_PARAM)
-        if key and params.get(CAPTURE_PARAM):
+        if not key:   # not a pdbus request: nothing to capture or load
+            return 0, False
+        if params.get(CAPTURE_PARAM):
             self._capturing[request.request_id] = _Tracked(key, request.num_prompt_tokens)
         num_offered = MAILBOX.num_offered_tokens(key)
         # At least one token must be computed here to sample the next one.
@@ -155,9 +157,9 @@ class PdbusConnector(KVConnectorBase_V1):
         self._layers = [kv_caches[name] for name in sorted(kv_caches, key=layer_index)]
         first = self._layers[0]
         cpu_order = self._probe_cpu_order(first) if first.dim() == 4 else None
-        self._layout = paged_layout(first, self._num_kv_heads, self._head_dim, cpu_order)
-        self._log.info("kv_caches_registered", num_layers=len(self._layers), layout=self._layout.kind,
-                       block_size=self._layout.block_size, shape=list(self._layers[0].shape))
+        layout = self._layout = paged_layout(first, self._num_kv_heads, self._head_dim, cpu_order)
+        self._log.info("kv_caches_registered", num_layers=len(self._layers), layout=layout.kind,
+                       block_size=layout.block_size, shape=list(self._layers[0].shape))
 
     def _probe_cpu_order(self, layer: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """The CPU kernel's element order inside a block, read back from vLLM's own cache writer."""
@@ -177,15 +179,21 @@ class PdbusConnector(KVConnectorBase_V1):
         for load in getattr(meta, "loads", ()):
             self._inject(load)
 
+    def _registered_layout(self) -> PagedLayout:
+        if self._layout is None:
+            raise RuntimeError("vLLM has not registered its KV caches with the connector")
+        return self._layout
+
     def _inject(self, load: KvCopy) -> None:
+        layout = self._registered_layout()
         kv = MAILBOX.take_offer(load.key)
         try:
             if kv is None:
                 raise KvLayoutError("the offered KV is gone (aborted?)")
             scatter(self._layers, load.block_ids, kv[:, :, :, load.start:load.start + load.num_tokens],
-                    load.start, self._layout)
+                    load.start, layout)
         except (KvLayoutError, RuntimeError) as exc:
-            block_size = self._layout.block_size
+            block_size = layout.block_size
             first, last = load.start // block_size, (load.start + load.num_tokens - 1) // block_size
             self._failed_block_ids.update(load.block_ids[first:last + 1])
             MAILBOX.fail(load.key, str(exc))
@@ -205,4 +213,5 @@ class PdbusConnector(KVConnectorBase_V1):
         meta = self._get_connector_metadata()
         for save in getattr(meta, "saves", ()):
             # .cpu(): the KV plane sends host memory (a no-op on the CPU backend)
-            MAILBOX.capture(save.key, gather(self._layers, save.block_ids, save.num_tokens, self._layout).cpu())
+            MAILBOX.capture(save.key, gather(self._layers, save.block_ids, save.num_tokens,
+                                             self._registered_layout()).cpu())

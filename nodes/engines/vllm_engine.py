@@ -27,20 +27,20 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-import torch
-
 from nodes.engines.base import (
     Admission,
     DecodeRequest,
     Engine,
     EngineConfig,
+    KvLayout,
     KvUsage,
     PrefillRequest,
     PrefillResult,
     SamplingParams,
     TokenEvent,
 )
-from nodes.engines.engine_common import EngineStats, resolve_dtype
+from nodes.engines.engine_common import resolve_dtype
+from nodes.engines.engine_types import EngineStats
 from nodes.engines.model_loader import ModelFolder
 from nodes.engines.output import OutputTracker
 from nodes.engines.vllm_args import (
@@ -51,17 +51,6 @@ from nodes.engines.vllm_args import (
     require_vllm,
 )
 from nodes.engines.vllm_mailbox import CAPTURE_PARAM, KV_KEY_PARAM, MAILBOX
-
-
-class KvShape:
-    """What the decode node asks of `engine.runner`: model config and KV tensors to receive into."""
-
-    def __init__(self, config, dtype: torch.dtype) -> None:
-        self.config, self.dtype = config, dtype
-
-    def new_kv(self, num_tokens: int) -> torch.Tensor:
-        c = self.config
-        return torch.empty((c.num_layers, 2, c.num_kv_heads, num_tokens, c.head_dim), dtype=self.dtype)
 
 
 @dataclass(slots=True)
@@ -89,7 +78,10 @@ class VllmEngine(Engine):
         self.eos_token_ids = tuple(model.config.eos_token_ids)
         self.max_model_len = min(self.config.max_model_len or model.config.max_position_embeddings,
                                  model.config.max_position_embeddings, max_context_tokens(self.config))
-        self.runner = KvShape(model.config, resolve_dtype(self.config.dtype, self.config.device))
+        c = model.config
+        self._vocab_size = c.vocab_size
+        self._kv_layout = KvLayout(c.num_layers, c.num_kv_heads, c.head_dim,
+                                   resolve_dtype(self.config.dtype, self.config.device))
         args = engine_args(model.folder, self.config, KV_ROLES.get(role), self.max_model_len)
         self._llm = LLMEngine.from_engine_args(args)
         cache = self._llm.vllm_config.cache_config
@@ -99,8 +91,17 @@ class VllmEngine(Engine):
         self.stats = EngineStats()
 
     @property
-    def running(self) -> list[str]:
-        return list(self._running)
+    def vocab_size(self) -> int:
+        return self._vocab_size
+
+    @property
+    def kv_layout(self) -> KvLayout:
+        """The connector hands the prompt's KV over in this layout and reads imported KV in it."""
+        return self._kv_layout
+
+    @property
+    def num_running(self) -> int:
+        return len(self._running)
 
     # ---- prefill side ------------------------------------------------------------------------
     def prefill(self, requests: Sequence[PrefillRequest]) -> list[PrefillResult]:
@@ -249,7 +250,7 @@ class VllmEngine(Engine):
         if len(prompt) >= self.max_model_len:
             raise ValueError(f"request {request_id}: prompt of {len(prompt)} tokens leaves no room in the "
                              f"model's context of {self.max_model_len}")
-        vocab = self.runner.config.vocab_size
+        vocab = self.vocab_size
         if min(prompt) < 0 or max(prompt) >= vocab:
             raise ValueError(f"request {request_id}: token id outside the vocabulary (0..{vocab - 1})")
 

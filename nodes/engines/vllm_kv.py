@@ -99,6 +99,7 @@ def _block_span(block_ids: Sequence[int], start: int, num_tokens: int, block_siz
 
 def _cpu_read(layer: torch.Tensor, blocks: torch.Tensor, layout: PagedLayout) -> torch.Tensor:
     """[2, heads, len(blocks) * block_size, head_dim] in logical order."""
+    assert layout.key_order is not None and layout.value_order is not None   # a "cpu" layout has them
     regions = layer.view(layer.shape[0], layout.num_kv_heads, 2, -1)[blocks]    # [n, heads, 2, bs*dim]
     keys = regions[:, :, 0].index_select(-1, layout.key_order)
     values = regions[:, :, 1].index_select(-1, layout.value_order)
@@ -108,6 +109,7 @@ def _cpu_read(layer: torch.Tensor, blocks: torch.Tensor, layout: PagedLayout) ->
 
 
 def _cpu_write(layer: torch.Tensor, blocks: torch.Tensor, logical: torch.Tensor, layout: PagedLayout) -> None:
+    assert layout.key_order is not None and layout.value_order is not None   # a "cpu" layout has them
     num_blocks = len(blocks)
     per_block = logical.view(2, layout.num_kv_heads, num_blocks, -1).permute(0, 2, 1, 3)   # [2, n, heads, bs*dim]
     regions = layer.view(layer.shape[0], layout.num_kv_heads, 2, -1)

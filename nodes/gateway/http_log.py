@@ -30,7 +30,8 @@ log = get_logger("gateway")
 class Throttle:
     def __init__(self, rate: float = RATE, burst: int = BURST) -> None:
         self.rate, self.burst = rate, burst
-        self.tokens, self.updated = float(burst), None
+        self.tokens = float(burst)
+        self.updated: float | None = None
         self.num_suppressed = 0
 
     def allow(self, now: float) -> bool:

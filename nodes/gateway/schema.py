@@ -175,7 +175,7 @@ def tokenize(request: ApiRequest, tokenizer: Any, max_model_len: int, default_ma
     """(prompt token ids, max_tokens) for the request; 400 when it cannot fit the context."""
     if request.chat:
         try:
-            text = tokenizer.apply_chat_template(list(request.messages))
+            text = tokenizer.apply_chat_template(list(request.messages or ()))
         except Exception as exc:   # a template that raises (e.g. roles out of order) is the client's input
             raise bad_request(f"the messages do not fit the model's chat template: {exc}", "messages") from exc
         ids = tuple(tokenizer.encode(text))

@@ -20,7 +20,7 @@ import math
 import time
 import uuid
 from enum import StrEnum
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -32,8 +32,11 @@ from nodes.gateway.relay import Relay, StalledConsumer
 from nodes.gateway.tenants import cluster_session_id, new_session_id
 from nodes.wire import Code
 
+if TYPE_CHECKING:   # app.py imports this module
+    from nodes.gateway.app import Gateway
+
 BAD_INPUT_CODES = {Code.REJECTED, Code.BAD_REQUEST, Code.MALFORMED, Code.OVERSIZED}
-GATEWAY = web.AppKey("gateway", object)      # the app's `Gateway` (nodes/gateway/app.py)
+GATEWAY: web.AppKey[Gateway] = web.AppKey("gateway")   # the app's `Gateway` (nodes/gateway/app.py)
 IDENTITY = web.RequestKey("identity", str)   # who the rate limits count: the key's tenant or client address
 TENANT = web.RequestKey("tenant", str)       # whose sessions: tenants.tenant_of(API key), "" without keys
 log = get_logger("gateway")
@@ -83,7 +86,7 @@ def outcome_of(exc: BaseException | None) -> Outcome:
 
 
 class Served:
-    def __init__(self, gateway: Any, endpoint: str, identity: str, prefix: str = "cmpl", tenant: str = "") -> None:
+    def __init__(self, gateway: Gateway, endpoint: str, identity: str, prefix: str = "cmpl", tenant: str = "") -> None:
         self.gateway, self.endpoint, self.identity, self.tenant = gateway, endpoint, identity, tenant
         self.request_id = f"{prefix}-{uuid.uuid4().hex}"
         self.session_id: str | None = None
@@ -148,11 +151,13 @@ class Served:
         self.gateway.relays.add(self.relay)
 
     async def tokens(self) -> Any:
+        assert self.relay is not None, "start() the request first"
         async for token in self.relay:
             self.token_times.append(time.monotonic())
             yield token
 
     def info(self) -> dict[str, Any]:
+        assert self.relay is not None, "start() the request first"
         return pdbus_info(self.relay.generation.trace, self.gateway.config.kv_mode, session_id=self.session_id)
 
     @property

@@ -62,7 +62,7 @@ async def _on_message(ws: web.WebSocketResponse, request: web.Request, message: 
         return current
     body = _parse(message.data)
     if isinstance(body, dict) and body.get("type") == "cancel":
-        if busy:
+        if busy and current is not None:
             current.cancel()
         return current
     if busy:

@@ -85,7 +85,7 @@ def _prefill_request(b: PrefillRequestBody) -> dict[str, Any]:
 
 
 def _plan(b: PlanBody) -> dict[str, Any]:
-    plan = {"type": "plan", "plan": str(b.kind), "node_id": b.node_id}
+    plan: dict[str, Any] = {"type": "plan", "plan": str(b.kind), "node_id": b.node_id}
     if b.kind == PlanKind.REMOTE:
         plan |= {"data_endpoint": b.data_endpoint, "transfer_id": b.transfer_id}
     elif b.kind == PlanKind.CACHED:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeGuard
 
 from bus.constants import MAX_ID_BYTES
 from nodes.wire.codes import Code
@@ -53,15 +53,15 @@ def summary(value: Any) -> str:
     return f"{kind}[{len(value)}]" if isinstance(value, str | bytes | list | tuple | dict) else kind
 
 
-def is_int(value: Any) -> bool:
+def is_int(value: Any) -> TypeGuard[int]:
     return type(value) is int   # not bool, which msgpack keeps apart and Python counts as int
 
 
-def is_number(value: Any) -> bool:
+def is_number(value: Any) -> TypeGuard[int | float]:
     return is_int(value) or (type(value) is float and math.isfinite(value))
 
 
-def is_id(value: Any, max_bytes: int = MAX_ID_BYTES) -> bool:
+def is_id(value: Any, max_bytes: int = MAX_ID_BYTES) -> TypeGuard[str]:
     if not isinstance(value, str) or not 0 < len(value) <= max_bytes:
         return False
     try:

@@ -68,7 +68,7 @@ def _token(index: Any, token_id: Any, text: Any, bounds: Bounds) -> TokenBody:
 def _triple(value: Any, what: str, bounds: Bounds) -> TokenBody:
     if not isinstance(value, list | tuple) or len(value) != 3:
         raise Refused(f"{what} must be a list [index, token_id, text]")
-    return _token(*value, bounds)
+    return _token(value[0], value[1], value[2], bounds)
 
 
 def _tokens(value: Any, bounds: Bounds) -> tuple[TokenBody, ...]:
@@ -118,7 +118,7 @@ def transfer(value: Any, bounds: Bounds) -> TransferReport:
     return TransferReport(
         f.an_id_or_empty(report, "transfer_id"), f.short_text(report.get("mode", ""), "transfer.mode"),
         f.short_text(report.get("compression", ""), "transfer.compression"),
-        *(f.count(report.get(name, 0), f"transfer.{name}") for name in TRANSFER_COUNTS),
+        **{name: f.count(report.get(name, 0), f"transfer.{name}") for name in TRANSFER_COUNTS},
         seconds=f.number(report.get("seconds", 0.0), "transfer.seconds", 0.0, f.MAX_SECONDS))
 
 

@@ -1,0 +1,206 @@
+"""The values that cross the engine seam (nodes/engines/base.py is the contract that uses them).
+
+Requests, results and settings are frozen dataclasses, importable without torch: the gateway and
+the cluster's wire bodies read `SamplingParams`, and only engine modules import torch (torch appears
+here in annotations alone). `KvLayout` says what one request's KV tensor looks like; `EngineStats`
+are the counters a node reports in its FINAL bodies.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+if TYPE_CHECKING:
+    import torch
+
+    from bus.kv.pieces import RawPieces
+
+FinishReason = Literal["stop", "length", "abort"]
+AdmissionStatus = Literal["ok", "full", "rejected"]
+LOADER_SETTINGS = frozenset({"model", "model_dir", "kind"})   # read by the node, not the engine
+ENGINE_KINDS = ("torch", "vllm")
+
+
+@dataclass(frozen=True, slots=True)
+class SamplingParams:
+    """How to pick tokens. temperature 0 means greedy; top_k 0 and top_p 1.0 mean "off"."""
+
+    temperature: float = 1.0
+    top_k: int = 0
+    top_p: float = 1.0
+    seed: int | None = None
+    max_tokens: int = 256
+    stop: tuple[str, ...] = ()
+    stop_token_ids: tuple[int, ...] = ()
+    ignore_eos: bool = False
+
+    def __post_init__(self) -> None:
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0, got {self.temperature}")
+        if self.top_k < 0:
+            raise ValueError(f"top_k must be >= 0 (0 = off), got {self.top_k}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {self.top_p}")
+        if self.max_tokens < 1:
+            raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
+        if any(not s for s in self.stop):
+            raise ValueError("stop strings must be non-empty")
+
+    @property
+    def is_greedy(self) -> bool:
+        return self.temperature == 0.0 or self.top_k == 1
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillRequest:
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+
+
+@dataclass(frozen=True, slots=True)
+class PrefillResult:
+    request_id: str
+    first_token_id: int
+    text: str                       # text of the first token (may be "" mid UTF-8 character)
+    kv: torch.Tensor                # on the CPU, `Engine.kv_layout.shape(num_prompt_tokens)`
+    num_prompt_tokens: int
+    finish_reason: FinishReason | None = None   # set when the request is already complete
+
+
+@dataclass(frozen=True, slots=True)
+class DecodeRequest:
+    """A request for the decode side.
+
+    - After a remote prefill: `kv` covers every prompt token and `first_token_id` is the token the
+      prefill node sampled (and already streamed); decoding starts with no recomputation.
+    - `kv` covering only a prefix (or none at all, colocated): the rest is prefilled here in chunks.
+    - `session_id` with no `kv`: the longest common prefix with that session's cached KV is reused
+      and only the new suffix is prefilled. With `session_id`, the KV is kept after finishing.
+    """
+
+    request_id: str
+    prompt_token_ids: tuple[int, ...]
+    sampling: SamplingParams = field(default_factory=SamplingParams)
+    kv: torch.Tensor | RawPieces | None = None   # RawPieces: only for an engine that copies_imported_kv
+    first_token_id: int | None = None
+    session_id: str | None = None
+
+    def __post_init__(self) -> None:
+        if not self.prompt_token_ids:
+            raise ValueError(f"request {self.request_id}: empty prompt")
+        num_kv = 0 if self.kv is None else int(self.kv.shape[3])
+        if num_kv > len(self.prompt_token_ids):
+            raise ValueError(f"request {self.request_id}: KV has {num_kv} tokens, prompt only "
+                             f"{len(self.prompt_token_ids)}")
+        if self.first_token_id is not None and num_kv != len(self.prompt_token_ids):
+            raise ValueError(f"request {self.request_id}: first_token_id needs KV for the whole prompt")
+
+
+@dataclass(frozen=True, slots=True)
+class TokenEvent:
+    """One output token (or the end of a stream). `index` counts output tokens from 0."""
+
+    request_id: str
+    token_id: int | None            # None only for an event that just closes the stream
+    text: str
+    index: int
+    finish_reason: FinishReason | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Admission:
+    """The answer to "can you take this request?". "full" is transient (try another node or
+    later); "rejected" never fits here (e.g. longer than the model's context)."""
+
+    status: AdmissionStatus
+    reason: str = ""
+    num_blocks_needed: int = 0
+    num_blocks_free: int = 0
+
+    @property
+    def ok(self) -> bool:
+        return self.status == "ok"
+
+
+@dataclass(frozen=True, slots=True)
+class KvUsage:
+    """The decode side's KV budget in blocks of `block_size` tokens: each block is free, reserved by a
+    running request (prompt + max_tokens, at admission) or held by a finished session, so
+    `num_free_blocks + num_running_blocks + num_session_blocks == num_blocks`."""
+
+    block_size: int
+    num_blocks: int
+    num_free_blocks: int
+    num_running_blocks: int
+    num_session_blocks: int
+    num_sessions: int
+    num_slot_cache_bytes: int = 0   # the KV store: the batch's slots, sessions in its tail (kv_slots.py)
+
+
+@dataclass(frozen=True, slots=True)
+class EngineConfig:
+    """Engine settings (the `[engine]` section of the cluster config)."""
+
+    dtype: str = "auto"              # bf16 on a GPU or with bf16 instructions (AMX, AVX512-BF16), else fp32
+    device: str = "cpu"
+    num_threads: int = 1             # torch threads pinned per engine process
+    block_size: int = 16             # KV accounting granularity, tokens
+    num_kv_blocks: int = 2048        # KV budget (decode side), blocks of `block_size` tokens
+    max_num_seqs: int = 64           # requests holding KV at once (decode side)
+    max_batch_tokens: int = 2048     # tokens per forward pass (prefill batch, or decode + chunks)
+    prefill_chunk_tokens: int = 256  # longest prefill chunk interleaved with decode steps
+    prefill_max_wait_s: float = 0.005
+    max_model_len: int | None = None  # default: the model's max_position_embeddings
+    keep_sessions: bool = True       # keep finished sessions' KV (LRU within the budget)
+    preallocate_kv: bool = True      # decode side: allocate the KV budget's memory at node start
+    cuda_graphs: bool = True         # on a CUDA device: pure decode steps replay CUDA graphs (cuda_graphs.py)
+
+    @classmethod
+    def from_dict(cls, values: dict[str, Any]) -> EngineConfig:
+        """From the `[engine]` table; `model`/`model_dir` there belong to the model loader."""
+        known = {k: v for k, v in values.items() if k in cls.__dataclass_fields__}
+        unknown = sorted(set(values) - set(known) - LOADER_SETTINGS)
+        if unknown:
+            raise ValueError(f"unknown [engine] settings: {', '.join(unknown)}")
+        return cls(**known)
+
+
+@dataclass(frozen=True, slots=True)
+class KvLayout:
+    """What one request's KV tensor is: `[num_layers, 2 (K, V), num_kv_heads, num_tokens, head_dim]`
+    in `dtype`, on the CPU, contiguous. The KV codec serialises exactly this, and a decode node takes
+    a transfer only when its header has this shape (nodes/decode_kv.py)."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+
+    def shape(self, num_tokens: int) -> tuple[int, int, int, int, int]:
+        return (self.num_layers, 2, self.num_kv_heads, num_tokens, self.head_dim)
+
+    def num_bytes(self, num_tokens: int) -> int:
+        return self.num_layers * 2 * self.num_kv_heads * num_tokens * self.head_dim * self.dtype.itemsize
+
+    @property
+    def dtype_name(self) -> str:
+        """"float32", "bfloat16", ...: the dtype as a node logs it."""
+        return str(self.dtype).removeprefix("torch.")
+
+
+@dataclass(slots=True)
+class EngineStats:
+    """Counters the engine keeps; the nodes put them in their FINAL bodies, and the cluster tests
+    assert on them (KV imported rather than recomputed, a session's KV reused)."""
+
+    num_prefilled_tokens: int = 0     # prompt tokens this engine computed KV for
+    num_imported_tokens: int = 0      # tokens whose KV arrived from elsewhere
+    num_reused_tokens: int = 0        # tokens whose KV came from a cached session
+    num_generated_tokens: int = 0
+    num_steps: int = 0
