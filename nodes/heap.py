@@ -10,29 +10,21 @@ a busy node (the decode node's KV buffers, nodes/kv_buffers.py). Off the hot pat
 busy node never trims. Elsewhere than glibc it does nothing.
 `use_mmap_above(num_bytes)` makes glibc serve every allocation of at least `num_bytes` from a
 mapping of its own (M_MMAP_THRESHOLD, which also ends glibc's raising of that threshold after a
-large free): a decode node's imported KV and cached sessions (12-24 MB for a 512-token prompt) then
-go back to the OS when freed. With the default dynamic threshold they landed in the heap once a
-first one had been freed, and the holes evictions left were more than malloc_trim gave back:
-`make chaos`'s kill-decode on the real model (fp32, 512-token prompts) found the surviving decode
-node 130-180 MiB above its baseline in 2 of 3 runs, 0 of 3 with this at 4 MiB. Only decode nodes
-ask for it: a prefill's large temporaries, mapped and faulted in afresh each time, made a
-1024-token bf16 prefill 3-13 % slower (ad-hoc timing).
+large free): a decode node's imported KV and cached sessions then go back to the OS when freed.
+Why: with the dynamic threshold they land in the heap once a first one has been freed, and the holes
+evictions leave are more than malloc_trim gives back (`make chaos`'s kill-decode on the real model
+showed the surviving decode node's RSS far above its baseline). Only decode nodes ask for it: a
+prefill's large temporaries, mapped and faulted in afresh each time, would slow its prefills.
 `keep_freed_heap(num_bytes)` (M_TRIM_THRESHOLD) lets free() hand the heap's top back to the OS only
 beyond `num_bytes`, so memory freed while a node is busy is reused by its next allocations and goes
 back when the node goes quiet (the trimmer above). Why: a decode node receives a transfer's KV as
-ZeroMQ's own buffers (a raw transfer keeps them, bus/kv/pieces.py) of up to a chunk each; with
-glibc's default trim threshold (fixed at 128 KiB once M_MMAP_THRESHOLD is set) the frames of one
-transfer, freed together, were trimmed and the next transfer's frames faulted in afresh on
-ZeroMQ's I/O thread. An ad-hoc A/B of receiver processes (raw fp32 KV, 1024 tokens, the process's
-whole CPU time per transfer): 33 ms copying into a pooled buffer, 34 ms keeping the frames with the
-default threshold, 21 ms keeping them with this at 256 MiB.
-The mmap threshold therefore sits above the largest frame a chunk sends (DECODE_MMAP_THRESHOLD). At
-4 MiB it did not: a chunk of exactly 4 MiB is a 4 MiB payload plus ZeroMQ's few bytes of header, so
-glibc mapped each one afresh and the I/O thread faulted in 1024 pages for it (ad hoc: six such
-messages took 20 ms with 6152 page faults; with the threshold at 8 MiB, 11 ms and 2 faults). Such
-chunks are those of a plane split by tokens (a long prompt: 16k tokens of SmolLM2 in float32) and
-of models whose layer of KV is 4 MiB (8 KV heads of 128 dims, 1024 tokens, bf16); SmolLM2's
-1024-token chunks are whole layers of 3-3.75 MiB, below either threshold.
+ZeroMQ's own buffers of up to a chunk each (bus/kv/pieces.py); with glibc's default trim threshold
+(fixed at 128 KiB once M_MMAP_THRESHOLD is set) one transfer's frames, freed together, are trimmed
+and the next transfer's faulted in afresh on ZeroMQ's I/O thread.
+The mmap threshold therefore sits above the largest frame a chunk sends (DECODE_MMAP_THRESHOLD): a
+chunk of exactly 4 MiB is a 4 MiB payload plus ZeroMQ's header, and with the threshold at 4 MiB
+glibc would map, and the I/O thread fault in, every such message afresh. Such chunks are those of
+a plane split by tokens (a long prompt) and of models whose layer of KV is 4 MiB.
 `configure_decode_heap()` sets both for a decode node (and for bench-kv's receiving process).
 `freeze_startup_objects()`, called once a process has loaded what it keeps for life (weights,
 tokenizer), moves those objects out of the garbage collector's reach (as vLLM does after loading):

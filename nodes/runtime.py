@@ -266,6 +266,15 @@ def build_engine(settings: NodeSettings) -> Engine:
     return LlamaEngine(model, settings.engine_config())
 
 
+def kernel_report(works: list[Work]) -> dict[str, object]:
+    """What serves each operation in the node's engine (`Engine.kernel_report`), {} without one."""
+    for work in works:
+        engine = getattr(work, "engine", None)
+        if isinstance(engine, Engine):
+            return engine.kernel_report()
+    return {}
+
+
 def engine_dtype(works: list[Work]) -> str | None:
     """The dtype the node's engine runs in (what `[engine] dtype = "auto"` chose), None without one."""
     for work in works:
@@ -298,7 +307,8 @@ def run_node(settings: NodeSettings, make_works: Callable[[LoopThread], list[Wor
         configure_decode_heap()   # nodes.heap: what KV memory goes back to the OS, and when
     with endpoint:
         log.info("node_started", data_endpoint=data_endpoint, model=settings.model, dtype=engine_dtype(works),
-                 curve=bool(settings.security), kv_quant=settings.kv_quant, capacity=endpoint.core.capacity)
+                 curve=bool(settings.security), kv_quant=settings.kv_quant, capacity=endpoint.core.capacity,
+                 **kernel_report(works))
         try:
             loop.run()
         finally:

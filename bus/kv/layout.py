@@ -37,11 +37,8 @@ DTYPES: dict[str, np.dtype] = {
 # and of the socket; 4 MiB still gives 15 chunks to pipeline for a 1024-token SmolLM2 cache.
 DEFAULT_CHUNK_BYTES = 4 * 1024 * 1024
 # A raw or bf16 chunk travels as frames of at most this many bytes; the chunk, its checksum and its
-# acknowledgement stay one. Measured in bench-kv: one bare message of the same bytes moved faster as
-# ~1 MiB frames than as a 3-4 MiB frame a chunk (its floor table), and raw transfers over CURVE,
-# which encrypts frame by frame, took 12-20 % less time than with a frame a chunk (runs of both
-# versions alternated, 2026-12-02 08:05; docs/BENCHMARKS.md). Plain raw+none, bound by the two
-# checksum passes on two cores, did not move beyond noise.
+# acknowledgement stay one. Why: the same bytes move faster as ~1 MiB frames than as one frame a
+# chunk (bench-kv's floor table), and CURVE encrypts frame by frame, so smaller frames pipeline.
 FRAME_BYTES = 1024 * 1024
 
 
@@ -115,10 +112,9 @@ def chunk_bytes_for(info: KVInfo, mode: str, chunk_bytes: int = DEFAULT_CHUNK_BY
     """The engine's bytes per chunk of a transfer in `mode`: `chunk_bytes` for raw; a quantized
     chunk covers the values of `chunk_bytes` of a 2-byte source (4 MiB of bf16 = 2 Mi values, so
     8 MiB of float32), which puts about 2 MiB of int8 codes on the wire whatever the source. Why:
-    interleaved A/Bs against 4 MiB for every source (ad hoc; see the 2026-12-02 session note)
-    found int8 from float32 4-16 % faster with 8 MiB chunks at 10 Gbit/s and on loopback, 512 and
-    1024 tokens, and bf16 mode from float32 12-14 %; bf16 sources were best at 4 MiB, and raw
-    float32 no better with larger chunks."""
+    a quantized chunk's cost is its codec pass over the values, not its source bytes, so sizing
+    chunks by values keeps the codec's pipeline depth the same for every source dtype (raw
+    transfers gained nothing from larger chunks)."""
     return chunk_bytes if mode == "raw" else max(1, chunk_bytes * info.itemsize // 2)
 
 

@@ -70,6 +70,9 @@ Common, set at construction:
     kv_layout: KvLayout                     the KV tensor's layers, heads, head_dim and dtype (the
                                             dtype the engine runs in)
     stats: EngineStats                      counters the nodes report and the cluster asserts on
+    kernel_report() -> dict                 what serves each operation (the built-in engine: the
+                                            CPU probe and kernels.dispatch's plan); a node logs it
+                                            at start. Default: {} (an engine with its own kernels).
     close()                                 release threads and device memory.
 """
 
@@ -235,3 +238,7 @@ class Engine(ABC):
     def unsound_requests(self) -> list[str]:
         """Running requests whose KV holds non-finite values (see the module docstring). Default: none known."""
         return []
+
+    def kernel_report(self) -> dict[str, object]:
+        """What serves each operation, for the start-up log (see the module docstring). Default: {}."""
+        return {}

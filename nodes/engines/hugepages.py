@@ -8,9 +8,8 @@ allocation, for tensors each too small to fill a huge page. `available_bytes()` 
 MemAvailable. Nothing here fails: where the advice
 is not available or refused, the memory is ordinary pages.
 
-Why: a bf16 decode step streams the KV cache (377 MB at batch 32, context 512) and the weights
-(256 MiB) once each; on 4 KiB pages the decode attention kernel read the same slot cache in
-40 ms, on huge pages in 34.5 ms (ad-hoc timing; numpy arrays already get the advice from numpy,
+Why: a decode step streams the KV cache and the weights once each, and on 4 KiB pages the TLB
+misses of that stream cost a visible share of it (numpy arrays already get the advice from numpy;
 torch's allocations do not). `make bench-engine` measures whole steps.
 """
 

@@ -5,9 +5,9 @@ Contract: `TorchQuantizer(compile=True)` implements bus.kv.quant.Quantizer for t
 byte the payload format of bus.kv.quant (the numpy reference) and decoding it straight into a
 preallocated torch destination of the engine's dtype. Anything that is not a torch tensor is handed
 to the numpy quantizer. With `compile=True`, the default `int8` mode runs on the single-pass numba
-kernels of bus.kv.int8_kernels and int8_decode (float32, bfloat16 and float16 sources; float32 and bfloat16
+kernels of kernels.kv_int8 (float32, bfloat16 and float16 sources; float32 and bfloat16
 destinations), whose payloads and decoded values are bit-identical to the numpy reference's; they
-ran 2-4x faster than the inductor kernels here (bench-kv's stage table). Every other mode and
+beat the inductor kernels (docs/KERNELS.md). Every other mode and
 dtype runs under `torch.compile` (dynamic shapes, so one compile serves every chunk size);
 `compile=False`, a missing numba or a failing compiler give eager torch.
 `warmup()` compiles everything at start-up (the first compile takes seconds; both cache on disk).
@@ -23,11 +23,13 @@ from typing import Any
 import numpy as np
 import torch
 
-from bus.kv import int8_decode, int8_kernels
 from bus.kv.kv_errors import KVValueError
 from bus.kv.layout import ChunkSpec, KVInfo, plan_chunks
 from bus.kv.pieces import RawPieces
 from bus.kv.quant import EncodedPayload, NumpyQuantizer
+from nodes.engines.kernels import dispatch
+from nodes.engines.kernels.kv_int8 import decode as int8_decode
+from nodes.engines.kernels.kv_int8 import encode as int8_kernels
 
 # Received payloads are read-only ZeroMQ frames; the decoder only reads the tensors it views them as.
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
@@ -121,7 +123,7 @@ class TorchQuantizer:
         # prompt sizes do not trigger recompiles (dynamo gives up after 8 and runs eager).
         self._compiled: dict[tuple, Any] = {}
         self._scratch = torch.empty(0)
-        self.fast_int8 = compile and int8_kernels.AVAILABLE   # `int8` on bus.kv.int8_kernels
+        self.fast_int8 = compile and dispatch.kv_int8_backend() == "numba"   # `int8` on kernels.kv_int8
         self._work = int8_kernels.Scratch(64)
 
     @property
@@ -259,7 +261,7 @@ class TorchQuantizer:
             target.copy_(torch.from_numpy(staging))
 
     def _decode_int8_fast(self, payload: list[np.ndarray], target: torch.Tensor) -> bool:
-        """Dequantize on bus.kv.int8_kernels into a float32 or bfloat16 target; False for others."""
+        """Dequantize on kernels.kv_int8 into a float32 or bfloat16 target; False for others."""
         if target.dtype not in (torch.float32, torch.bfloat16):
             return False
         out = target.numpy() if target.dtype == torch.float32 else target.view(torch.int16).numpy().view(np.uint16)

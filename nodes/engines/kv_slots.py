@@ -18,11 +18,10 @@ store, its old contents no longer mattering. `release` frees the store. `num_byt
 store takes. `write`/`read`/`move` copy whole prefixes in the export layout
 [layers, 2, kv_heads, tokens, head_dim].
 
-Why a store faulted in ahead: a new cache is faulted in on huge pages (hugepages.py), which this VM
-compacts at ~3 ms a 2 MiB page. Allocated on demand, the first request at a fresh decode node
-waited ~240 ms in `add_request` (8 slots x 768 tokens of bf16, 135 MiB), and the 9th running
-request ~800 ms while the cache grew to 16 slots, stalling every running stream that long (ad-hoc
-timing of the real model; `make bench-kv-memory` measures it). Grown in place within a reserved
+Why a store faulted in ahead: a new cache is faulted in on huge pages (hugepages.py), which the
+kernel may have to compact first, milliseconds a page. Allocated on demand, a fresh decode node's
+first request, and every request that grows the cache, would wait for that inside `add_request`,
+stalling every running stream as long (`make bench-kv-memory` measures it). Grown in place within a reserved
 store it is a copy of the rows (tests/nodes/engines/test_kv_slots.py asserts no allocation).
 Stale contents are harmless: every element ever written is a finite KV value or zero, and
 masked-out keys only ever meet 0 weights (0 * finite = 0; a NaN would not vanish, hence zeros, not

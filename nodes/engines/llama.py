@@ -11,14 +11,14 @@ KV caches laid out [layers, 2 (K, V), kv_heads, capacity, head_dim]:
   full over the `start` tokens already cached), one SDPA call per span;
 - `DecodeGroup`: one new token for each of several decode slots of a `[layers, slots, 2, kv_heads,
   capacity, head_dim]` slot cache, attended in ONE batched SDPA call over the slots with a length
-  mask (no gathering of KV: the slots are views of one tensor); pure decode steps in bf16 run the
-  fused RoPE + KV write + attention kernel of bf16_attention.py instead; on a CUDA device they replay
-  a CUDA graph of the whole step (cuda_graphs.py; `forward_eager` is the step without one).
-In bf16 with numba, RMSNorm and (for pure prefill steps) RoPE with the KV writes run on the
-kernels of bf16_prefill.py (through Bf16Gemv), bit-identical to the torch ops they replace.
-In float32 on CPUs where f32_dot's kernel runs, steps of at most 32 rows take their linear layers
-there (outer products, another copy of the weights); their sums run in another order than MKL's,
-so such steps match transformers to float32 rounding rather than bit for bit.
+  mask (no gathering of KV: the slots are views of one tensor); on a CUDA device pure decode steps
+  replay a CUDA graph of the whole step (cuda_graphs.py; `forward_eager` is the step without one).
+On the CPU, kernels.dispatch decides which compiled kernels take which operations (`kernels`, the
+runner's KernelPlan; docs/KERNELS.md): in bf16 the fast path (kernels.fast_path) takes decode steps
+whole, and RMSNorm, RoPE with the KV writes and prefill attention of larger steps; in float32 the
+decode attention kernel and AVX-512 linear layers take decode steps. bf16 kernels round where torch
+rounds; float32 kernels sum in another order than MKL, so such steps match transformers to float32
+rounding rather than bit for bit.
 Math follows Hugging Face's LlamaForCausalLM (RMSNorm in float32, rotate-half RoPE, SwiGLU).
 """
 
@@ -29,8 +29,11 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 
-from nodes.engines import bf16_gemv, f32_attention, f32_dot
 from nodes.engines.cuda_graphs import DecodeGraphs
+from nodes.engines.kernels import dispatch
+from nodes.engines.kernels.decode_attention import f32 as f32_attention
+from nodes.engines.kernels.fast_path import Bf16FastPath
+from nodes.engines.kernels.linear import dot_f32
 from nodes.engines.model_config import LlamaConfig
 from nodes.engines.rope import rope_tables
 
@@ -113,18 +116,22 @@ class LlamaRunner:
         self.embed = get("model.embed_tokens.weight")
         self.lm_head = get_matrix("model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight")
         self.norm = get("model.norm.weight")
-        # Decode steps (a few rows) run their linear layers on numba GEMVs, 2-3x faster than oneDNN's.
-        self.gemv = bf16_gemv.Bf16Gemv.create(config, get) if self.packed and use_gemv else None
-        # Larger bf16 steps keep oneDNN's GEMMs but run RMSNorm, RoPE and the KV writes on numba.
+        # Which kernel serves each operation is kernels.dispatch's decision alone (docs/KERNELS.md).
+        dtype_name = {torch.bfloat16: "bfloat16", torch.float32: "float32"}.get(dtype, str(dtype))
+        plan = dispatch.plan(dtype_name, self.device.type, use_kernels=use_gemv)
+        if not self.packed and plan.fast_bf16:   # the bf16 kernels pair with oneDNN's packed weights
+            plan = dispatch.TORCH
+        # bf16 decode steps on the kernels; larger bf16 steps keep oneDNN's GEMMs but run RMSNorm,
+        # RoPE and the KV writes on them too.
+        self.gemv = Bf16FastPath(config, get, plan) if plan.fast_bf16 else None
         self.fused = self.gemv is not None
-        if dtype == torch.float32 and self.device.type == "cpu" and use_gemv and bf16_gemv._compiles(f32_dot.warmup):
-            # float32 decode steps' linear layers on AVX-512 outer products (2-3x MKL's GEMVs here).
+        if plan.linear == "dot_f32":   # float32 decode steps' linear layers on AVX-512 outer products
             mats = [w for layer in self.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down) if w is not None]
-            self._linear = f32_dot.SmallLinear([self.lm_head, *mats])
-        # float32 pure decode steps: the KV write and attention in one numba kernel instead of SDPA.
-        self.f32_attends = dtype == torch.float32 and self.device.type == "cpu" and use_gemv and bf16_gemv._compiles(
-            f32_attention.warmup)
-        self.f32_prefetch = self.f32_attends and f32_attention.prefetch_pays()
+            self._linear = dot_f32.SmallLinear([self.lm_head, *mats])
+        # float32 pure decode steps: the KV write and attention in one kernel instead of SDPA.
+        self.f32_attends = plan.decode_attention == "f32"
+        self.f32_prefetch = self.f32_attends and plan.attention_prefetch
+        self.kernels = self.gemv.plan if self.gemv is not None else plan
         self.max_len = max_len or config.max_position_embeddings
         cos, sin = rope_tables(config, self.max_len)
         half = config.head_dim // 2
@@ -265,7 +272,7 @@ class LlamaRunner:
 
     def _attend_span(self, layer: int, q: torch.Tensor, span: PrefillSpan) -> torch.Tensor:
         """A span's queries q [heads, tokens, head_dim] over its cache (its own k and v written), on
-        AMX tiles where Bf16Gemv attends (1.3-1.6x faster than SDPA's flash kernel), else SDPA.
+        the tiled kernel where the fast path attends (kernels.dispatch), else SDPA.
         Every prefill span takes this one choice, alone or beside decode rows: in bf16 a recovery
         prefill on a decode node must round as the prefill node did, or failover changes texts."""
         if self.gemv is not None and self.gemv.attends:

@@ -32,6 +32,7 @@ from nodes.engines.base import (
 from nodes.engines.block_manager import BlockManager, CachedSession, SessionCache
 from nodes.engines.engine_common import DTYPES, resolve_device, resolve_dtype
 from nodes.engines.engine_types import EngineStats
+from nodes.engines.kernels.cpu import probe
 from nodes.engines.kv_slots import SlotCache
 from nodes.engines.llama import DecodeGroup, ForwardBatch, LlamaRunner, PrefillSpan
 from nodes.engines.model_loader import LoadedModel
@@ -234,6 +235,12 @@ class LlamaEngine(Engine):
         # Only after a step raised: a scan of each running slot's computed KV (its cost does not matter there).
         return [seq.request_id for seq in self.running
                 if not bool(torch.isfinite(self.slots.view(seq.slot)[:, :, :, :seq.num_computed_tokens]).all())]
+
+    def kernel_report(self) -> dict[str, object]:
+        report: dict[str, object] = {"kernels": self.runner.kernels.as_log()}
+        if self.device.type == "cpu":
+            report["cpu_features"] = probe().as_log()
+        return report
 
     def abort(self, request_id: str) -> TokenEvent | None:
         seq = next((s for s in self.running if s.request_id == request_id), None)

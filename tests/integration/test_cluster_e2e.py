@@ -75,7 +75,11 @@ def test_short_second_turn_moves_no_kv_and_prefills_only_the_suffix(cluster, tin
 
 
 def test_every_node_logs_the_dtype_its_engine_runs_in(cluster):
-    """`[engine] dtype = "auto"` is resolved per machine: the start-up line says what it chose."""
+    """`[engine] dtype = "auto"` is resolved per machine: the start-up line says what it chose, and
+    which kernels serve (kernels.dispatch) on which CPU features (kernels.cpu)."""
     for node in cluster.nodes.values():
         started = [e for e in node.events if e.get("event") == "node_started"]
         assert started and started[0]["dtype"] == "float32", node   # ClusterProcs runs float32
+        # The engine's kernel plan and the CPU probe, in the same line.
+        assert set(started[0]["kernels"]) >= {"linear", "decode_attention", "prefill_attention", "kv_int8"}
+        assert "numba" in started[0]["cpu_features"]

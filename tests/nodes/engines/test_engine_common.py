@@ -4,8 +4,8 @@
 import pytest
 import torch
 
-from nodes.engines import amx_tiles, engine_common
 from nodes.engines.engine_common import resolve_device, resolve_dtype, resolve_dtype_name
+from nodes.engines.kernels import cpu as kernels_cpu
 
 
 @pytest.fixture
@@ -45,23 +45,22 @@ def test_auto_picks_bf16_where_onednn_multiplies_it_in_hardware(cpu, features, e
 def test_auto_follows_a_onednn_isa_cap(cpu, monkeypatch):
     cpu("amx", "avx512_bf16")
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_BF16")
-    assert not engine_common.cpu_has_amx()
+    assert not kernels_cpu.onednn_amx()
     assert resolve_dtype_name("auto") == "bfloat16"
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "avx512_core")
     assert resolve_dtype_name("auto") == "float32"
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "AVX512_CORE_AMX")
-    assert engine_common.cpu_has_amx()
+    assert kernels_cpu.onednn_amx()
 
 
 def test_pdbus_no_amx_switches_amx_off(cpu, monkeypatch):
     cpu("amx", "avx512_bf16")
-    assert engine_common.cpu_has_amx()
+    assert kernels_cpu.onednn_amx()
     monkeypatch.setenv("PDBUS_NO_AMX", "1")
-    assert not engine_common.cpu_has_amx()
-    assert not amx_tiles._cpu_has_amx()
+    assert not kernels_cpu.onednn_amx()
     assert resolve_dtype_name("auto") == "bfloat16"    # AVX512-BF16 is still there
     monkeypatch.setenv("PDBUS_NO_AMX", "0")
-    assert engine_common.cpu_has_amx()
+    assert kernels_cpu.onednn_amx()
 
 
 def test_cpu_is_always_a_device():

@@ -260,6 +260,13 @@ def test_a_finished_session_is_kept_or_not_and_dropping_it_frees_it(engine):
     assert_usage_adds_up(engine)
 
 
+def test_the_kernel_report_is_a_loggable_dict(engine):
+    import json
+    report = engine.kernel_report()
+    assert isinstance(report, dict)
+    json.dumps(report)   # a node logs it as JSON
+
+
 def test_reserving_kv_memory_twice_is_harmless(engine):
     engine.reserve_kv_memory()
     engine.reserve_kv_memory()

@@ -155,7 +155,8 @@ def test_fast_int8_is_bit_identical_to_numpy_both_ways(compiled, dtype):
 
 def test_a_failing_numba_kernel_falls_back_to_torch_for_good(monkeypatch):
     """No working numba (a compile error, say): the transfer still encodes and decodes, on torch."""
-    from bus.kv import int8_decode, int8_kernels
+    from nodes.engines.kernels.kv_int8 import decode as int8_decode
+    from nodes.engines.kernels.kv_int8 import encode as int8_kernels
 
     def broken(*args):
         raise RuntimeError("no LLVM here")
