@@ -15,7 +15,7 @@ FUZZ_SECONDS ?= 600
 .PHONY: help install test test-no-amx test-gpu test-all lint demo broker node prefill decode cluster colocated \
         gateway client model model-info \
         install-vllm test-vllm \
-        bench-bus bench-scheduler bench-kv bench-kv-quality bench-engine bench-engine-cuda bench-kv-memory bench-gateway bench bench-quick chaos fuzz clean
+        bench-bus bench-scheduler bench-kv bench-kv-quality bench-engine bench-kernels bench-engine-cuda bench-kv-memory bench-gateway bench bench-quick chaos fuzz clean
 
 help:            ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -34,8 +34,9 @@ test: install    ## type-check bus/, scheduler/, nodes/ (mypy), then run the tes
 	$(BIN)/mypy
 	$(BIN)/pytest -m "not slow and not vllm and not gpu" $(PYTEST_ARGS)
 
-# The paths a CPU without AMX takes (oneDNN on AVX512-BF16, the numba GEMVs, SDPA prefill attention),
-# here on a CPU with it: pdbus leaves its tile kernels, oneDNN its tiles.
+# The paths a CPU without AMX takes (oneDNN on AVX512-BF16, the kernels without tiles), here on a CPU
+# with it: pdbus leaves its tile kernels, oneDNN its tiles. (`make test` itself runs the engine under
+# each mask, PDBUS_NO_NUMBA / PDBUS_NO_AVX512BF16 / PDBUS_NO_AMX: tests/nodes/engines/kernels/test_cpu_paths.py.)
 test-no-amx: install ## run the test suite as on a CPU without AMX (PDBUS_NO_AMX=1)
 	PDBUS_NO_AMX=1 ONEDNN_MAX_CPU_ISA=AVX512_CORE_BF16 $(BIN)/pytest -m "not slow and not vllm and not gpu" $(PYTEST_ARGS)
 
@@ -109,8 +110,12 @@ bench-kv: install ## KV codec and data plane throughput, per stage and end to en
 bench-kv-quality: install ## quality of each KV quantization mode on the real model
 	$(BENCH) -m harness.bench.kv_quality
 
-bench-engine: install ## engine prefill/decode speed beside transformers and rooflines
+bench-engine: install ## engine prefill/decode speed beside transformers and rooflines; each kernel vs compiled torch
 	$(BENCH) -m harness.bench.engine_bench
+	$(BENCH) -m harness.bench.kernel_bench
+
+bench-kernels: install ## each compiled CPU kernel against torch.compile of the path it replaces (docs/KERNELS.md)
+	$(BENCH) -m harness.bench.kernel_bench $(ARGS)
 
 bench-engine-cuda: install ## the same on a CUDA GPU: the engine with and without CUDA graphs, transformers, rooflines
 	$(BENCH) -m harness.bench.engine_bench --device cuda --steps 60

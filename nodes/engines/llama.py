@@ -98,7 +98,7 @@ class LlamaRunner:
     def __init__(self, config: LlamaConfig, weights: dict[str, torch.Tensor], *,
                  dtype: torch.dtype = torch.float32, device: str | torch.device = "cpu",
                  max_len: int | None = None, pack_weights: bool | None = None,
-                 use_gemv: bool = True, cuda_graphs: bool = True) -> None:
+                 use_kernels: bool = True, cuda_graphs: bool = True) -> None:
         self.config = config
         self.dtype = dtype
         self.device = torch.device(device)
@@ -118,28 +118,28 @@ class LlamaRunner:
         self.norm = get("model.norm.weight")
         # Which kernel serves each operation is kernels.dispatch's decision alone (docs/KERNELS.md).
         dtype_name = {torch.bfloat16: "bfloat16", torch.float32: "float32"}.get(dtype, str(dtype))
-        plan = dispatch.plan(dtype_name, self.device.type, use_kernels=use_gemv)
+        plan = dispatch.plan(dtype_name, self.device.type, use_kernels=use_kernels)
         if not self.packed and plan.fast_bf16:   # the bf16 kernels pair with oneDNN's packed weights
             plan = dispatch.TORCH
-        # bf16 decode steps on the kernels; larger bf16 steps keep oneDNN's GEMMs but run RMSNorm,
-        # RoPE and the KV writes on them too.
-        self.gemv = Bf16FastPath(config, get, plan) if plan.fast_bf16 else None
-        self.fused = self.gemv is not None
+        # bf16: decode attention, norms and RoPE on the kernels, and the linear layers of the steps
+        # whose rows the plan gives to a linear kernel (oneDNN's GEMMs take the others).
+        self.fast_path = Bf16FastPath(config, get, plan) if plan.fast_bf16 else None
+        self.fused = self.fast_path is not None
         if plan.linear == "dot_f32":   # float32 decode steps' linear layers on AVX-512 outer products
             mats = [w for layer in self.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down) if w is not None]
             self._linear = dot_f32.SmallLinear([self.lm_head, *mats])
         # float32 pure decode steps: the KV write and attention in one kernel instead of SDPA.
         self.f32_attends = plan.decode_attention == "f32"
         self.f32_prefetch = self.f32_attends and plan.attention_prefetch
-        self.kernels = self.gemv.plan if self.gemv is not None else plan
+        self.kernels = self.fast_path.plan if self.fast_path is not None else plan
         self.max_len = max_len or config.max_position_embeddings
         cos, sin = rope_tables(config, self.max_len)
         half = config.head_dim // 2
         # The sign of rotate-half folded into the table: x*cos + swap_halves(x)*signed_sin.
         sin = torch.cat([-sin[:, :half], sin[:, half:]], dim=-1)
         self.cos, self.sin = cos.to(self.device, dtype), sin.to(self.device, dtype)
-        if self.gemv is not None:
-            self.gemv.set_rope(self.cos, self.sin)
+        if self.fast_path is not None:
+            self.fast_path.set_rope(self.cos, self.sin)
         self.q_size = config.num_heads * config.head_dim
         self.kv_size = config.num_kv_heads * config.head_dim
         # On a GPU, pure decode steps replay CUDA graphs (cuda_graphs.py): launches, not the GPU, bound them.
@@ -187,12 +187,12 @@ class LlamaRunner:
         cos = self.cos[batch.positions][:, None, :]
         sin = self.sin[batch.positions][:, None, :]
         num_tokens = x.shape[0]
-        gemv = self.gemv if self.gemv is not None and num_tokens <= self.gemv.max_rows else None
+        fast = self.fast_path if self.fast_path is not None and self.fast_path.takes_rows(num_tokens) else None
         for index, layer in enumerate(self.layers):
-            qkv = gemv.qkv(index, x) if gemv is not None else self._linear(self._norm(x, index), layer.qkv)
-            if self.gemv is not None and not batch.spans and batch.decode is not None:   # pure decode: one kernel
+            qkv = fast.qkv(index, x) if fast is not None else self._linear(self._norm(x, index), layer.qkv)
+            if self.fast_path is not None and not batch.spans and batch.decode is not None:   # pure decode: one kernel
                 group = batch.decode   # any batch size: it streams the KV faster than SDPA does
-                attn = self.gemv.decode_attention(index, qkv, group.positions, group.slots, group.cache, c.num_heads)
+                attn = self.fast_path.decode_attention(index, qkv, group.positions, group.slots, group.cache, c.num_heads)
             elif self.fused and batch.decode is None:   # pure prefill: RoPE and the KV writes in one kernel
                 attn = self._fused_prefill_attention(index, qkv, batch)
             else:
@@ -201,31 +201,31 @@ class LlamaRunner:
                 q, k = qk[:, :c.num_heads], qk[:, c.num_heads:]
                 v = qkv[:, self.q_size + self.kv_size:].view(num_tokens, c.num_kv_heads, c.head_dim)
                 attn = self._attention(index, q, k, v, batch)
-            if gemv is not None:
-                x = gemv.mlp(index, gemv.attn_out(index, attn, x))
+            if fast is not None:
+                x = fast.mlp(index, fast.attn_out(index, attn, x))
             else:
                 x = self._add_linear(x, attn, layer.o)
                 x = self._mlp(x, self._norm(x, index, post=True), layer)
         if not len(batch.sample_rows):
             return torch.empty(0, c.vocab_size)
-        if self.gemv is not None and len(batch.sample_rows) <= self.gemv.max_rows:
-            # A prompt's last token(s) too: the GEMV streams the 56 MB LM head faster than oneDNN at M=1.
-            return self.gemv.logits(x[batch.sample_rows]).float()
+        if self.fast_path is not None and self.fast_path.takes_rows(len(batch.sample_rows)):
+            # A prompt's last token(s) too, where the plan gives that many rows to the linear kernel.
+            return self.fast_path.logits(x[batch.sample_rows]).float()
         last = rms_norm(x[batch.sample_rows], self.norm, c.rms_norm_eps)
         return self._linear(last, self.lm_head).float()
 
     def _norm(self, x: torch.Tensor, index: int, post: bool = False) -> torch.Tensor:
-        if self.fused and self.gemv is not None:   # fused: on the GEMV kernels' RMSNorm
-            return self.gemv.rms_norm(index, x, post)
+        if self.fast_path is not None:   # the kernels' RMSNorm, bit-identical to rms_norm
+            return self.fast_path.rms_norm(index, x, post)
         layer = self.layers[index]
         return rms_norm(x, layer.post_norm if post else layer.input_norm, self.config.rms_norm_eps)
 
     def _fused_prefill_attention(self, layer: int, qkv: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        assert self.gemv is not None   # only a fused runner gets here
+        assert self.fast_path is not None   # only a fused runner gets here
         outputs = []
         for span in batch.spans:
             rows = slice(span.row, span.row + span.num_tokens)
-            q = self.gemv.rope_and_cache(qkv[rows], span.start, self.config.num_heads, span.kv[layer])
+            q = self.fast_path.rope_and_cache(qkv[rows], span.start, self.config.num_heads, span.kv[layer])
             outputs.append(self._attend_span(layer, q, span))
         if len(outputs) == 1 and outputs[0].shape[0] == qkv.shape[0]:
             return outputs[0]   # one prompt fills the step: no copy into a batch-wide buffer
@@ -275,8 +275,8 @@ class LlamaRunner:
         the tiled kernel where the fast path attends (kernels.dispatch), else SDPA.
         Every prefill span takes this one choice, alone or beside decode rows: in bf16 a recovery
         prefill on a decode node must round as the prefill node did, or failover changes texts."""
-        if self.gemv is not None and self.gemv.attends:
-            return self.gemv.prefill_attention(q.contiguous(), span.kv[layer], span.start)
+        if self.fast_path is not None and self.fast_path.attends:
+            return self.fast_path.prefill_attention(q.contiguous(), span.kv[layer], span.start)
         return self._span_sdpa(layer, q, span)
 
     def _span_sdpa(self, layer: int, q: torch.Tensor, span: PrefillSpan) -> torch.Tensor:

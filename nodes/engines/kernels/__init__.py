@@ -3,7 +3,7 @@
 One subpackage per operation, each with a torch path that serves where its kernel does not:
 
     operation          modules                                   torch path it replaces
-    linear             linear/gemv, linear/dot_bf16, linear/amx, F.linear / oneDNN's packed GEMMs
+    linear             linear/dot_bf16, linear/amx,              F.linear / oneDNN's packed GEMMs
                        linear/dot_f32                            (decode steps of few rows)
     decode_attention   decode_attention/bf16, /f32 (+ /blocks)   RoPE + KV write + SDPA
     prefill_attention  prefill_attention/tiled (on amx_tiles     SDPA (causal, flash)

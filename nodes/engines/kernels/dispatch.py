@@ -3,8 +3,8 @@
 Contract: `plan(dtype, device, use_kernels=True)` returns a frozen `KernelPlan` for a runner of
 that dtype ("bfloat16" or "float32") on that device. Each field names the implementation of one
 operation (docs/KERNELS.md has the table); "torch" means torch's own path (oneDNN, MKL, SDPA):
-- `linear`: "amx" (kernels.linear.amx), "dot_bf16" (linear.dot_bf16), "gemv" (linear.gemv),
-  "dot_f32" (linear.dot_f32) or "torch"; the kernel serves steps of at most `linear_max_rows` rows.
+- `linear`: "amx" (kernels.linear.amx), "dot_bf16" (linear.dot_bf16), "dot_f32" (linear.dot_f32)
+  or "torch"; the kernel serves steps of at most `linear_max_rows` rows, torch the larger ones.
 - `decode_attention`: "bf16" or "f32" (kernels.decode_attention) for pure decode steps, or "torch".
 - `prefill_attention`: "amx_tiles" or "soft_tiles" (kernels.prefill_attention.tiled), or "torch".
 - `norm_rope`: "bf16" (kernels.norm_rope, RMSNorm, RoPE and the KV writes of any step), or "torch".
@@ -29,7 +29,6 @@ from dataclasses import asdict, dataclass
 
 from nodes.engines.kernels.cpu import probe
 
-GEMV_MAX_ROWS = 4        # widening GEMVs: above this oneDNN's GEMMs win
 DOT_MAX_ROWS = 32        # vdpbf16ps / AVX-512 outer products, and AMX tiles
 HEAD_DIM = 64            # the tiled prefill attention's head size
 
@@ -46,8 +45,9 @@ class KernelPlan:
 
     @property
     def fast_bf16(self) -> bool:
-        """Whether the bf16 fast path (kernels.fast_path) serves decode steps."""
-        return self.linear in ("amx", "dot_bf16", "gemv")
+        """Whether the bf16 fast path (kernels.fast_path) serves: decode attention, norms and RoPE,
+        and the linear layers where `linear` is a bf16 kernel."""
+        return self.decode_attention == "bf16"
 
     def as_log(self) -> dict[str, object]:
         return asdict(self)
@@ -75,9 +75,8 @@ def kv_int8_backend() -> str:
 @functools.cache
 def _bf16_plan() -> KernelPlan:
     from nodes.engines.kernels.decode_attention import bf16 as decode_bf16
-    from nodes.engines.kernels.linear import gemv
     from nodes.engines.kernels.norm_rope import bf16 as norm_bf16
-    if not compiles(gemv.warmup, decode_bf16.warmup, norm_bf16.warmup):
+    if not compiles(decode_bf16.warmup, norm_bf16.warmup):
         return KernelPlan(kv_int8=kv_int8_backend())
     linear, rows = _bf16_linear()
     return KernelPlan(linear=linear, linear_max_rows=rows, decode_attention="bf16",
@@ -92,7 +91,7 @@ def _bf16_linear() -> tuple[str, int]:
         return "amx", amx_tiles.MAX_ROWS
     if dot_bf16.AVAILABLE and compiles(dot_bf16.warmup):
         return "dot_bf16", DOT_MAX_ROWS
-    return "gemv", GEMV_MAX_ROWS
+    return "torch", 0
 
 
 def _prefill_attention(linear: str) -> str:

@@ -1,11 +1,14 @@
-"""The bf16 decode path on the kernels: every operation of a step of at most `max_rows` tokens.
+"""The bf16 path on the kernels: decode attention, norms and RoPE of every step, and the linear
+layers of steps whose rows the plan gives to a linear kernel.
 
-Contract: `Bf16FastPath(config, get, plan)` takes a plan whose `linear` is a bf16 kernel
-(kernels.dispatch) and holds each layer's weights as bf16 bit patterns (numpy uint16 views; `get(name)`
-gives a weight in bf16 on the CPU), laid out for the plan's linear kernel: AMX tiles ("amx"),
-pairs for vdpbf16ps ("dot_bf16"), or plain [out, in] rows ("gemv", which also takes a model whose
-shapes the packed layouts cannot). `plan` is the plan as narrowed to this model. Its methods take
-and return contiguous bf16 torch tensors of `rows` tokens, at most `max_rows`:
+Contract: `Bf16FastPath(config, get, plan)` takes a plan whose decode attention is the bf16 kernel
+(kernels.dispatch; `get(name)` gives a weight in bf16 on the CPU). Where the plan's `linear` is a
+kernel it holds every matrix a decode step streams as bf16 bit patterns (numpy uint16 views) laid
+out for it: AMX tiles ("amx") or pairs for vdpbf16ps ("dot_bf16"); a model whose shapes that layout
+cannot take, like a plan whose `linear` is "torch", holds none. `plan` is the plan as narrowed to
+this model, and `takes_rows(n)` says whether a step of n tokens runs its linear layers here
+(`n <= max_rows`). The methods take and return contiguous bf16 torch tensors; the
+linear ones take steps of `takes_rows` rows only:
 `qkv(layer, x)` = RMSNorm + fused q/k/v projection, `decode_attention(...)` = RoPE + KV write +
 attention of pure decode steps (after `set_rope(cos, sin)`), `attn_out(layer, attn, residual)` =
 residual + o-projection, `mlp(layer, x)` = x + SwiGLU(RMSNorm(x)), `logits(x)` = final RMSNorm + LM head.
@@ -18,7 +21,7 @@ method with as many rows (a step consumes each before the next layer asks again;
 `attn_out` and `mlp` add into their residual in place and return it (the residual stream is one
 tensor through all layers): a step of few rows is short, and allocating its outputs and
 re-viewing tensors as numpy on every call cost a measurable share of it.
-The weights are a second copy beside oneDNN's packed ones (larger steps run on oneDNN), on huge
+The weights are a second copy beside oneDNN's packed ones (other steps run on oneDNN), on huge
 pages: 2x the weight memory.
 """
 
@@ -32,9 +35,9 @@ import torch
 from nodes.engines import hugepages
 from nodes.engines.kernels import amx_tiles
 from nodes.engines.kernels.decode_attention import bf16 as decode_bf16
-from nodes.engines.kernels.dispatch import GEMV_MAX_ROWS, KernelPlan
+from nodes.engines.kernels.dispatch import KernelPlan
 from nodes.engines.kernels.linear import amx as linear_amx
-from nodes.engines.kernels.linear import dot_bf16, gemv
+from nodes.engines.kernels.linear import dot_bf16
 from nodes.engines.kernels.norm_rope import bf16 as norm_rope_bf16
 from nodes.engines.kernels.prefill_attention import tiled
 from nodes.engines.model_config import LlamaConfig
@@ -45,12 +48,19 @@ def bits(tensor: torch.Tensor) -> np.ndarray:
     return tensor.contiguous().view(torch.int16).numpy().view(np.uint16)
 
 
-@dataclass(slots=True)
-class _Layer:
+@dataclass(frozen=True, slots=True)
+class _Norms:
     input_norm: np.ndarray
+    post_norm: np.ndarray
+
+
+@dataclass(frozen=True, slots=True)
+class _Layer:
+    """A layer's weights where a linear kernel serves: its norms, and its matrices in the kernel's layout."""
+    input_norm: np.ndarray
+    post_norm: np.ndarray
     qkv: np.ndarray
     o: np.ndarray
-    post_norm: np.ndarray
     gate: np.ndarray
     up: np.ndarray
     down: np.ndarray
@@ -60,50 +70,52 @@ class Bf16FastPath:
     def __init__(self, config: LlamaConfig, get, plan: KernelPlan) -> None:
         assert plan.fast_bf16, "the plan gives the bf16 steps to torch"
         self.eps = float(config.rms_norm_eps)
-        matrices: dict[tuple[int, str] | str, torch.Tensor] = {}   # (layer, name), and "head"
-        for i in range(config.num_layers):
-            p = f"model.layers.{i}"
-            matrices[i, "qkv"] = torch.cat([get(f"{p}.self_attn.{x}_proj.weight") for x in "qkv"])
-            for name, key in (("o", "self_attn.o_proj"), ("gate", "mlp.gate_proj"), ("up", "mlp.up_proj"),
-                              ("down", "mlp.down_proj")):
-                matrices[i, name] = get(f"{p}.{key}.weight")
-        matrices["head"] = get("model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight")
+        self.norms = [_Norms(input_norm=bits(get(f"model.layers.{i}.input_layernorm.weight")),
+                             post_norm=bits(get(f"model.layers.{i}.post_attention_layernorm.weight")))
+                      for i in range(config.num_layers)]
+        self.layers: list[_Layer] = []
+        self.norm = bits(get("model.norm.weight"))
+        matrices = _matrices(config, get) if plan.linear != "torch" else {}
         self.amx = plan.linear == "amx" and all(amx_tiles.can_pack(tuple(m.shape)) for m in matrices.values())
-        self.dot = not self.amx and plan.linear == "dot_bf16" and all(dot_bf16.can_run(m.shape[1]) for m in matrices.values())
-        # A model whose shapes a packed layout cannot take runs the widening GEMVs instead.
-        linear = "amx" if self.amx else "dot_bf16" if self.dot else "gemv"
-        self.max_rows = plan.linear_max_rows if linear == plan.linear else GEMV_MAX_ROWS
-        self._kernels = dot_bf16 if self.dot else gemv
+        self.dot = (not self.amx and plan.linear == "dot_bf16"
+                    and all(dot_bf16.can_run(m.shape[1]) for m in matrices.values()))
+        # A model whose shapes the plan's packed layout cannot take runs its linear layers on torch.
+        linear = "amx" if self.amx else "dot_bf16" if self.dot else "torch"
+        self.max_rows = plan.linear_max_rows if linear != "torch" else 0
         # Prefill attention on AMX tiles (or soft_tiles where the CPU has no AMX), for head_dim 64 (SDPA otherwise).
-        self.attends = (plan.prefill_attention != "torch" and (self.amx or plan.prefill_attention == "soft_tiles")
-                        and tiled.can_attend(config.num_heads, config.num_kv_heads, config.head_dim))
+        self.attends = (plan.prefill_attention == "soft_tiles" or (plan.prefill_attention == "amx_tiles" and self.amx))
+        self.attends = self.attends and tiled.can_attend(config.num_heads, config.num_kv_heads, config.head_dim)
         self.plan = replace(plan, linear=linear, linear_max_rows=self.max_rows,
                             prefill_attention=plan.prefill_attention if self.attends else "torch")
         self._workspace: tiled.Workspace | None = None
         self.attention_prefetch = plan.attention_prefetch
-        # One allocation on huge pages for every matrix a decode step streams (fewer TLB misses).
+        self._buffers: dict[tuple[str, int, int], tuple[torch.Tensor, np.ndarray]] = {}
+        self._scratch: dict[tuple[str, int, int], np.ndarray] = {}
+        self._views: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
+        if linear != "torch":
+            self._hold_matrices(matrices)
+
+    def takes_rows(self, num_rows: int) -> bool:
+        """Whether a step of `num_rows` tokens runs its linear layers here (else on torch)."""
+        return num_rows <= self.max_rows
+
+    def _hold_matrices(self, matrices: dict[tuple[int, str] | str, torch.Tensor]) -> None:
+        """The matrices in the linear kernel's layout, in one allocation on huge pages (fewer TLB
+        misses for what a decode step streams)."""
+        self._kernels = dot_bf16
         arena = hugepages.Arena([(self._stored_elements(m),) for m in matrices.values()], torch.int16)
         weights = {key: arena.copy(self._layout(bits(m))).numpy().view(np.uint16) for key, m in matrices.items()}
         # Outputs of the matrices whose outputs a method returns (packed layouts pad them).
         self._widths = {"qkv": matrices[0, "qkv"].shape[0], "gated": matrices[0, "gate"].shape[0],
                         "logits": matrices["head"].shape[0]}
-        self.layers = [_Layer(
-            input_norm=bits(get(f"model.layers.{i}.input_layernorm.weight")),
-            qkv=weights[i, "qkv"], o=weights[i, "o"],
-            post_norm=bits(get(f"model.layers.{i}.post_attention_layernorm.weight")),
-            gate=weights[i, "gate"], up=weights[i, "up"], down=weights[i, "down"])
-            for i in range(config.num_layers)]
-        self.norm = bits(get("model.norm.weight"))
+        self.layers = [_Layer(norms.input_norm, norms.post_norm,
+                              *(weights[i, n] for n in ("qkv", "o", "gate", "up", "down")))
+                       for i, norms in enumerate(self.norms)]
         self.head = weights["head"]
-        self._buffers: dict[tuple[str, int, int], tuple[torch.Tensor, np.ndarray]] = {}
-        self._scratch: dict[tuple[str, int, int], np.ndarray] = {}
-        self._views: dict[tuple[int, tuple[int, ...]], np.ndarray] = {}
-
 
     def _layout(self, matrix: np.ndarray) -> torch.Tensor:
-        """A matrix as this object stores it: AMX tiles, pairs for vdpbf16ps, or plain rows for the
-        GEMVs (int16 bits)."""
-        stored = amx_tiles.pack(matrix) if self.amx else dot_bf16.pack(matrix) if self.dot else matrix
+        """A matrix as this object stores it: AMX tiles or pairs for vdpbf16ps (int16 bits)."""
+        stored = amx_tiles.pack(matrix) if self.amx else dot_bf16.pack(matrix)
         return torch.from_numpy(stored.view(np.int16))
 
     def _stored_elements(self, matrix: torch.Tensor) -> int:
@@ -167,15 +179,15 @@ class Bf16FastPath:
         """RoPE, KV write and attention for one decode token per row of `qkv` (see the kernel)."""
         assert cache.is_contiguous(), "the kernel writes KV into the cache in place"
         out, out_bits = self._out("attn", qkv.shape[0], num_heads * cache.shape[5])
-        qkv_bits = self._bits(qkv) if qkv.shape[0] <= self.max_rows else bits(qkv)   # a oneDNN output: new each layer
+        qkv_bits = self._bits(qkv) if self.takes_rows(qkv.shape[0]) else bits(qkv)   # a oneDNN output: new each layer
         # The cache's view is not remembered: it would keep a released slot cache alive.
         decode_bf16.decode_attention(qkv_bits, self.cos, self.sin, positions.numpy(), slots.numpy(),
-                                        bits(cache), layer, num_heads, out_bits, decode_bf16.PAIRS,
-                                        decode_bf16.PAIR_VALUES, self.attention_prefetch)
+                                     bits(cache), layer, num_heads, out_bits, decode_bf16.PAIRS,
+                                     decode_bf16.PAIR_VALUES, self.attention_prefetch)
         return out
 
     def rms_norm(self, layer: int, x: torch.Tensor, post: bool = False) -> torch.Tensor:
-        w = self.layers[layer]
+        w = self.norms[layer]
         out = torch.empty_like(x)
         norm_rope_bf16.rms_norm(bits(x), w.post_norm if post else w.input_norm, self.eps, bits(out))
         return out
@@ -225,3 +237,15 @@ class Bf16FastPath:
         self._norm_linear(self._bits(x), self.norm, self.head, out_bits)
         return out
 
+
+def _matrices(config: LlamaConfig, get) -> dict[tuple[int, str] | str, torch.Tensor]:
+    """Every matrix a decode step streams: (layer, name) for q/k/v fused, o, gate, up, down; "head"."""
+    matrices: dict[tuple[int, str] | str, torch.Tensor] = {}
+    for i in range(config.num_layers):
+        p = f"model.layers.{i}"
+        matrices[i, "qkv"] = torch.cat([get(f"{p}.self_attn.{x}_proj.weight") for x in "qkv"])
+        for name, key in (("o", "self_attn.o_proj"), ("gate", "mlp.gate_proj"), ("up", "mlp.up_proj"),
+                          ("down", "mlp.down_proj")):
+            matrices[i, name] = get(f"{p}.{key}.weight")
+    matrices["head"] = get("model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight")
+    return matrices

@@ -50,7 +50,7 @@ def engine_with(model, recorder=None, max_graphs: int = 128, **settings):
     on `recorder` (or none)."""
     engine = make_engine(model, device="cpu", **settings)
     runner = LlamaRunner(model.config, model.weights, dtype=torch.float32, max_len=engine.max_model_len,
-                         use_gemv=False)
+                         use_kernels=False)
     if recorder is not None:
         runner.graphs = DecodeGraphs(runner, max_graphs=max_graphs, recorder=recorder)
     engine.runner = runner

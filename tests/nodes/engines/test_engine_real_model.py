@@ -117,7 +117,7 @@ def test_bf16_decode_kernels_follow_fp32_greedy_until_a_near_tie(smollm2, engine
     without AMX, where oneDNN's bf16 prefill rounds differently, they part at steps 0, 1, 9 and 10,
     each at a margin under 0.5)."""
     bf16 = make_engine(smollm2, dtype="bfloat16")
-    assert bf16.runner.gemv is not None and len(CHATS) <= bf16.runner.gemv.max_rows
+    assert bf16.runner.fast_path is not None and len(CHATS) <= bf16.runner.fast_path.max_rows
     prompts = {f"c{i}": chat_prompt(smollm2, text) for i, text in enumerate(CHATS)}
     sampling = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
     for target in (engine, bf16):

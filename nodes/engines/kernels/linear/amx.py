@@ -1,5 +1,5 @@
 """bf16 linear layers of decode steps on AMX tiles: the norm before and the epilogue after
-`amx_tiles.matmul`, with the roundings of linear.gemv and of torch's oneDNN path.
+`amx_tiles.matmul`, with the roundings of linear.dot_bf16 and of torch's oneDNN path.
 
 Contract (only where `amx_tiles.AVAILABLE`, i.e. `kernels.cpu.probe().amx`; bf16 values as uint16
 bit patterns; x has 1-32 rows; `x_pad` is uint16 scratch [16 or 32, K] with at least x's rows,
@@ -11,8 +11,8 @@ bit patterns; x has 1-32 rows; `x_pad` is uint16 scratch [16 or 32, K] with at l
   out = silu(h @ w_gate.T) * (h @ w_up.T), h = RMSNorm(x).
 Roundings: the norm as kernels.bf16_scalar's (bf16 after the scale and after the weight), one
 rounding of each product's float32 sum (after the residual add, if any), silu rounded before the
-gating product. silu uses the vectorised exp (within 5e-7 of libm's) where linear.gemv calls libm
-per value: at 32 rows a step has millions of them. `warmup()` compiles them.
+gating product. silu uses the vectorised exp (within 5e-7 of libm's), not a libm call per value: at
+32 rows a step has millions of them. `warmup()` compiles them.
 """
 
 from __future__ import annotations

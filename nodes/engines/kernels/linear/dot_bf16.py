@@ -5,10 +5,13 @@ Contract: `AVAILABLE` is llvm_rows.AVAILABLE (`kernels.cpu.probe().avx512bf16`);
 where a matrix's input width is a multiple of 32. `pack(w)` turns a bf16 matrix [outputs, inputs]
 (uint16 bits) into [ceil(outputs / 64), inputs / 2, 64, 2]: per block of 64 outputs and pair of
 inputs (2k, 2k + 1), the 64 outputs' two weights side by side (outputs past the matrix's are zero;
-`padded_outputs` counts them). `linear`, `norm_linear`, `linear_add` and `norm_swiglu` take
-linear.gemv's arguments with packed matrices, for any number of rows (`out`'s width is the true
-output count), and round where linear.gemv rounds; results differ from its only by float32
-summation order (and vdpbf16ps treats float32 denormals as zero, far below any model's values).
+`padded_outputs` counts them). For x [rows, inputs] and packed matrices, any number of rows (`out`'s
+width is the true output count): `linear(x, w, out)` = x @ w.T; `norm_linear(x, norm_w, eps, w, out)`
+= RMSNorm(x) @ w.T; `linear_add(x, w, residual, out)` = residual + x @ w.T (out may be residual);
+`norm_swiglu(x, norm_w, eps, w_gate, w_up, out)` = silu(h @ w_gate.T) * (h @ w_up.T), h = RMSNorm(x).
+They round where torch's bf16 path rounds (kernels.bf16_scalar; the contract in float64:
+tests/nodes/engines/kernels/linear/bf16_reference.py); results differ only by float32 summation
+order (and vdpbf16ps treats float32 denormals as zero, far below any model's values).
 Every output's sum runs over the input pairs in order whatever the number of rows, so a row's
 result does not depend on the rows beside it. `warmup()` compiles them (seconds on first use;
 cached on disk after) and raises where they cannot be built.
@@ -22,7 +25,8 @@ into L2 (`_prefetch_mask`), so memory does not sit idle while later groups read 
 whole block in one pass, requesting each step's lines a block ahead.
 
 Why: a GEMV loads x once per weight vector and row and sums each output horizontally, so it is
-load-bound above two rows; outer products reuse each weight load for every row. linear.dot_f32 runs
+load-bound above two rows; outer products reuse each weight load for every row (the widening GEMVs
+this replaced lost to compiled torch: docs/KERNELS.md). linear.dot_f32 runs
 the same loops in float32. docs/KERNELS.md has the measured gain over compiled torch
 (`make bench-engine`).
 """

@@ -1,7 +1,7 @@
 """The engine under each CPU mask, in fresh processes: which kernels serve does not depend on the
 runner's CPU for what the suite tests. Without numba, torch serves everything and numba is never
-loaded; without AVX512-BF16 the bf16 linear layers run on the widening GEMVs and prefill attention
-on SDPA; without AMX, no tile kernel runs. Each path's logits match torch's own path (the bf16
+loaded; without AVX512-BF16 the bf16 linear layers and prefill attention run on torch (oneDNN,
+SDPA) beside the other kernels; without AMX, no tile kernel runs. Each path's logits match torch's own path (the bf16
 kernels round where torch rounds and differ only in float32 summation order)."""
 
 from __future__ import annotations
@@ -51,19 +51,20 @@ def test_without_numba_torch_serves_everything_and_numba_is_never_loaded(dtype):
 def test_with_the_hosts_features_the_kernels_serve_and_match_torch(dtype):
     result = run(dtype, None)
     if dtype == "bfloat16":
-        assert result["plan"]["linear"] in ("amx", "dot_bf16", "gemv")
+        assert result["plan"]["linear"] in ("amx", "dot_bf16")
         assert result["plan"]["decode_attention"] == "bf16" and result["plan"]["norm_rope"] == "bf16"
     else:
         assert result["plan"]["decode_attention"] == "f32"
     assert_close_to_torch(result, dtype)
 
 
-def test_without_avx512_bf16_the_widening_gemvs_and_sdpa_serve():
+def test_without_avx512_bf16_onednn_and_sdpa_serve_beside_the_other_kernels():
     result = run("bfloat16", "PDBUS_NO_AVX512BF16")
     assert result["features"]["avx512bf16"] is False
-    assert result["plan"]["linear"] in ("amx", "gemv")   # AMX needs no AVX512-BF16 mask to stay
+    assert result["plan"]["linear"] in ("amx", "torch")   # AMX needs no AVX512-BF16 mask to stay
+    assert result["plan"]["decode_attention"] == "bf16" and result["plan"]["norm_rope"] == "bf16"
     if not result["features"]["amx"]:
-        assert result["plan"]["linear"] == "gemv" and result["plan"]["prefill_attention"] == "torch"
+        assert result["plan"]["linear"] == "torch" and result["plan"]["prefill_attention"] == "torch"
     assert_close_to_torch(result, "bfloat16")
 
 

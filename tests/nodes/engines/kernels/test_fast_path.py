@@ -1,5 +1,5 @@
-"""The bf16 decode path on the kernels (kernels/fast_path.py, with its matrices on AMX tiles
-(linear/amx.py), on vdpbf16ps GEMVs (linear/dot_bf16.py) or on the widening GEMVs (linear/gemv.py))
+"""The bf16 path on the kernels (kernels/fast_path.py, with its matrices on AMX tiles
+(linear/amx.py), on vdpbf16ps outer products (linear/dot_bf16.py), or its linear layers on oneDNN)
 against the torch/oneDNN path it replaces for
 steps of few rows: same results up to float32 summation order (then bf16 rounding), the KV it
 writes, and the fallbacks when AMX or numba cannot run."""
@@ -10,21 +10,23 @@ import pytest
 import torch
 
 from nodes.engines.kernels import amx_tiles, dispatch
+from nodes.engines.kernels.decode_attention import bf16 as decode_bf16
+from nodes.engines.kernels.jit import NUMBA
 from nodes.engines.kernels.linear import amx as amx_linear
 from nodes.engines.kernels.linear import dot_bf16 as bf16_dot
-from nodes.engines.kernels.linear import gemv as bf16_kernels
 from nodes.engines.llama import DecodeGroup, ForwardBatch, LlamaRunner, PrefillSpan
 
-pytestmark = pytest.mark.skipif(not bf16_kernels.AVAILABLE, reason="numba is not installed")
+pytestmark = pytest.mark.skipif(not NUMBA, reason="numba is not installed")
 
 
-MAX_ROWS = {"amx": amx_tiles.MAX_ROWS, "dot_bf16": dispatch.DOT_MAX_ROWS, "gemv": dispatch.GEMV_MAX_ROWS}
+MAX_ROWS = {"amx": amx_tiles.MAX_ROWS, "dot_bf16": dispatch.DOT_MAX_ROWS, "torch": 0}
 
 
-@pytest.fixture(params=["amx", "dot_bf16", "gemv"])
+@pytest.fixture(params=["amx", "dot_bf16", "torch"])
 def backend(request, monkeypatch, fresh_dispatch) -> str:
     """Each test runs with the matrices on AMX tiles (where this CPU has them), on the vdpbf16ps
-    GEMVs (where it has AVX512-BF16) and on the widening GEMVs (everywhere numba runs)."""
+    outer products (where it has AVX512-BF16), and with the linear layers on oneDNN (everywhere
+    numba runs: the attention, norm and RoPE kernels still serve)."""
     if request.param == "amx" and not amx_tiles.AVAILABLE:
         pytest.skip("no AMX on this CPU")
     if request.param == "dot_bf16" and not bf16_dot.AVAILABLE:
@@ -35,10 +37,10 @@ def backend(request, monkeypatch, fresh_dispatch) -> str:
 
 def runners(model, backend: str) -> tuple[LlamaRunner, LlamaRunner]:
     fast = LlamaRunner(model.config, model.weights, dtype=torch.bfloat16, max_len=256)
-    plain = LlamaRunner(model.config, model.weights, dtype=torch.bfloat16, max_len=256, use_gemv=False)
-    assert fast.gemv is not None and plain.gemv is None
-    assert fast.gemv.plan.linear == backend
-    assert fast.gemv.max_rows == MAX_ROWS[backend]
+    plain = LlamaRunner(model.config, model.weights, dtype=torch.bfloat16, max_len=256, use_kernels=False)
+    assert fast.fast_path is not None and plain.fast_path is None
+    assert fast.fast_path.plan.linear == backend
+    assert fast.fast_path.max_rows == MAX_ROWS[backend]
     return fast, plain
 
 
@@ -48,7 +50,7 @@ def assert_bf16_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
     torch.testing.assert_close(actual.float(), expected.float(), atol=0.04 * scale, rtol=0.0)
 
 
-@pytest.mark.parametrize("num_tokens", [1, 2, 3, dispatch.GEMV_MAX_ROWS, 5, dispatch.DOT_MAX_ROWS,
+@pytest.mark.parametrize("num_tokens", [1, 2, 3, 4, 5, dispatch.DOT_MAX_ROWS,
                                         dispatch.DOT_MAX_ROWS + 1, 17, amx_tiles.MAX_ROWS, amx_tiles.MAX_ROWS + 1])
 def test_small_prefill_through_the_kernels_matches_onednn(tiny_model, backend, num_tokens):
     """Up to max_rows tokens on the kernels (one or two AMX row tiles, padded), above on oneDNN."""
@@ -102,13 +104,13 @@ def test_decode_steps_above_the_gemv_rows_still_take_the_attention_kernel(tiny_m
     (not SDPA); same logits and KV as SDPA's path."""
     fast, plain = runners(tiny_model, backend)
     c = tiny_model.config
-    num_rows = fast.gemv.max_rows + 1
+    num_rows = fast.fast_path.max_rows + 1
     slots, positions = list(range(num_rows)), [(7 * i + 9) % 38 + 1 for i in range(num_rows)]
     cache = (torch.randn(c.num_layers, num_rows, 2, c.num_kv_heads, 40, c.head_dim) * 0.5).to(torch.bfloat16)
     caches = [cache.clone(), cache.clone()]
     calls = []
-    kernel = fast.gemv.decode_attention
-    fast.gemv.decode_attention = lambda *args: calls.append(args[1].shape[0]) or kernel(*args)
+    kernel = fast.fast_path.decode_attention
+    fast.fast_path.decode_attention = lambda *args: calls.append(args[1].shape[0]) or kernel(*args)
     fast_logits = fast.forward(decode_batch(caches[0], positions, slots))
     plain_logits = plain.forward(decode_batch(caches[1], positions, slots))
     assert calls == [num_rows] * c.num_layers
@@ -140,9 +142,9 @@ def test_without_numba_or_with_a_failing_compiler_the_runner_keeps_onednn(tiny_m
 
     def broken() -> None:
         raise RuntimeError("no compiler")
-    monkeypatch.setattr(bf16_kernels, "warmup", broken)
+    monkeypatch.setattr(decode_bf16, "warmup", broken)
     runner = LlamaRunner(tiny_model.config, tiny_model.weights, dtype=torch.bfloat16, max_len=64)
-    assert runner.gemv is None
+    assert runner.fast_path is None
     kv = runner.new_kv(8)
     logits = runner.forward(ForwardBatch(torch.tensor([5]), torch.tensor([0]), torch.tensor([0]),
                                          spans=[PrefillSpan(0, 1, 0, kv)]))
@@ -150,27 +152,27 @@ def test_without_numba_or_with_a_failing_compiler_the_runner_keeps_onednn(tiny_m
 
 
 @pytest.mark.skipif(not amx_tiles.AVAILABLE, reason="no AMX on this CPU")
-def test_when_the_amx_kernels_fail_to_compile_the_gemvs_serve(tiny_model, monkeypatch, fresh_dispatch):
+def test_when_the_amx_kernels_fail_to_compile_the_next_choice_serves(tiny_model, monkeypatch, fresh_dispatch):
     def broken() -> None:
         raise RuntimeError("LLVM cannot select tdpbf16ps")
     monkeypatch.setattr(amx_linear, "warmup", broken)
     runner = LlamaRunner(tiny_model.config, tiny_model.weights, dtype=torch.bfloat16, max_len=64)
-    expected = "dot_bf16" if bf16_dot.AVAILABLE else "gemv"
-    assert runner.gemv is not None and runner.gemv.plan.linear == expected
-    assert runner.gemv.max_rows == MAX_ROWS[expected]
+    expected = "dot_bf16" if bf16_dot.AVAILABLE else "torch"
+    assert runner.fast_path is not None and runner.fast_path.plan.linear == expected
+    assert runner.fast_path.max_rows == MAX_ROWS[expected]
 
 
 @pytest.mark.skipif(not bf16_dot.AVAILABLE, reason="no AVX512-BF16 on this CPU")
-def test_when_the_vdpbf16ps_kernels_fail_to_compile_the_widening_gemvs_serve(tiny_model, monkeypatch,
-                                                                             fresh_dispatch):
+def test_when_the_vdpbf16ps_kernels_fail_to_compile_onednn_takes_the_linear_layers(tiny_model, monkeypatch,
+                                                                                   fresh_dispatch):
     def broken() -> None:
         raise RuntimeError("no asm parser for vdpbf16ps")
     monkeypatch.setattr(amx_tiles, "AVAILABLE", False)
     monkeypatch.setattr(bf16_dot, "warmup", broken)
     runner = LlamaRunner(tiny_model.config, tiny_model.weights, dtype=torch.bfloat16, max_len=64)
-    assert runner.gemv is not None and runner.gemv.plan.linear == "gemv"
-    assert runner.gemv.max_rows == dispatch.GEMV_MAX_ROWS
+    assert runner.fast_path is not None and runner.fast_path.plan.linear == "torch"
+    assert runner.fast_path.max_rows == 0 and not runner.fast_path.takes_rows(1)
 
 
 def test_float32_never_takes_the_bf16_kernels(tiny_model):
-    assert LlamaRunner(tiny_model.config, tiny_model.weights, dtype=torch.float32).gemv is None
+    assert LlamaRunner(tiny_model.config, tiny_model.weights, dtype=torch.float32).fast_path is None

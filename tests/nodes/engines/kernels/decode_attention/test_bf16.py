@@ -14,9 +14,9 @@ from nodes.engines.kernels import bf16_scalar
 from nodes.engines.kernels.decode_attention import bf16 as bf16_attention
 from nodes.engines.kernels.decode_attention import f32 as f32_attention
 from nodes.engines.kernels.fast_path import bits
-from nodes.engines.kernels.linear import gemv as bf16_kernels
+from nodes.engines.kernels.jit import NUMBA
 
-pytestmark = pytest.mark.skipif(not bf16_kernels.AVAILABLE, reason="numba is not installed")
+pytestmark = pytest.mark.skipif(not NUMBA, reason="numba is not installed")
 
 
 def test_the_vectorised_exp_is_within_a_few_ulp_of_exp():

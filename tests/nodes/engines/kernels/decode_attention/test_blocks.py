@@ -7,12 +7,12 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from nodes.engines.kernels.linear import gemv as bf16_kernels
+from nodes.engines.kernels.jit import NUMBA
 from tests.nodes.engines.engine_helpers import bf16_bits, widened
 
-pytestmark = pytest.mark.skipif(not bf16_kernels.AVAILABLE, reason="numba is not installed")
+pytestmark = pytest.mark.skipif(not NUMBA, reason="numba is not installed")
 
-if bf16_kernels.AVAILABLE:
+if NUMBA:
     import numba
 
     from nodes.engines.kernels.decode_attention import blocks as bf16_blocks

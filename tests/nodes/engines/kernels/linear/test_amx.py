@@ -1,4 +1,4 @@
-"""The AMX linear kernels against the GEMV kernels they stand in for (same norms, same roundings,
+"""The AMX linear kernels against their contract in float64 (same norms, same roundings,
 float32 sums in another order), and the vectorised silu against libm's."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from nodes.engines.kernels import amx_tiles, bf16_scalar
-from nodes.engines.kernels.linear import gemv as bf16_kernels
 from tests.nodes.engines.engine_helpers import bf16_bits, widened
+from tests.nodes.engines.kernels.linear import bf16_reference
 
 pytestmark = pytest.mark.skipif(not amx_tiles.AVAILABLE, reason="no AMX on this CPU (or numba missing)")
 
@@ -31,7 +31,7 @@ def scratch(rows: int, k: int, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 @pytest.mark.parametrize("rows", [1, 5, 32])
-def test_the_three_kernels_match_the_gemvs(rows):
+def test_the_three_kernels_match_the_float64_reference(rows):
     rng = np.random.default_rng(rows)
     k, n = 64, 96
     x, norm_w = bf16_bits(rng.normal(size=(rows, k))), bf16_bits(rng.normal(1.0, 0.1, size=k))
@@ -40,19 +40,19 @@ def test_the_three_kernels_match_the_gemvs(rows):
 
     ours, theirs = np.zeros((rows, n), np.uint16), np.zeros((rows, n), np.uint16)
     amx_linear.norm_linear(x, norm_w, 1e-5, amx_tiles.pack(w), x_pad, acc, ours)
-    bf16_kernels.norm_linear(x, norm_w, 1e-5, w, theirs)
+    bf16_reference.norm_linear(x, norm_w, 1e-5, w, theirs)
     assert_bf16_close(ours, theirs)
 
     wide, back = bf16_bits(rng.normal(size=(rows, n))), bf16_bits(rng.normal(size=(k, n)) * 0.1)
     pad_n, acc_k = scratch(rows, n, k)
     ours, theirs = x.copy(), x.copy()   # residual + wide @ back.T, in place
     amx_linear.linear_add(wide, amx_tiles.pack(back), ours, pad_n, acc_k, ours)
-    bf16_kernels.linear_add(wide, back, theirs, theirs)
+    bf16_reference.linear_add(wide, back, theirs, theirs)
     assert_bf16_close(ours, theirs)
 
     ours, theirs = np.zeros((rows, n), np.uint16), np.zeros((rows, n), np.uint16)
     amx_linear.norm_swiglu(x, norm_w, 1e-5, amx_tiles.pack(w), amx_tiles.pack(w2), x_pad, acc, acc.copy(), ours)
-    bf16_kernels.norm_swiglu(x, norm_w, 1e-5, w, w2, theirs)
+    bf16_reference.norm_swiglu(x, norm_w, 1e-5, w, w2, theirs)
     assert_bf16_close(ours, theirs)
 
 

@@ -1,5 +1,5 @@
-"""The vdpbf16ps outer products (nodes/engines/bf16_dot.py) against the widening GEMVs
-(bf16_kernels.py) and against float64 products: same bf16 results up to float32 summation order,
+"""The vdpbf16ps outer products (kernels/linear/dot_bf16.py) against their contract in float64
+(bf16_reference.py) and against float64 products: same bf16 results up to float32 summation order,
 for row counts of every group size and several groups, output counts short of and past a block of
 64, and a row's result the same bits whatever rows share its step."""
 
@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from nodes.engines.kernels.linear import dot_bf16 as bf16_dot
-from nodes.engines.kernels.linear import gemv as bf16_kernels
+from tests.nodes.engines.kernels.linear import bf16_reference
 
 pytestmark = pytest.mark.skipif(not bf16_dot.AVAILABLE, reason="no AVX512-BF16 on this CPU (or no numba)")
 
@@ -55,7 +55,7 @@ def test_linear_is_the_bf16_rounded_product(rows, width):
 
 @pytest.mark.parametrize("width", WIDTHS)
 @pytest.mark.parametrize("rows", ROWS)
-def test_every_kernel_agrees_with_the_widening_gemvs(rows, width):
+def test_every_kernel_agrees_with_the_float64_reference(rows, width):
     x, w, v, norm_w, residual = operands(rows, width)
     calls = {
         "linear": lambda k, w, v, out: k.linear(x, w, out),
@@ -66,7 +66,7 @@ def test_every_kernel_agrees_with_the_widening_gemvs(rows, width):
     for name, call in calls.items():
         ours, theirs = (np.zeros((rows, w.shape[0]), np.uint16) for _ in range(2))
         call(bf16_dot, bf16_dot.pack(w), bf16_dot.pack(v), ours)
-        call(bf16_kernels, w, v, theirs)
+        call(bf16_reference, w, v, theirs)
         assert_within_bf16_rounding(ours, theirs, name)
 
 

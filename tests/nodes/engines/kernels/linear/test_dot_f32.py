@@ -70,6 +70,6 @@ def test_small_linear_keeps_every_packed_matrix_64_byte_aligned():
 def test_the_float32_runner_takes_them_for_decode_steps(tiny_model):
     from nodes.engines.llama import LlamaRunner
     runner = LlamaRunner(tiny_model.config, tiny_model.weights, dtype=torch.float32)
-    plain = LlamaRunner(tiny_model.config, tiny_model.weights, dtype=torch.float32, use_gemv=False)
+    plain = LlamaRunner(tiny_model.config, tiny_model.weights, dtype=torch.float32, use_kernels=False)
     assert isinstance(runner._linear, f32_dot.SmallLinear)
     assert plain._linear is F.linear

@@ -7,12 +7,12 @@ import pytest
 import torch
 
 from nodes.engines.kernels.fast_path import bits
-from nodes.engines.kernels.linear import gemv as bf16_kernels
+from nodes.engines.kernels.jit import NUMBA
 from nodes.engines.kernels.norm_rope import bf16 as bf16_prefill
 from nodes.engines.kernels.norm_rope import rows as prefill_rows
 from nodes.engines.llama import ForwardBatch, LlamaRunner, PrefillSpan, apply_rope, rms_norm
 
-pytestmark = pytest.mark.skipif(not bf16_kernels.AVAILABLE, reason="numba is not installed")
+pytestmark = pytest.mark.skipif(not NUMBA, reason="numba is not installed")
 
 
 # 576 and head_dim 64 take the vector rows of prefill_rows.py where this CPU has them; 72 and 16 (a
@@ -78,7 +78,7 @@ def test_a_chunked_prefill_through_the_kernels_matches_the_torch_ops(tiny_model)
     (fused_logits, fused_kv), (plain_logits, plain_kv) = results
     c = tiny_model.config
     qkv = torch.zeros(5, (c.num_heads + 2 * c.num_kv_heads) * c.head_dim, dtype=torch.bfloat16)
-    q = fused.gemv.rope_and_cache(qkv, 0, c.num_heads, fused.new_kv(8)[0])
+    q = fused.fast_path.rope_and_cache(qkv, 0, c.num_heads, fused.new_kv(8)[0])
     assert q.shape == (c.num_heads, 5, c.head_dim) and q.is_contiguous()   # SDPA's layout
     assert torch.equal(fused_kv, plain_kv)
     assert torch.equal(fused_logits, plain_logits)

@@ -93,8 +93,8 @@ def test_the_runner_attends_on_tiles_as_sdpa_does(chunks):
     model = head_dim_64_model()
     tiles = LlamaRunner(model.config, model.weights, dtype=torch.bfloat16, max_len=128)
     sdpa = LlamaRunner(model.config, model.weights, dtype=torch.bfloat16, max_len=128)
-    assert tiles.gemv is not None and tiles.gemv.attends
-    sdpa.gemv.attends = False
+    assert tiles.fast_path is not None and tiles.fast_path.attends
+    sdpa.fast_path.attends = False
     ids = torch.arange(7, 7 + sum(chunks)) % model.config.vocab_size
     (logits, kv), (expected_logits, expected_kv) = prefill(tiles, ids, chunks), prefill(sdpa, ids, chunks)
     scale = float(expected_logits.abs().max())
@@ -108,9 +108,9 @@ def test_a_longer_span_grows_the_workspace():
     runner = LlamaRunner(model.config, model.weights, dtype=torch.bfloat16, max_len=2048)
     ids = torch.arange(1100) % model.config.vocab_size
     prefill(runner, ids[:10], [10])
-    assert runner.gemv._workspace.num_keys == 1024
+    assert runner.fast_path._workspace.num_keys == 1024
     prefill(runner, ids, [1100])
-    assert runner.gemv._workspace.num_keys == 2048
+    assert runner.fast_path._workspace.num_keys == 2048
 
 
 def test_a_prefill_beside_decode_rows_attends_with_the_same_kernel():
@@ -140,6 +140,6 @@ def test_when_the_attention_kernel_fails_to_compile_sdpa_and_the_gemvs_serve(mon
     monkeypatch.setattr(amx_attention, "warmup", broken)
     model = head_dim_64_model()
     runner = LlamaRunner(model.config, model.weights, dtype=torch.bfloat16, max_len=64)
-    assert runner.gemv is not None and not runner.gemv.attends and not runner.gemv.amx
+    assert runner.fast_path is not None and not runner.fast_path.attends and not runner.fast_path.amx
     logits, _ = prefill(runner, torch.arange(7, 47) % model.config.vocab_size, [40])
     assert torch.isfinite(logits).all()
