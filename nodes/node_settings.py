@@ -78,6 +78,11 @@ def _engine_values(settings: dict, args: argparse.Namespace, role: str) -> dict:
         values["max_batch_tokens"] = prefill["max_batch_tokens"]
     if "max_wait_ms" in prefill:
         values["prefill_max_wait_s"] = float(prefill["max_wait_ms"]) / 1000
+    if "prefix_cache_mib" in prefill and role != "decode":
+        mib = prefill["prefix_cache_mib"]
+        if not isinstance(mib, int) or isinstance(mib, bool) or mib < 0:
+            raise SettingsError(f"[prefill] prefix_cache_mib must be a whole number >= 0, got {mib!r}")
+        values["prefix_cache_bytes"] = mib << 20
     for key in ("num_kv_blocks", "max_num_seqs", "prefill_chunk_tokens", "preallocate_kv"):
         if key in decode and role != "prefill":
             values[key] = decode[key]

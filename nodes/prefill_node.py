@@ -66,6 +66,7 @@ class PrefillJob:
     urgent: bool = False     # a recovery (re-sent prefill, resumed stream): runs before queued work
     clock: StageClock = field(default_factory=StageClock)
     first_token: wire.TokenBody | None = None
+    num_cached_tokens: int = 0   # leading prompt tokens whose KV came from the prefix cache
     sending: bool = False
 
 
@@ -203,7 +204,8 @@ class PrefillWork(GuardedWork):
                          body.transfer_id, len(body.prompt), urgent=body.urgent)
         job.clock.mark("received")
         self.jobs[job.request_id] = job
-        (self.urgent if job.urgent else self.batcher).add(PrefillRequest(request.request_id, body.prompt, body.sampling),
+        (self.urgent if job.urgent else self.batcher).add(PrefillRequest(request.request_id, body.prompt, body.sampling,
+                                                                            cache_salt=body.cache_salt),
                                                           time.monotonic())
 
     def _on_prefilled(self, result: PrefillResult) -> None:
@@ -212,6 +214,7 @@ class PrefillWork(GuardedWork):
             return
         job.clock.mark("prefilled")
         job.first_token = wire.TokenBody(0, result.first_token_id, result.text)
+        job.num_cached_tokens = result.num_cached_tokens
         self.endpoint.reply(job.request_id, wire.to_wire(job.first_token))
         job.sending = True
         self.kv_thread.submit(self._send(job, result.kv))
@@ -259,6 +262,8 @@ class PrefillWork(GuardedWork):
                                       prefill_s=job.clock.seconds("prefill_started", "prefilled"),
                                       kv_transfer_s=job.clock.seconds("prefilled", "sent"))
         stats: dict[str, int | float] = {"num_prefilled_tokens": self.engine.stats.num_prefilled_tokens,
+                                         "num_prefix_cached_tokens": self.engine.stats.num_prefix_cached_tokens,
+                                         "num_cached_tokens": job.num_cached_tokens,
                                          "num_kv_bytes_sent": self.num_kv_bytes_sent}
         return wire.PrefillDoneBody(self.endpoint.node_id, job.first_token, transfer, timings, stats)
 

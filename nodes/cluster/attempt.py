@@ -83,6 +83,7 @@ class AttemptSpec:
     local: bool                      # ask for `prefill: "local"` (no prefill node alive)
     plan_timeout_s: float            # the wait for a plan (the broker may queue the request meanwhile)
     retry_delay_s: float             # the pause before a prefill re-send whose failure names none
+    cache_salt: str = ""             # the prefill node's prefix-cache scope (the gateway's tenant)
 
 
 class Attempt:
@@ -230,7 +231,8 @@ class Attempt:
         transfer_id, prompt = plan.transfer_id, self.spec.prompt
         while True:
             body = wire.PrefillRequestBody(prompt, self.spec.sampling, plan.node_id, plan.data_endpoint, transfer_id,
-                                           decode_request_id, urgent=bool(self.trace.failures))   # a recovery
+                                           decode_request_id, urgent=bool(self.trace.failures),   # a recovery
+                                           cache_salt=self.spec.cache_salt)
             # The scheduler balances prefill nodes by outstanding tokens: the key is the prompt's length.
             stream = self._open(wire.PREFILL, wire.to_wire(body), key=str(len(prompt)))
             try:
@@ -269,5 +271,6 @@ class Attempt:
             trace.kv_wire_bytes += done.transfer.wire_bytes
             trace.kv_transfers.append(wire.to_wire(done.transfer))
         trace.timings.update(done.timings.measured())
+        trace.num_cached_tokens = int(done.stats.get("num_cached_tokens", 0))
         if done.token is not None:
             self.deliver(done.token.index, done.token.token_id, done.token.text)

@@ -84,7 +84,7 @@ class ClusterClient:
         self.close()
 
     def generate(self, prompt: Sequence[int] | str, sampling: wire.SamplingParams | None = None, *,
-                 session_id: str | None = None, request_id: str | None = None) -> Generation:
+                 session_id: str | None = None, request_id: str | None = None, cache_salt: str = "") -> Generation:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("a text prompt needs ClusterClient(tokenizer=...)")
@@ -94,7 +94,9 @@ class ClusterClient:
             raise ValueError("empty prompt")
         sampling, session_id = sampling or wire.SamplingParams(), session_id or uuid.uuid4().hex
         wire.check_request(prompt, sampling, session_id)   # wire.Uncarriable: nothing is sent
-        return Generation(self, prompt, sampling, session_id, request_id or uuid.uuid4().hex)
+        if cache_salt:
+            wire.check_routing_key(cache_salt, "cache_salt")
+        return Generation(self, prompt, sampling, session_id, request_id or uuid.uuid4().hex, cache_salt)
 
     def generate_blocking(self, prompt: Sequence[int] | str, sampling: wire.SamplingParams | None = None,
                           **options: Any) -> GenerationResult:

@@ -35,9 +35,9 @@ class Generation:
     """One request's token stream (async iterator of StreamToken); created by `generate`."""
 
     def __init__(self, client: ClusterClient, prompt: tuple[int, ...], sampling: wire.SamplingParams,
-                 session_id: str, request_id: str) -> None:
+                 session_id: str, request_id: str, cache_salt: str = "") -> None:
         self.client, self.prompt, self.sampling = client, prompt, sampling
-        self.request_id, self.session_id = request_id, session_id
+        self.request_id, self.session_id, self.cache_salt = request_id, session_id, cache_salt
         self.trace = RequestTrace(request_id, session_id)
         self.tokens: list[StreamToken] = []
         self.finish_reason: str | None = None
@@ -105,7 +105,7 @@ class Generation:
         delivered = tuple(t.token_id for t in self.tokens)
         sampling = dataclasses.replace(self.sampling, max_tokens=self.sampling.max_tokens - len(delivered))
         return AttemptSpec(self.request_id, self.session_id, self.prompt + delivered, sampling, len(delivered),
-                           local, self.client.plan_timeout_s, self.client.retry_delay_s)
+                           local, self.client.plan_timeout_s, self.client.retry_delay_s, self.cache_salt)
 
     # -- the attempts ------------------------------------------------------------------------
 
@@ -160,6 +160,7 @@ class Generation:
     def _finish(self) -> None:
         self.trace.timings["total_s"] = round(time.monotonic() - self._started_at, 6)
         ids = [t.token_id for t in self.tokens]
-        usage = {"prompt_tokens": len(self.prompt), "completion_tokens": len(ids)}
+        usage = {"prompt_tokens": len(self.prompt), "completion_tokens": len(ids),
+                 "cached_tokens": self.trace.num_cached_tokens}
         self.result = GenerationResult(self.request_id, self.session_id, ids, "".join(t.text for t in self.tokens),
                                        self.finish_reason, usage, self.trace)

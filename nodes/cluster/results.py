@@ -34,6 +34,7 @@ class RequestTrace:
     num_bad_replies: int = 0                               # replies that did not parse (nodes/wire/)
     fallback_local: bool = False
     kv_wire_bytes: int = 0
+    num_cached_tokens: int = 0                             # prompt tokens the last prefill took from its prefix cache
     kv_transfers: list[dict] = field(default_factory=list)  # each transfer's report (prefill FINAL), as sent
     timings: dict[str, float | None] = field(default_factory=dict)
     decode_final: dict | None = None                        # the decode FINAL, as read and sent again

@@ -57,6 +57,7 @@ class PrefillRequest:
     request_id: str
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingParams = field(default_factory=SamplingParams)
+    cache_salt: str = ""   # prefix-cache keys start from it: prompts share cached KV only under one salt
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +68,7 @@ class PrefillResult:
     kv: torch.Tensor                # on the CPU, `Engine.kv_layout.shape(num_prompt_tokens)`
     num_prompt_tokens: int
     finish_reason: FinishReason | None = None   # set when the request is already complete
+    num_cached_tokens: int = 0      # leading prompt tokens whose KV came from the prefix cache
 
 
 @dataclass(frozen=True, slots=True)
@@ -158,6 +160,7 @@ class EngineConfig:
     prefill_max_wait_s: float = 0.005
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     keep_sessions: bool = True       # keep finished sessions' KV (LRU within the budget)
+    prefix_cache_bytes: int = 256 << 20   # prefill side: KV of full prompt blocks kept for reuse (0: off)
     preallocate_kv: bool = True      # decode side: allocate the KV budget's memory at node start
     cuda_graphs: bool = True         # on a CUDA device: pure decode steps replay CUDA graphs (cuda_graphs.py)
 
@@ -202,5 +205,6 @@ class EngineStats:
     num_prefilled_tokens: int = 0     # prompt tokens this engine computed KV for
     num_imported_tokens: int = 0      # tokens whose KV arrived from elsewhere
     num_reused_tokens: int = 0        # tokens whose KV came from a cached session
+    num_prefix_cached_tokens: int = 0  # prompt tokens whose KV came from the prefill prefix cache
     num_generated_tokens: int = 0
     num_steps: int = 0

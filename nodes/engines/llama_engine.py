@@ -38,6 +38,7 @@ from nodes.engines.llama import DecodeGroup, ForwardBatch, LlamaRunner, PrefillS
 from nodes.engines.model_loader import LoadedModel
 from nodes.engines.output import OutputTracker
 from nodes.engines.prefill_pass import ChunkedPrefill, run_prefill
+from nodes.engines.prefix_cache import PrefixCache
 from nodes.engines.sampling import new_generator, sample
 from nodes.engines.step_schedule import ScheduledChunk, Sequence, schedule
 
@@ -76,6 +77,8 @@ class LlamaEngine(Engine):
         self.running: list[Sequence] = []          # index == slot
         self._pending_events: list[TokenEvent] = []
         self.stats = EngineStats()
+        # Prefill side: full prompt blocks' KV kept for prompts that share a prefix (prefix_cache.py).
+        self.prefix_cache = PrefixCache(self.config.block_size, self.config.prefix_cache_bytes)
         # Test/debug hook: on_logits(request_ids, logits) after each forward.
         self.on_logits: Callable[[list[str], torch.Tensor], None] | None = None
         c = model.config
@@ -96,13 +99,16 @@ class LlamaEngine(Engine):
     # ---- prefill side ------------------------------------------------------------------------
     def prefill(self, requests: Seq[PrefillRequest]) -> list[PrefillResult]:
         results = run_prefill(self.runner, self.tokenizer, requests, max_batch_tokens=self.config.max_batch_tokens,
-                              max_model_len=self.max_model_len, eos_token_ids=self.eos_token_ids)
-        self.stats.num_prefilled_tokens += sum(r.num_prompt_tokens for r in results)
+                              max_model_len=self.max_model_len, eos_token_ids=self.eos_token_ids,
+                              cache=self.prefix_cache)
+        self.stats.num_prefilled_tokens += sum(r.num_prompt_tokens - r.num_cached_tokens for r in results)
+        self.stats.num_prefix_cached_tokens += sum(r.num_cached_tokens for r in results)
         return results
 
     def start_prefill(self, requests: Seq[PrefillRequest], *, chunk_tokens: int) -> PrefillPass:
         return ChunkedPrefill(self.runner, self.tokenizer, requests, chunk_tokens=chunk_tokens,
-                              max_model_len=self.max_model_len, eos_token_ids=self.eos_token_ids, stats=self.stats)
+                              max_model_len=self.max_model_len, eos_token_ids=self.eos_token_ids, stats=self.stats,
+                              cache=self.prefix_cache)
 
     # ---- decode side -------------------------------------------------------------------------
     def check_admission(self, request: DecodeRequest) -> Admission:

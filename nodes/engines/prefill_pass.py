@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from collections import deque
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -29,16 +29,19 @@ import torch
 from nodes.engines.base import PrefillPass, PrefillRequest, PrefillResult
 from nodes.engines.llama import ForwardBatch, LlamaRunner, PrefillSpan
 from nodes.engines.output import OutputTracker
+from nodes.engines.prefix_cache import PrefixCache, block_hashes, seed_kv
 from nodes.engines.sampling import new_generator, sample
 
 
 def run_prefill(runner: LlamaRunner, tokenizer, requests: Sequence[PrefillRequest], *,
-                max_batch_tokens: int, max_model_len: int, eos_token_ids: tuple[int, ...]) -> list[PrefillResult]:
+                max_batch_tokens: int, max_model_len: int, eos_token_ids: tuple[int, ...],
+                cache: PrefixCache | None = None) -> list[PrefillResult]:
     for request in requests:
         _validate(request, max_model_len, runner.config.vocab_size)
     results: list[PrefillResult] = []
     for group in _pack(requests, max_batch_tokens):
-        results.extend(_prefill_group(runner, tokenizer, group, eos_token_ids))
+        results.extend(_prefill_group(runner, tokenizer, [_Prompt.start(r, cache) for r in group], eos_token_ids,
+                                      cache))
     return results
 
 
@@ -66,37 +69,42 @@ def _pack(requests: Sequence[PrefillRequest], max_batch_tokens: int) -> list[lis
     return groups
 
 
-def _prefill_group(runner: LlamaRunner, tokenizer, group: list[PrefillRequest],
-                   eos_token_ids: tuple[int, ...]) -> list[PrefillResult]:
+def _prefill_group(runner: LlamaRunner, tokenizer, group: list[_Prompt], eos_token_ids: tuple[int, ...],
+                   cache: PrefixCache | None) -> list[PrefillResult]:
+    """One forward pass over each prompt's tokens past its cached prefix."""
     device = runner.device
     spans, last_rows = [], []
     token_ids: list[int] = []
     positions: list[int] = []
-    for request in group:
-        num_tokens = len(request.prompt_token_ids)
-        spans.append(PrefillSpan(row=len(token_ids), num_tokens=num_tokens, start=0, kv=runner.new_kv(num_tokens)))
-        token_ids.extend(request.prompt_token_ids)
-        positions.extend(range(num_tokens))
+    for prompt in group:
+        start, num_tokens = prompt.num_computed, prompt.num_tokens
+        spans.append(PrefillSpan(row=len(token_ids), num_tokens=num_tokens - start, start=start,
+                                 kv=prompt.allocate(runner)))
+        token_ids.extend(prompt.request.prompt_token_ids[start:])
+        positions.extend(range(start, num_tokens))
         last_rows.append(len(token_ids) - 1)
+        prompt.num_computed = num_tokens
     batch = ForwardBatch(token_ids=torch.tensor(token_ids, device=device),
                          positions=torch.tensor(positions, device=device),
                          sample_rows=torch.tensor(last_rows, device=device), spans=spans)
     logits = runner.forward(batch).cpu()
-    return _first_tokens(tokenizer, group, [span.kv for span in spans], logits, eos_token_ids)
+    return _first_tokens(tokenizer, group, logits, eos_token_ids, cache)
 
 
-def _first_tokens(tokenizer, requests: list[PrefillRequest], kvs: list[Any], logits: torch.Tensor,
-                  eos_token_ids: tuple[int, ...]) -> list[PrefillResult]:
-    """Sample each finished prompt's first token (logits row i is requests[i]'s last position)."""
-    params = [r.sampling for r in requests]
+def _first_tokens(tokenizer, prompts: list[_Prompt], logits: torch.Tensor, eos_token_ids: tuple[int, ...],
+                  cache: PrefixCache | None) -> list[PrefillResult]:
+    """Sample each finished prompt's first token (logits row i is prompts[i]'s last position), and
+    keep its full blocks in the prefix cache."""
+    params = [p.request.sampling for p in prompts]
     firsts = sample(logits, params, [new_generator(p.seed) for p in params])
-    kvs = [exported_kv(kv) for kv in kvs]
     results = []
-    for request, kv, first in zip(requests, kvs, firsts, strict=True):
-        tracker = OutputTracker(tokenizer, request.sampling, eos_token_ids)
+    for prompt, first in zip(prompts, firsts, strict=True):
+        if cache is not None:
+            cache.store(prompt.keys, prompt.kv)
+        tracker = OutputTracker(tokenizer, prompt.request.sampling, eos_token_ids)
         text, finish_reason = tracker.push(first)
-        results.append(PrefillResult(request.request_id, first, text, kv,
-                                     len(request.prompt_token_ids), finish_reason))
+        results.append(PrefillResult(prompt.request.request_id, first, text, exported_kv(prompt.kv),
+                                     prompt.num_tokens, finish_reason, num_cached_tokens=prompt.num_cached))
     return results
 
 
@@ -128,25 +136,48 @@ def plan_chunk(prompts: Sequence[tuple[int, int]], chunk_tokens: int) -> list[tu
 class _Prompt:
     request: PrefillRequest
     kv: Any = None           # its export tensor, allocated by the step that starts it
-    num_computed: int = 0
+    num_computed: int = 0    # tokens whose KV is computed (or will come from the cached blocks)
+    keys: list[bytes] = field(default_factory=list)          # its full blocks' prefix-cache keys
+    hits: list[torch.Tensor] = field(default_factory=list)   # cached blocks of its leading keys
+
+    @classmethod
+    def start(cls, request: PrefillRequest, cache: PrefixCache | None) -> _Prompt:
+        """The prompt with its cached prefix found (held by reference until `allocate` copies it)."""
+        if cache is None or cache.max_bytes == 0:
+            return cls(request)
+        keys = block_hashes(request.prompt_token_ids, cache.block_size, request.cache_salt)
+        hits = cache.match(keys, len(request.prompt_token_ids))
+        return cls(request, num_computed=len(hits) * cache.block_size, keys=keys, hits=hits)
 
     @property
     def num_tokens(self) -> int:
         return len(self.request.prompt_token_ids)
+
+    @property
+    def num_cached(self) -> int:
+        return sum(block.shape[3] for block in self.hits)
+
+    def allocate(self, runner: LlamaRunner) -> Any:
+        """Its export tensor, the cached prefix copied in (once)."""
+        if self.kv is None:
+            self.kv = runner.new_kv(self.num_tokens)
+            seed_kv(self.kv, self.hits)
+        return self.kv
 
 
 class ChunkedPrefill(PrefillPass):
     """A batch of prompts prefilled in steps of at most `chunk_tokens` tokens (module docstring)."""
 
     def __init__(self, runner: LlamaRunner, tokenizer, requests: Sequence[PrefillRequest], *, chunk_tokens: int,
-                 max_model_len: int, eos_token_ids: tuple[int, ...], stats: Any = None) -> None:
+                 max_model_len: int, eos_token_ids: tuple[int, ...], stats: Any = None,
+                 cache: PrefixCache | None = None) -> None:
         if chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
         for request in requests:
             _validate(request, max_model_len, runner.config.vocab_size)
         self.runner, self.tokenizer, self.chunk_tokens = runner, tokenizer, chunk_tokens
-        self.eos_token_ids, self.stats = eos_token_ids, stats
-        self._prompts = [_Prompt(r) for r in requests]
+        self.eos_token_ids, self.stats, self.cache = eos_token_ids, stats, cache
+        self._prompts = [_Prompt.start(r, cache) for r in requests]
         self.num_steps = 0
 
     @property
@@ -171,9 +202,8 @@ class ChunkedPrefill(PrefillPass):
         positions: list[int] = []
         for index, start, num_tokens in plan:
             prompt = self._prompts[index]
-            if prompt.kv is None:
-                prompt.kv = self.runner.new_kv(prompt.num_tokens)
-            spans.append(PrefillSpan(row=len(token_ids), num_tokens=num_tokens, start=start, kv=prompt.kv))
+            spans.append(PrefillSpan(row=len(token_ids), num_tokens=num_tokens, start=start,
+                                     kv=prompt.allocate(self.runner)))
             token_ids.extend(prompt.request.prompt_token_ids[start:start + num_tokens])
             positions.extend(range(start, start + num_tokens))
             prompt.num_computed += num_tokens
@@ -187,9 +217,9 @@ class ChunkedPrefill(PrefillPass):
         self.num_steps += 1
         if self.stats is not None:
             self.stats.num_prefilled_tokens += len(token_ids)
+            self.stats.num_prefix_cached_tokens += sum(p.num_cached for p in finished)
         self._prompts = [p for p in self._prompts if p.num_computed < p.num_tokens]
-        return _first_tokens(self.tokenizer, [p.request for p in finished], [p.kv for p in finished], logits,
-                             self.eos_token_ids)
+        return _first_tokens(self.tokenizer, finished, logits, self.eos_token_ids, self.cache)
 
 
 class PrefillBatcher:

@@ -5,9 +5,9 @@ Contract:
 - `load_model_info(spec, model_dir) -> ModelInfo(tokenizer, max_model_len)`: the tokenizer only
   (the weights stay on the nodes): "tiny" builds the tiny model's, a real model's converted folder
   (`prepare_model`, cached in `.models/`) gives `tokenizer.json` and `config.json`.
-- `Backend(client, model, config)`: `start_generation(api_request, request_id, session_id) ->
-  Generation` (tokenize, check the context, build SamplingParams, start the cluster request on the
-  tenant-scoped `session_id`; ApiError 400 for what cannot run, and for anything the bus could
+- `Backend(client, model, config)`: `start_generation(api_request, request_id, session_id, cache_salt)
+  -> Generation` (tokenize, check the context, build SamplingParams, start the cluster request on the
+  tenant-scoped `session_id`, its cached prompt prefixes scoped by `cache_salt`; ApiError 400 for what cannot run, and for anything the bus could
   not carry: `wire.Uncarriable` from `ClusterClient.generate`, naming the API field),
   `await readiness() -> dict` (cached for `ready_cache_s`).
 Readiness: the broker has no query for its registry, so the gateway probes it with what it
@@ -75,15 +75,17 @@ class Backend:
         self._ready_at = 0.0
         self._ready_lock = asyncio.Lock()
 
-    def start_generation(self, request: ApiRequest, request_id: str, session_id: str) -> Any:
-        """The cluster request on `session_id` (the cluster's, tenant-scoped); 400 for what it cannot
-        run, including anything the bus could not carry (the last guard before the bus)."""
+    def start_generation(self, request: ApiRequest, request_id: str, session_id: str, cache_salt: str = "") -> Any:
+        """The cluster request on `session_id` (the cluster's, tenant-scoped), its prompt's cached
+        prefixes shared only under `cache_salt`; 400 for what it cannot run, including anything the
+        bus could not carry (the last guard before the bus)."""
         ids, max_tokens = tokenize(request, self.model.tokenizer, self.max_model_len, self.config.default_max_tokens)
         try:
             sampling = SamplingParams(temperature=request.temperature, top_k=request.top_k, top_p=request.top_p,
                                       seed=request.seed, max_tokens=max_tokens, stop=request.stop,
                                       ignore_eos=request.ignore_eos)
-            return self.client.generate(ids, sampling, session_id=session_id, request_id=request_id)
+            return self.client.generate(ids, sampling, session_id=session_id, request_id=request_id,
+                                        cache_salt=cache_salt)
         except Uncarriable as exc:
             raise bad_request(f"the request cannot be sent to the cluster: {exc.why}",
                               _field_of(exc.path, request.chat)) from None

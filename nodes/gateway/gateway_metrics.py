@@ -70,7 +70,8 @@ class GatewayMetrics:
                                    "malformed (each failed over like a lost node)", registry=r)
         self.ignored = Counter("pdbus_ignored_node_values_total", "Values in nodes' reports (timings, stats, "
                                "KV transfer reports) of the wrong type or range, left out of the metrics", registry=r)
-        self.tokens = Counter("pdbus_tokens_total", "Tokens by kind (prompt, completion)", ["kind"], registry=r)
+        self.tokens = Counter("pdbus_tokens_total", "Tokens by kind (prompt, completion, and prompt_cached: prompt "
+                              "tokens whose KV came from a prefill node's prefix cache)", ["kind"], registry=r)
         self.in_flight = Gauge("pdbus_requests_in_flight", "Requests being served now", registry=r)
         self.buffered = Gauge("pdbus_stream_buffered_tokens", "Tokens waiting in per-stream buffers (the "
                               "gateway's queue depth)", registry=r)
@@ -97,6 +98,7 @@ class GatewayMetrics:
         self._observe_trace(trace)
         self.tokens.labels("prompt").inc(usage.get("prompt_tokens", 0))
         self.tokens.labels("completion").inc(usage.get("completion_tokens", 0))
+        self.tokens.labels("prompt_cached").inc(usage.get("cached_tokens", 0))
 
     def _observe_trace(self, trace: Any) -> None:
         for name in STAGES:

@@ -39,6 +39,7 @@ class GatewayConfig:
     tls_key: str = ""                       # PEM private key
     max_header_bytes: int = 8190            # request line and each header field (400 past it)
     max_headers: int = 64                   # header fields per request (400 past it)
+    share_prefix_cache: bool = False        # let API keys share cached prompt prefixes (else per key)
     kv_mode: str = ""                       # what `X-Pdbus-KV-Mode` says for a remote plan (from [kv])
 
     @classmethod
@@ -74,6 +75,8 @@ class GatewayConfig:
         for name in ("rate_limit_rps", "stall_timeout_s", "ready_cache_s"):
             if not isinstance(getattr(self, name), int | float) or getattr(self, name) < 0:
                 raise SettingsError(f"[gateway] {name} must be a number >= 0")
+        if not isinstance(self.share_prefix_cache, bool):
+            raise SettingsError(f"[gateway] share_prefix_cache must be true or false, got {self.share_prefix_cache!r}")
         if bool(self.tls_cert) != bool(self.tls_key):
             raise SettingsError("[gateway] tls_cert and tls_key go together: give both or neither")
         if self.max_header_bytes < 256 or self.max_headers < 8:

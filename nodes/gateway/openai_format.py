@@ -17,9 +17,12 @@ from typing import Any
 MAX_HEADER_CHARS = 256
 
 
-def usage_body(usage: dict[str, int]) -> dict[str, int]:
+def usage_body(usage: dict[str, int]) -> dict[str, Any]:
+    """OpenAI's usage object; `prompt_tokens_details.cached_tokens`: prompt tokens whose KV a prefill
+    node took from its prefix cache."""
     prompt, completion = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
-    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion}
+    return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
+            "prompt_tokens_details": {"cached_tokens": int(usage.get("cached_tokens", 0))}}
 
 
 def pdbus_info(trace: Any, kv_mode: str, session_id: str | None = None) -> dict[str, Any]:

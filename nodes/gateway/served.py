@@ -145,8 +145,10 @@ class Served:
         self.api_request = api_request
         config = self.gateway.config
         self.session_id = api_request.session_id or new_session_id()
+        # Prefix caches are shared within a tenant only, unless the operator lets tenants share them.
+        salt = "" if config.share_prefix_cache else self.tenant
         generation = self.gateway.backend.start_generation(api_request, self.request_id,
-                                                           cluster_session_id(self.tenant, self.session_id))
+                                                           cluster_session_id(self.tenant, self.session_id), salt)
         self.relay = Relay(generation, config.stream_buffer_tokens, config.stall_timeout_s)
         self.gateway.relays.add(self.relay)
 

@@ -60,6 +60,7 @@ class PrefillRequestBody:
     transfer_id: str
     request_id: str               # the decode request the KV is for
     urgent: bool = False          # a recovery: run before queued new prompts
+    cache_salt: str = ""          # prefix-cache scope: prompts share cached KV only under one salt
 
 
 @dataclass(frozen=True, slots=True)

@@ -79,9 +79,10 @@ def _decode_request(b: DecodeRequestBody) -> dict[str, Any]:
 
 
 def _prefill_request(b: PrefillRequestBody) -> dict[str, Any]:
-    return {"prompt_token_ids": list(b.prompt), "sampling": _sampling(b.sampling),
+    body = {"prompt_token_ids": list(b.prompt), "sampling": _sampling(b.sampling),
             "decode_node_id": b.decode_node_id, "data_endpoint": b.data_endpoint, "transfer_id": b.transfer_id,
             "request_id": b.request_id, "urgent": b.urgent}
+    return body | {"cache_salt": b.cache_salt} if b.cache_salt else body
 
 
 def _plan(b: PlanBody) -> dict[str, Any]:

@@ -45,7 +45,7 @@ def prefill_request(value: Any, bounds: Bounds) -> PrefillRequestBody:
     endpoint = f.an_id(body, "data_endpoint", f.MAX_ENDPOINT_BYTES)
     urgent = f.flag(body.get("urgent", False), "urgent")
     return PrefillRequestBody(prompt, sampling(body.get("sampling", {}), bounds), node_id, endpoint, transfer_id,
-                              request_id, urgent)
+                              request_id, urgent, f.an_id_or_empty(body, "cache_salt"))
 
 
 def kv_ready(value: Any, bounds: Bounds) -> KvReadyBody:

@@ -140,3 +140,21 @@ def test_the_request_vllm_bench_serve_sends(served):
             elif data.get("usage"):
                 usage = data["usage"]
     assert usage["completion_tokens"] == 12 and "".join(texts)
+
+
+def test_a_shared_prompt_prefix_is_served_from_the_prefill_cache_and_changes_no_token(client, served):
+    """Three requests opening with one long system text, each in its own session (so no decode
+    session cache helps): the later ones take its full blocks from the prefill node's prefix cache,
+    say so in usage.prompt_tokens_details.cached_tokens, and generate what the first generated."""
+    system = "You are a careful assistant. Answer briefly and cite nothing. " * 2
+    texts, cached = [], []
+    for i, question in enumerate(("Q1?", "Q1?", "Q2!")):
+        completion = client.completions.create(model=TINY_NAME, prompt=system + question, max_tokens=8, temperature=0,
+                                               extra_body={"ignore_eos": True, "session_id": f"prefix-{i}"})
+        texts.append(completion.choices[0].text)
+        cached.append(completion.usage.prompt_tokens_details.cached_tokens)
+    assert cached[0] == 0 and cached[1] > 0 and cached[1] % 16 == 0 and cached[2] == cached[1]
+    assert texts[1] == texts[0]   # a hit changes no token (raw KV, greedy)
+    metrics = httpx.get(served[1].url + "/metrics", timeout=10).text
+    line = next(x for x in metrics.splitlines() if x.startswith('pdbus_tokens_total{kind="prompt_cached"}'))
+    assert float(line.split()[-1]) >= cached[1] + cached[2]

@@ -92,3 +92,14 @@ def test_a_bad_kv_link_speed_or_chunk_size_is_a_clear_error(tmp_path, line):
     path.write_text(CONFIG.replace('quant = "int8"', f'quant = "int8"\n{line}'))
     with pytest.raises(SettingsError, match=r"\[kv\] (link_gbit|chunk_mib) must be a number of (Gbit/s|MiB)"):
         node_settings(no_args(config=str(path)), "prefill")
+
+
+def test_the_prefill_prefix_cache_budget_comes_from_its_section(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(CONFIG.replace("max_wait_ms = 20", "max_wait_ms = 20\nprefix_cache_mib = 64"))
+    assert node_settings(no_args(config=str(path)), "prefill").engine_config().prefix_cache_bytes == 64 << 20
+    assert node_settings(no_args(config=str(path)), "decode").engine_config().prefix_cache_bytes == 256 << 20
+    for bad in ("-1", '"lots"', "true"):
+        path.write_text(CONFIG.replace("max_wait_ms = 20", f"max_wait_ms = 20\nprefix_cache_mib = {bad}"))
+        with pytest.raises(SettingsError, match="prefix_cache_mib"):
+            node_settings(no_args(config=str(path)), "prefill")

@@ -292,3 +292,28 @@ def test_the_kv_sender_takes_the_configured_link_speed_and_chunk_size(kv_thread)
     assert (work.sender.auto.link_bytes_per_s, work.sender.chunk_bytes) == (gbit(2.5), 3 * 2**19)
     work, _ = make_work(kv_thread, kv_link_gbit=10.0)   # chunk_mib "auto"
     assert work.sender.chunk_bytes == DEFAULT_CHUNK_BYTES
+
+
+def test_a_prompt_prefix_cached_under_its_salt_is_not_prefilled_again(kv_thread):
+    """Two requests with one 40-token prompt under one salt: the second takes its two full blocks
+    from the prefix cache (the FINAL says how many tokens); under another salt, nothing is shared."""
+    receiver = KVReceiver()
+    data_endpoint = kv_thread.run(receiver.start())
+    work, endpoint = make_work(kv_thread)
+    prompt = list(range(20, 60))
+    finals = []
+    for i, salt in enumerate(("tenant-a", "tenant-a", "tenant-b")):
+        body = request(f"p{i}", prompt_token_ids=prompt, transfer_id=f"t{i}", data_endpoint=data_endpoint,
+                       cache_salt=salt).body | {"request_id": f"d{i}"}
+        work.on_message(Request("prefill", f"p{i}", body))
+        work.work(time.monotonic() + 1)
+        take_inbox(work, endpoint)
+        (final,) = endpoint.of("final", f"p{i}")
+        finals.append(final)
+        assert kv_thread.run(receiver.result(f"t{i}", timeout=5)).kv.shape[3] == len(prompt)
+    assert [f["stats"]["num_cached_tokens"] for f in finals] == [0, 32, 0]
+    assert finals[2]["stats"]["num_prefix_cached_tokens"] == 32
+    tokens = [endpoint.of("partial", f"p{i}")[0]["token_id"] for i in range(3)]
+    assert tokens[0] == tokens[1] == tokens[2]   # a hit changes nothing in what is sent
+    kv_thread.run(receiver.close())
+    work.close()

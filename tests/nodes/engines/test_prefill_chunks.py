@@ -43,7 +43,7 @@ def test_plan_chunk_packs_the_next_tokens_in_order_and_cuts_the_last_span():
 
 @pytest.mark.parametrize("chunk_tokens", [1, 7, 16, 64, 100, 206, 4096])
 def test_chunked_results_equal_one_whole_pass(tiny_model, chunk_tokens):
-    engine = make_engine(tiny_model)
+    engine = make_engine(tiny_model, prefix_cache_bytes=0)   # prompts repeat: chunking alone
     requests = prompts(tiny_model.config.vocab_size)
     whole = {r.request_id: r for r in engine.prefill(requests)}
     chunked = run_to_end(engine.start_prefill(requests, chunk_tokens=chunk_tokens))
@@ -59,7 +59,7 @@ def test_chunked_results_equal_one_whole_pass(tiny_model, chunk_tokens):
 
 
 def test_each_step_computes_at_most_chunk_tokens_and_results_come_when_a_prompt_ends(tiny_model):
-    engine = make_engine(tiny_model)
+    engine = make_engine(tiny_model, prefix_cache_bytes=0)   # prompts repeat: chunking alone
     requests = prompts(tiny_model.config.vocab_size, lengths=(10, 30))
     prefill = engine.start_prefill(requests, chunk_tokens=16)
     before = engine.stats.num_prefilled_tokens
@@ -71,7 +71,7 @@ def test_each_step_computes_at_most_chunk_tokens_and_results_come_when_a_prompt_
 
 
 def test_a_prompt_cancelled_mid_pass_stops_and_the_others_are_unchanged(tiny_model):
-    engine = make_engine(tiny_model)
+    engine = make_engine(tiny_model, prefix_cache_bytes=0)   # prompts repeat: chunking alone
     requests = prompts(tiny_model.config.vocab_size, lengths=(20, 20, 20))
     whole = {r.request_id: r for r in engine.prefill(requests)}
     prefill = engine.start_prefill(requests, chunk_tokens=30)
@@ -84,7 +84,7 @@ def test_a_prompt_cancelled_mid_pass_stops_and_the_others_are_unchanged(tiny_mod
 
 
 def test_bad_requests_and_chunk_sizes_fail_when_the_pass_starts(tiny_model):
-    engine = make_engine(tiny_model)
+    engine = make_engine(tiny_model, prefix_cache_bytes=0)   # prompts repeat: chunking alone
     with pytest.raises(ValueError, match="chunk_tokens"):
         engine.start_prefill(prompts(tiny_model.config.vocab_size), chunk_tokens=0)
     with pytest.raises(ValueError, match="empty prompt"):
@@ -112,7 +112,7 @@ def test_the_default_pass_runs_prefill_whole_in_one_step():
 
 @pytest.mark.real_model
 def test_real_model_512_token_prompt_in_chunks_of_256_equals_one_pass(smollm2):
-    engine = make_engine(smollm2)
+    engine = make_engine(smollm2, prefix_cache_bytes=0)
     (request,) = prompts(smollm2.config.vocab_size, lengths=(512,), seed=1)
     (whole,) = engine.prefill([request])
     prefill = engine.start_prefill([request], chunk_tokens=256)
@@ -124,5 +124,5 @@ def test_real_model_512_token_prompt_in_chunks_of_256_equals_one_pass(smollm2):
 
 
 def test_chunked_prefill_is_its_own_class_with_the_engine_runner(tiny_model):
-    engine = make_engine(tiny_model)
+    engine = make_engine(tiny_model, prefix_cache_bytes=0)   # prompts repeat: chunking alone
     assert isinstance(engine.start_prefill(prompts(tiny_model.config.vocab_size), chunk_tokens=8), ChunkedPrefill)

@@ -15,7 +15,7 @@ from nodes.cluster import RequestTrace
 from nodes.engines.tiny import tiny_tokenizer
 from nodes.gateway.app import Gateway, build_app
 from nodes.gateway.backend import Backend, ModelInfo
-from nodes.gateway.gateway_settings import GatewayConfig
+from nodes.gateway.gateway_settings import GatewayConfig, SettingsError
 from nodes.gateway.protect import hash_api_key
 from tests.nodes.gateway.test_app import FakeClient, FakeGeneration
 
@@ -29,18 +29,20 @@ class SessionClient(FakeClient):
     def __init__(self) -> None:
         super().__init__()
         self.session_ids: list[str] = []
+        self.cache_salts: list[str] = []
 
-    def generate(self, prompt, sampling, *, session_id=None, request_id=None):
+    def generate(self, prompt, sampling, *, session_id=None, request_id=None, cache_salt=""):
         plan = "cached" if session_id in self.session_ids else "remote"
         self.session_ids.append(session_id)
+        self.cache_salts.append(cache_salt)
         generation = FakeGeneration(prompt, sampling, "ok")
         generation.trace = RequestTrace(request_id, session_id, decode_node_ids=["decode-0"], plans=[plan])
         self.generations.append(generation)
         return generation
 
 
-async def serving(api_keys: tuple[str, ...]):
-    config = GatewayConfig(model_name="m", api_keys=api_keys)
+async def serving(api_keys: tuple[str, ...], **settings):
+    config = GatewayConfig(model_name="m", api_keys=api_keys, **settings)
     fake = SessionClient()
     gateway = Gateway(config, Backend(fake, ModelInfo(tiny_tokenizer(512), 2048), config))
     client = TestClient(TestServer(build_app(gateway)))
@@ -116,3 +118,27 @@ async def test_without_api_keys_there_is_one_tenant():
     finally:
         await client.close()
     assert fake.session_ids == ["chat-1", "chat-1"] and second["pdbus"]["plans"] == ["cached"]
+
+
+async def test_each_key_scopes_its_cached_prompt_prefixes_unless_the_operator_shares_them(keyed):
+    """The salt the prefill nodes' prefix caches key on: one per key (no key's prompts can be timed
+    by another), bounded, holding no key; `share_prefix_cache = true` lets every key share."""
+    client, fake, _ = keyed
+    for key in (KEY_A, KEY_B, KEY_A):
+        await post(client, key)
+    salt_a, salt_b, again_a = fake.cache_salts
+    assert salt_a and salt_a != salt_b and again_a == salt_a
+    for salt in (salt_a, salt_b):
+        assert len(salt.encode()) <= MAX_ID_BYTES and KEY_A not in salt and KEY_B not in salt
+    shared, fake, _ = await serving((KEY_A, KEY_B), share_prefix_cache=True)
+    try:
+        for key in (KEY_A, KEY_B):
+            await post(shared, key)
+    finally:
+        await shared.close()
+    assert fake.cache_salts == ["", ""]
+
+
+def test_share_prefix_cache_must_be_a_boolean():
+    with pytest.raises(SettingsError, match="share_prefix_cache"):
+        GatewayConfig.from_settings({"gateway": {"share_prefix_cache": "yes"}})

@@ -55,7 +55,7 @@ bodies: dict[type, st.SearchStrategy] = {
     wire.DecodeRequestBody: st.builds(wire.DecodeRequestBody, prompts, sampling, st.none() | ids,
                                       st.sampled_from(wire.PrefillMode), counts),
     wire.PrefillRequestBody: st.builds(wire.PrefillRequestBody, prompts, sampling, ids, endpoints, ids, ids,
-                                       st.booleans()),
+                                       st.booleans(), st.one_of(st.just(""), ids)),
     wire.KvReadyBody: st.builds(wire.KvReadyBody, ids, ids, token_ids),
     wire.SamplingParams: sampling,
     wire.PlanBody: st.one_of(st.builds(wire.PlanBody.remote, ids, endpoints, ids),

@@ -54,3 +54,15 @@ def test_summary_is_bounded_whatever_the_value():
         nested = [nested]
     assert wire.summary(nested) == "list[1]"
     assert wire.summary({"a": 1, "b": 2}) == "dict[2]" and wire.summary(3.5) == "float"
+
+
+def test_a_prefill_request_carries_its_cache_salt_bounded_and_only_when_set():
+    body = wire.PrefillRequestBody((1, 2), wire.SamplingParams(), "decode-0", "tcp://127.0.0.1:1", "t", "r",
+                                   cache_salt="a1b2c3")
+    assert wire.from_wire(wire.PrefillRequestBody, wire.to_wire(body), BOUNDS) == body
+    unsalted = wire.to_wire(body.__class__(*[getattr(body, f) for f in body.__dataclass_fields__][:-1]))
+    assert "cache_salt" not in unsalted   # what an older client sent: read as no salt
+    assert wire.from_wire(wire.PrefillRequestBody, unsalted, BOUNDS).cache_salt == ""
+    for bad in ("s" * 129, 7, ["x"]):
+        refused = refusal(wire.PrefillRequestBody, {**wire.to_wire(body), "cache_salt": bad})
+        assert refused.code == wire.Code.BAD_REQUEST and "cache_salt" in refused.reason

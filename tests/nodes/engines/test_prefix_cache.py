@@ -1,0 +1,129 @@
+"""The prefill-side prefix cache: chained keys, LRU within a byte budget, tenants apart, and output
+with a cache hit token-identical (and KV bit-identical, float32) to output without one, in whole
+and chunked passes, with batches that mix hits and misses."""
+
+from __future__ import annotations
+
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from nodes.engines.base import PrefillRequest, SamplingParams
+from nodes.engines.prefix_cache import PrefixCache, block_hashes
+from tests.nodes.engines.engine_helpers import generate, make_engine
+
+BLOCK = 16
+SYSTEM = tuple(range(300, 300 + 70))   # 4 full blocks and 6 tokens
+
+
+def kv_block(value: float, layers: int = 2) -> torch.Tensor:
+    return torch.full((layers, 2, 1, BLOCK, 4), value)
+
+
+def test_a_key_names_the_whole_prefix_not_the_block():
+    a = block_hashes([1] * 16 + [2] * 16, BLOCK)
+    b = block_hashes([3] * 16 + [2] * 16, BLOCK)
+    assert len(a) == 2 and a[1] != b[1]               # same second block, other first block
+    assert block_hashes([1] * 16 + [2] * 15, BLOCK) == a[:1]   # only full blocks get keys
+    assert block_hashes([1] * 32, BLOCK, salt="tenant-a") != block_hashes([1] * 32, BLOCK, salt="tenant-b")
+
+
+def test_match_takes_the_longest_run_of_leading_hits_and_leaves_the_last_token():
+    cache = PrefixCache(BLOCK, max_bytes=1 << 20)
+    keys = block_hashes(range(64), BLOCK)
+    kv = torch.arange(64, dtype=torch.float32).view(1, 1, 1, 64, 1).expand(2, 2, 1, 64, 4).contiguous()
+    cache.store(keys, kv)
+    assert len(cache.match(keys, 65)) == 4
+    assert len(cache.match(keys, 64)) == 3            # the last token's logits are always computed
+    other = block_hashes([*range(16), 99, *range(17, 64)], BLOCK)
+    assert len(cache.match(other, 65)) == 1           # diverges in block 1
+    hits = cache.match(keys, 65)
+    assert torch.equal(torch.cat(hits, dim=3), kv)    # copies of the stored KV, in order
+
+
+def test_the_budget_is_kept_and_tails_go_before_heads():
+    block_bytes = kv_block(0).numel() * 4
+    cache = PrefixCache(BLOCK, max_bytes=3 * block_bytes)
+    first = block_hashes(range(48), BLOCK)
+    cache.store(first, torch.zeros(2, 2, 1, 48, 4))
+    second = block_hashes(range(1000, 1032), BLOCK)
+    cache.store(second, torch.ones(2, 2, 1, 32, 4))
+    assert cache.num_bytes <= 3 * block_bytes and cache.num_blocks == 3
+    assert len(cache.match(first, 100)) == 1          # the first prompt kept its head, lost its tail
+    assert len(cache.match(second, 100)) == 2
+
+
+def test_an_empty_budget_keeps_nothing():
+    cache = PrefixCache(BLOCK, max_bytes=0)
+    keys = block_hashes(range(32), BLOCK)
+    cache.store(keys, torch.zeros(2, 2, 1, 32, 4))
+    assert cache.num_blocks == 0 and cache.match(keys, 100) == []
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(1, 4)), min_size=1, max_size=30),
+       st.integers(0, 8))
+def test_any_sequence_of_stores_and_matches_keeps_the_budget_and_returns_true_prefixes(ops, budget_blocks):
+    block_bytes = kv_block(0).numel() * 4
+    cache = PrefixCache(BLOCK, max_bytes=budget_blocks * block_bytes)
+    for prefix, num_blocks in ops:
+        tokens = [prefix] * BLOCK + list(range(BLOCK * (num_blocks - 1)))
+        keys = block_hashes(tokens, BLOCK)
+        kv = torch.full((2, 2, 1, len(tokens), 4), float(prefix))
+        hits = cache.match(keys, len(tokens) + 1)
+        assert all(h.shape == (2, 2, 1, BLOCK, 4) for h in hits)
+        assert all(float(h[0, 0, 0, 0, 0]) == prefix for h in hits)
+        cache.store(keys, kv)
+        assert cache.num_bytes <= cache.max_bytes
+
+
+def requests(prompts, salt: str = "", max_tokens: int = 1) -> list[PrefillRequest]:
+    return [PrefillRequest(f"r{i}", tuple(p), SamplingParams(temperature=0.0, max_tokens=max_tokens), cache_salt=salt)
+            for i, p in enumerate(prompts)]
+
+
+def test_a_hit_gives_the_same_first_token_and_kv_as_no_cache(tiny_model):
+    prompts = [SYSTEM + (5, 6, 7), SYSTEM + (8, 9), (1, 2, 3) * 10]
+    cold = make_engine(tiny_model, prefix_cache_bytes=0).prefill(requests(prompts))
+    warm = make_engine(tiny_model)
+    warm.prefill(requests([SYSTEM + (11,)]))            # fills the cache with SYSTEM's 4 blocks
+    hit = warm.prefill(requests(prompts))                # a batch of two hits and a miss
+    assert [r.num_cached_tokens for r in hit] == [64, 64, 0]
+    for a, b in zip(cold, hit, strict=True):
+        assert a.first_token_id == b.first_token_id
+        assert torch.equal(a.kv, b.kv)
+
+
+def test_chunked_passes_use_the_cache_too(tiny_model):
+    prompts = [SYSTEM + (5, 6, 7), (9,) * 40]
+    cold = make_engine(tiny_model, prefix_cache_bytes=0).prefill(requests(prompts))
+    warm = make_engine(tiny_model)
+    warm.prefill(requests([SYSTEM]))
+    before = warm.stats.num_prefilled_tokens
+    prefill = warm.start_prefill(requests(prompts), chunk_tokens=8)
+    results = {}
+    while not prefill.done:
+        results.update({r.request_id: r for r in prefill.step()})
+    assert results["r0"].num_cached_tokens == 64 and results["r1"].num_cached_tokens == 0
+    assert warm.stats.num_prefilled_tokens - before == len(prompts[0]) - 64 + len(prompts[1])
+    for i, a in enumerate(cold):
+        # Steps of 8 rows take float32's linear kernel, a whole pass MKL: sums in another order.
+        assert a.first_token_id == results[f"r{i}"].first_token_id
+        torch.testing.assert_close(results[f"r{i}"].kv, a.kv, rtol=1e-4, atol=1e-5)
+
+
+def test_tenants_do_not_share_cached_prefixes(tiny_model):
+    engine = make_engine(tiny_model)
+    engine.prefill(requests([SYSTEM], salt="tenant-a"))
+    assert engine.prefill(requests([SYSTEM + (1,)], salt="tenant-b"))[0].num_cached_tokens == 0
+    assert engine.prefill(requests([SYSTEM + (1,)], salt="tenant-a"))[0].num_cached_tokens == 64
+
+
+def test_the_whole_generation_is_unchanged_by_a_hit(tiny_model):
+    """Prefill with a hit, then the decode side continues from the exported KV: the same tokens."""
+    prompt = SYSTEM + (42, 43)
+    expected = generate(make_engine(tiny_model, prefix_cache_bytes=0), prompt)
+    engine = make_engine(tiny_model)
+    engine.prefill(requests([SYSTEM]))
+    assert engine.prefill(requests([prompt]))[0].num_cached_tokens == 64
+    assert generate(engine, prompt) == expected
