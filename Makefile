@@ -123,8 +123,9 @@ bench-engine-cuda: install ## the same on a CUDA GPU: the engine with and withou
 bench-kv-memory: install ## decode KV memory reserved at node start vs on demand: what requests wait (~1 min)
 	$(BENCH) -m harness.bench.kv_memory
 
-bench-scheduler: install ## hash-ring balance and sessions moved on join/leave, through the real policy (~3 s)
+bench-scheduler: install ## hash-ring balance, sessions moved on join/leave, prefill prefix routing at 1,000 nodes (~20 s)
 	$(PY) -m scheduler.simulation
+	$(PY) -m scheduler.prefix_simulation
 
 bench-gateway: install ## HTTP/SSE/WebSocket stack overhead: starlette+uvicorn beside aiohttp
 	$(BENCH) -m harness.bench.gateway_stack

@@ -11,10 +11,13 @@ Contract (docs/CLUSTER.md "Services, keys and capacity"):
   bound the first non-full candidate takes it. Full (see `scheduler.node_loads`) everywhere
   -> `Defer` into the broker's bounded queue; with `queue_size` 0 -> `Refuse("overloaded")`.
   A request without a key is placed by its request id and not remembered.
-- `prefill` requests: the live prefill node with the fewest outstanding prefill tokens (reported
-  `queued_tokens` plus tokens routed since the report); a request's tokens are its key when the
-  key is an ASCII decimal number of at most `MAX_PREFILL_KEY_DIGITS` digits (clients pass the
-  prompt length), else `prefill_tokens_estimate`.
+- `prefill` requests, keyed `"<tokens>[.<prefix>]"` (scheduler.prefill_keys): a key that names a
+  prompt prefix goes to that prefix's home on a consistent-hash ring of the prefill nodes (where
+  its blocks are likely in the prefix cache), or the next node clockwise, unless the node's
+  outstanding prefill tokens (reported `queued_tokens` plus tokens routed since the report) are
+  at or above max((1+epsilon)x the mean, the idlest node's + `prefill_affinity_slack_tokens`);
+  when every node is, and for keys without a prefix, the node with the fewest outstanding
+  tokens. A request's tokens are the key's length, else `prefill_tokens_estimate`.
   Ties: fewer outstanding requests, then fewer requests ever, then node id (deterministic).
   No prefill node at all never reaches the policy: the broker answers `no_node` and counts it
   as `rejected.no_node.prefill` (clients then fall back to decode-local prefill).
@@ -24,7 +27,7 @@ Contract (docs/CLUSTER.md "Services, keys and capacity"):
   with the same nodes places new sessions as before.
 - `metrics` (a Counter): `placed.<service>.<node_id>` (dropped when the node leaves, so node
   ids that come and go do not grow it); `sessions.new|sticky|moved|returned|
-  orphaned|over_bound`; `decode.skipped_full` (full nodes passed over), `decode.all_full` (choices that found
+  orphaned|over_bound`; `prefill.prefix_home|prefix_next|prefix_spread|least_loaded`; `decode.skipped_full` (full nodes passed over), `decode.all_full` (choices that found
   every node full, re-offers of a queued request included), `decode.overloaded` (refusals when
   there is no queue). The broker counts the requests themselves (`queue.*`, `rejected.*`).
 """
@@ -38,13 +41,12 @@ from typing import Any, TypeVar
 
 from bus.constants import ErrorCode
 from bus.routing import Defer, Refuse
-from scheduler.node_loads import DECODE_ROLES, NodeView, PrefillLoads, decode_is_full
-from scheduler.ring import BoundedLoadRing
+from scheduler.node_loads import DECODE_ROLES, PREFILL_ROLES, NodeView, PrefillLoads, decode_is_full
+from scheduler.prefill_keys import parse_prefill_key
+from scheduler.ring import BoundedLoadRing, HashRing
 from scheduler.sessions import SessionTable
 
 N = TypeVar("N", bound=NodeView)   # the broker's nodes, or the simulation's: `choose` returns one of its own
-
-MAX_PREFILL_KEY_DIGITS = 9   # a prompt length; longer "numbers" are peer noise, not a load
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,6 +61,7 @@ class SchedulerSettings:
     min_free_blocks: int = 1
     sticky_slack_streams: int = 4
     prefill_tokens_estimate: int = 256
+    prefill_affinity_slack_tokens: int = 2048   # a prefix keeps its node up to this far above the idlest
     max_sessions: int = 100_000
 
     @classmethod
@@ -78,6 +81,7 @@ class ClusterPolicy:
         self.ring = BoundedLoadRing(self.settings.vnodes, self.settings.epsilon)
         self.sessions = SessionTable(self.settings.max_sessions)
         self.prefill_loads = PrefillLoads()
+        self.prefill_ring = HashRing(self.settings.vnodes)   # prefill nodes, by prompt prefix
         self.metrics: Counter[str] = Counter()
 
     # -- registry events -----------------------------------------------------------------
@@ -85,6 +89,8 @@ class ClusterPolicy:
     def on_join(self, node: NodeView) -> None:
         if node.role in DECODE_ROLES:
             self.ring.add_node(node.node_id)
+        if node.role in PREFILL_ROLES:
+            self.prefill_ring.add_node(node.node_id)
 
     def on_leave(self, node: NodeView, reason: str) -> None:
         for service in ("decode", "prefill", "both"):
@@ -93,6 +99,7 @@ class ClusterPolicy:
             self.ring.remove_node(node.node_id)
             self.metrics["sessions.orphaned"] += self.sessions.node_left(node.node_id)
         self.prefill_loads.forget(node.node_id)
+        self.prefill_ring.remove_node(node.node_id)
 
     def on_capacity(self, node: NodeView) -> None:
         self.prefill_loads.on_report(node.node_id)
@@ -154,14 +161,23 @@ class ClusterPolicy:
 
     def _choose_prefill(self, key: str, candidates: Sequence[N]) -> N:
         loads = self.prefill_loads
-        node = min(candidates, key=lambda n: (loads.outstanding_tokens(n), n.num_outstanding,
-                                              n.num_assigned, n.node_id))
-        loads.add(node.node_id, _prompt_tokens(key, self.settings.prefill_tokens_estimate))
+        tokens, prefix = parse_prefill_key(key)
+        node = self._prefix_home(prefix, candidates) if prefix is not None else None
+        if node is None:
+            self.metrics["prefill.least_loaded" if prefix is None else "prefill.prefix_spread"] += 1
+            node = min(candidates, key=lambda n: (loads.outstanding_tokens(n), n.num_outstanding,
+                                                  n.num_assigned, n.node_id))
+        loads.add(node.node_id, tokens if tokens is not None else self.settings.prefill_tokens_estimate)
         return node
 
-
-def _prompt_tokens(key: str, estimate: int) -> int:
-    """The prompt length a prefill key states, or `estimate` for anything else."""
-    if key.isascii() and key.isdecimal() and len(key) <= MAX_PREFILL_KEY_DIGITS:
-        return int(key)
-    return estimate
+    def _prefix_home(self, prefix: str, candidates: Sequence[N]) -> N | None:
+        """The first node clockwise from the prefix under the load bound, or None when all are over it."""
+        live = {n.node_id: n for n in candidates}
+        tokens = {node_id: self.prefill_loads.outstanding_tokens(n) for node_id, n in live.items()}
+        mean = sum(tokens.values()) / len(tokens)
+        bound = max((1 + self.settings.epsilon) * mean, min(tokens.values()) + self.settings.prefill_affinity_slack_tokens)
+        for rank, node_id in enumerate(i for i in self.prefill_ring.candidates(prefix) if i in live):
+            if tokens[node_id] < bound:
+                self.metrics["prefill.prefix_home" if rank == 0 else "prefill.prefix_next"] += 1
+                return live[node_id]
+        return None

@@ -44,6 +44,7 @@ from nodes import wire
 from nodes.cluster.results import RequestTrace, StreamToken
 from nodes.cluster.retries import NODE_LOSS, Retry, retry_delay, retry_from
 from nodes.wire import Code
+from scheduler.prefill_keys import prefill_key
 
 PREFILL_GRACE_S = 2.0
 log = get_logger("cluster_client")   # one logger name for the whole client
@@ -233,8 +234,9 @@ class Attempt:
             body = wire.PrefillRequestBody(prompt, self.spec.sampling, plan.node_id, plan.data_endpoint, transfer_id,
                                            decode_request_id, urgent=bool(self.trace.failures),   # a recovery
                                            cache_salt=self.spec.cache_salt)
-            # The scheduler balances prefill nodes by outstanding tokens: the key is the prompt's length.
-            stream = self._open(wire.PREFILL, wire.to_wire(body), key=str(len(prompt)))
+            # The key: the prompt's length (the scheduler balances prefill nodes by outstanding tokens)
+            # and its opening's hash (prompts that share one go where its KV is likely cached).
+            stream = self._open(wire.PREFILL, wire.to_wire(body), key=prefill_key(prompt, self.spec.cache_salt))
             try:
                 await self._consume_prefill(stream)
                 return

@@ -187,7 +187,10 @@ class LlamaRunner:
         cos = self.cos[batch.positions][:, None, :]
         sin = self.sin[batch.positions][:, None, :]
         num_tokens = x.shape[0]
-        fast = self.fast_path if self.fast_path is not None and self.fast_path.takes_rows(num_tokens) else None
+        # Linear kernels for pure decode steps only: a prompt's rows take oneDNN's path whatever their
+        # number, so its KV is the same bits whether a prefix of it came from the prefix cache or not.
+        fast = (self.fast_path if self.fast_path is not None and not batch.spans
+                and self.fast_path.takes_rows(num_tokens) else None)
         for index, layer in enumerate(self.layers):
             qkv = fast.qkv(index, x) if fast is not None else self._linear(self._norm(x, index), layer.qkv)
             if self.fast_path is not None and not batch.spans and batch.decode is not None:   # pure decode: one kernel

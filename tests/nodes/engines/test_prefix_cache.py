@@ -4,6 +4,7 @@ and chunked passes, with batches that mix hits and misses."""
 
 from __future__ import annotations
 
+import pytest
 import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
@@ -127,3 +128,17 @@ def test_the_whole_generation_is_unchanged_by_a_hit(tiny_model):
     engine.prefill(requests([SYSTEM]))
     assert engine.prefill(requests([prompt]))[0].num_cached_tokens == 64
     assert generate(engine, prompt) == expected
+
+
+@pytest.mark.real_model
+def test_in_bf16_a_hit_leaves_the_kv_bit_identical_on_the_real_model(smollm2):
+    """A hit leaves a few rows to compute where the whole prompt had hundreds: prompts' rows never
+    take the row-count-dependent linear kernels (llama.forward_eager), so the bits do not move."""
+    system = tuple(range(300, 800))
+    prompt = system + (5, 6, 7)
+    cold = make_engine(smollm2, dtype="bfloat16", prefix_cache_bytes=0).prefill(requests([prompt]))[0]
+    warm = make_engine(smollm2, dtype="bfloat16")
+    warm.prefill(requests([system]))
+    hit = warm.prefill(requests([prompt]))[0]
+    assert hit.num_cached_tokens == 496
+    assert hit.first_token_id == cold.first_token_id and torch.equal(hit.kv, cold.kv)
