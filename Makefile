@@ -15,7 +15,7 @@ FUZZ_SECONDS ?= 600
 .PHONY: help install test test-no-amx test-gpu test-all lint demo broker node prefill decode cluster colocated \
         gateway client model model-info \
         install-vllm test-vllm \
-        bench-bus bench-scheduler bench-kv bench-kv-quality bench-engine bench-kernels bench-engine-cuda bench-kv-memory bench-gateway bench bench-quick chaos fuzz clean
+        bench-bus bench-scheduler bench-kv bench-kv-quality bench-engine bench-kernels bench-engine-cuda bench-kv-memory bench-gateway bench bench-prefix bench-quick chaos fuzz clean
 
 help:            ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -132,6 +132,10 @@ bench-gateway: install ## HTTP/SSE/WebSocket stack overhead: starlette+uvicorn b
 
 bench: install   ## serving benchmark: disaggregated vs colocated vs vLLM, full rate sweep, SLO attainment, plots (ARGS=...)
 	$(BENCH) -m harness.bench.serve --config $(CONFIG) $(ARGS)
+
+bench-prefix: install ## shared 1,024-token system prompts: pdbus with and without its prefix cache, vLLM with its own (~10 min)
+	$(BENCH) -m harness.bench.serve --config $(CONFIG) --quick --workload shared-prefix --tag serve-prefix \
+		--systems pdbus-disagg,pdbus-disagg-nocache,vllm $(ARGS)
 
 bench-quick: install ## the same comparison on a reduced sweep (< 10 min here): table, results/serve-quick-*.json, PNG
 	$(BENCH) -m harness.bench.serve --config $(CONFIG) --quick $(ARGS)

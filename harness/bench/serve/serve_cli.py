@@ -27,7 +27,7 @@ from harness.bench.serve.serve_metrics import MIXED_SLO, Slo, parse_goodput
 from harness.bench.serve.serve_runner import SweepConfig, config_dict, run_system
 from harness.bench.serve.systems import PdbusSystem, VllmSystem
 
-SYSTEMS = ("pdbus-disagg", "pdbus-coloc", "vllm", "pdbus-vllm")
+SYSTEMS = ("pdbus-disagg", "pdbus-coloc", "vllm", "pdbus-vllm", "pdbus-disagg-nocache")
 QUICK = {"rates": [0.5, 1.0, 1.5], "num_prompts": 24, "output_scale": 0.5}
 FULL = {"rates": [0.25, 0.5, 0.75, 1.0, 1.5, 2.0], "num_prompts": 60, "output_scale": 1.0}
 VOCAB_SIZES = {"tiny": 512}
@@ -37,7 +37,7 @@ SMOLLM2_VOCAB = 49152
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="the reduced sweep of `make bench-quick`")
     parser.add_argument("--systems", default=",".join(SYSTEMS), help=f"comma-separated subset of {SYSTEMS}")
-    parser.add_argument("--workload", choices=["mixed", "random"], default="mixed")
+    parser.add_argument("--workload", choices=["mixed", "random", "shared-prefix"], default="mixed")
     parser.add_argument("--request-rates", help="comma-separated req/s (`inf`: all at once)")
     parser.add_argument("--num-prompts", type=int, help="requests per rate")
     parser.add_argument("--max-concurrency", type=int, help="cap on requests in flight (fixed-concurrency load)")
@@ -86,16 +86,18 @@ def build_systems(names: list[str], args: argparse.Namespace, config: SweepConfi
     env = {"PDBUS__ENGINE__DTYPE": f'"{args.dtype}"', "PDBUS__ENGINE__NUM_THREADS": "1"}
     systems = []
     for name in names:
-        if name == "vllm":
+        if name == "vllm":   # its prefix caching on for the shared-prefix workload, as pdbus's is
             systems.append(VllmSystem(model=args.model, dtype=args.dtype,
+                                      prefix_caching=config.workload == "shared-prefix",
                                       log_path=config.results_dir / f"{config.tag}-vllm-server.log"))
         elif name == "pdbus-vllm":   # vLLM engines behind pdbus nodes, disaggregated (docs/VLLM.md)
             systems.append(PdbusSystem(name, colocated=False, model=args.model, config=getattr(args, "config", None),
                                        env=env, engine="vllm",
                                        log_path=config.results_dir / f"{config.tag}-{name}-cluster.log"))
-        elif name in ("pdbus-disagg", "pdbus-coloc"):
+        elif name in ("pdbus-disagg", "pdbus-coloc", "pdbus-disagg-nocache"):
+            no_cache = {"PDBUS__PREFILL__PREFIX_CACHE_MIB": "0"} if name.endswith("nocache") else {}
             systems.append(PdbusSystem(name, colocated=name == "pdbus-coloc", model=args.model,
-                                       config=getattr(args, "config", None), env=env,
+                                       config=getattr(args, "config", None), env=env | no_cache,
                                        log_path=config.results_dir / f"{config.tag}-{name}-cluster.log"))
         else:
             raise ValueError(f"unknown system {name!r}; choose from {SYSTEMS}")

@@ -59,7 +59,9 @@ def _specs(config: SweepConfig, num: int, seed: int) -> list[wl.RequestSpec]:
     if config.workload == "random":
         return wl.random_workload(num, config.input_len, config.output_len, config.range_ratio,
                                   config.vocab_size, seed)
-    raise ValueError(f"unknown workload {config.workload!r} (mixed, random)")
+    if config.workload == "shared-prefix":
+        return wl.shared_prefix_workload(num, seed, config.vocab_size, config.output_scale)
+    raise ValueError(f"unknown workload {config.workload!r} (mixed, random, shared-prefix)")
 
 
 def requests_for(config: SweepConfig, rate_index: int) -> tuple[list[wl.RequestSpec], list[float]]:

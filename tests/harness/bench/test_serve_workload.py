@@ -57,3 +57,16 @@ def test_infinite_rate_sends_everything_at_once_and_bad_inputs_are_refused():
         random_workload(1, 10, 10, 1.0, 512, 0)
     with pytest.raises(ValueError):
         random_workload(1, 10, 10, 0.5, vocab_size=FIRST_ID, seed=0)
+
+
+def test_shared_prefix_workload_opens_most_chats_with_the_same_system_prompts_at_every_seed():
+    from harness.bench.serve.serve_workload import SYSTEM_PROMPT_LEN, shared_prefix_workload
+    first, other = shared_prefix_workload(200, seed=1, vocab_size=49152), shared_prefix_workload(200, seed=2,
+                                                                                                    vocab_size=49152)
+    chats = [s for s in first if s.kind == "chat"]
+    assert 0.8 < len(chats) / len(first) < 0.97
+    openings = {s.prompt_token_ids[:SYSTEM_PROMPT_LEN] for s in chats}
+    assert len(openings) <= 4 and openings == {s.prompt_token_ids[:SYSTEM_PROMPT_LEN] for s in other
+                                                if s.kind == "chat"}
+    assert all(SYSTEM_PROMPT_LEN + 16 <= s.prompt_len <= SYSTEM_PROMPT_LEN + 48 for s in chats)
+    assert all(min(s.prompt_token_ids) >= FIRST_ID for s in first)
