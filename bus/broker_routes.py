@@ -83,12 +83,16 @@ class RouteTable(DirectRoutes, RestartRoutes):
         self.dispatch(node, request_id, service, frames, now, None)
 
     def stats(self) -> dict:
-        """What `BROKER_STATS_SERVICE` answers: live nodes by role, waiting requests by service."""
+        """What `BROKER_STATS_SERVICE` answers: live nodes by role, waiting requests by service, and
+        the last capacity report of each serving node (at most c.MAX_STATS_NODES, by node id)."""
         roles: dict[str, int] = {}
         for live in self.nodes_by_id.values():
             roles[live.role] = roles.get(live.role, 0) + 1
         queued = {name.decode(errors="replace"): self.queue.num_queued(name) for name in self.by_service}
-        return {"nodes_by_role": roles, "queued_by_service": queued, "num_routes": len(self.routes)}
+        serving = sorted(node_id for node_id, n in self.nodes_by_id.items() if n.services)[:c.MAX_STATS_NODES]
+        capacities = {node_id: dict(self.nodes_by_id[node_id].capacity) for node_id in serving}
+        return {"nodes_by_role": roles, "queued_by_service": queued, "num_routes": len(self.routes),
+                "capacity_by_node": capacities}
 
     def dispatch(self, node: Node, request_id: bytes, service: bytes, frames: list, now: float,
                  queued: Deferred | None) -> bool:

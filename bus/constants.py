@@ -123,6 +123,7 @@ MAX_BODY_DEPTH = 32
 MAX_READY_BYTES = 16 << 20      # READY is unpacked before its sender's role is known: bound it first
 MAX_ANNOUNCED_IDS = 100_000     # READY inflight / pending, each (the endpoint backlog's size)
 MAX_CAPACITY_KEYS = 64          # CAPACITY / READY capacity: names of at most 64 bytes, finite numbers
+MAX_STATS_NODES = 1024          # serving nodes whose capacity the stats service lists: <= ~5 MB at 64 keys each
 MAX_CAPACITY_KEY_BYTES = 64
 MAX_ENDPOINT_BYTES = 512        # READY data_endpoint
 MAX_TEXT_CHARS = 4096           # ERROR message, DISCONNECT detail: longer text is cut, not refused

@@ -183,10 +183,14 @@ class PrefillWork(GuardedWork):
         # A prompt that arrives and runs between two reports leaves `queued_tokens` unchanged, so
         # without the counter no report would follow and its tokens would count against this node
         # for good (it would look busy while idle, and recoveries would queue on the other node).
+        stats = self.engine.stats
         return {"max_batch_tokens": self.batcher.max_batch_tokens,
                 "queued_tokens": self.batcher.num_queued_tokens + self.urgent.num_queued_tokens
                 + sum(p.prefill.num_remaining_tokens for p in self.passes),
-                "num_prefilled": self.num_prefilled}
+                "num_prefilled": self.num_prefilled,
+                # Prompt tokens seen, and those the prefix cache gave: the node's hit rate.
+                "prompt_tokens": stats.num_prefilled_tokens + stats.num_prefix_cached_tokens,
+                "prefix_cached_tokens": stats.num_prefix_cached_tokens}
 
     def close(self) -> None:
         self.kv_thread.run(self.sender.close(), timeout=5)

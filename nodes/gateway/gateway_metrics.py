@@ -70,6 +70,12 @@ class GatewayMetrics:
                                    "malformed (each failed over like a lost node)", registry=r)
         self.ignored = Counter("pdbus_ignored_node_values_total", "Values in nodes' reports (timings, stats, "
                                "KV transfer reports) of the wrong type or range, left out of the metrics", registry=r)
+        self.prefix_tokens = Gauge("pdbus_prefill_prompt_tokens", "Each prefill node's prompt tokens since it "
+                                   "started (kind=prompt) and those its prefix cache gave (kind=cached), as "
+                                   "last reported", ["node", "kind"], registry=r)
+        self.prefix_hit_ratio = Gauge("pdbus_prefix_cache_hit_ratio", "Cluster-wide prompt tokens served from "
+                                      "prefill prefix caches over all prompt tokens prefilled", registry=r)
+        self._prefix_labels: set[tuple[str, str]] = set()
         self.tokens = Counter("pdbus_tokens_total", "Tokens by kind (prompt, completion, and prompt_cached: prompt "
                               "tokens whose KV came from a prefill node's prefix cache)", ["kind"], registry=r)
         self.in_flight = Gauge("pdbus_requests_in_flight", "Requests being served now", registry=r)
@@ -159,6 +165,31 @@ class GatewayMetrics:
             self.nodes_live.labels(role).set(roles.get(role, 0))
         for service, num_queued in stats.get("queued_by_service", {}).items():
             self.broker_queued.labels(service).set(num_queued)
+        self._set_prefix_hits(stats.get("capacity_by_node", {}))
+
+    def _set_prefix_hits(self, capacities: Any) -> None:
+        """Each prefill node's prompt tokens and prefix-cache hits (its counters, as last reported),
+        and the cluster's; nodes no longer reported are dropped, so ids that come and go do not pile up."""
+        if not isinstance(capacities, dict):
+            return
+        totals = {"prompt": 0.0, "cached": 0.0}
+        seen = set()
+        for node_id, capacity in capacities.items():
+            if not isinstance(capacity, dict) or "prefix_cached_tokens" not in capacity:
+                continue
+            prompt, cached = self._number(capacity.get("prompt_tokens")), self._number(capacity["prefix_cached_tokens"])
+            if prompt is None or cached is None:
+                continue
+            node = str(node_id)[:128]
+            seen.add(node)
+            self.prefix_tokens.labels(node, "prompt").set(prompt)
+            self.prefix_tokens.labels(node, "cached").set(cached)
+            totals["prompt"] += prompt
+            totals["cached"] += cached
+        for node, kind in list(self._prefix_labels - {(n, k) for n in seen for k in ("prompt", "cached")}):
+            self.prefix_tokens.remove(node, kind)
+        self._prefix_labels = {(n, k) for n in seen for k in ("prompt", "cached")}
+        self.prefix_hit_ratio.set(totals["cached"] / totals["prompt"] if totals["prompt"] else 0.0)
 
     def set_services(self, services: dict[str, bool]) -> None:
         for service, alive in services.items():

@@ -7,6 +7,7 @@ sessions stick, and /v1/models, /health, /ready, /metrics answer."""
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import openai
@@ -158,3 +159,13 @@ def test_a_shared_prompt_prefix_is_served_from_the_prefill_cache_and_changes_no_
     metrics = httpx.get(served[1].url + "/metrics", timeout=10).text
     line = next(x for x in metrics.splitlines() if x.startswith('pdbus_tokens_total{kind="prompt_cached"}'))
     assert float(line.split()[-1]) >= cached[1] + cached[2]
+    # The prefill node's own counters reach /metrics through the broker's stats (its capacity reports).
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        metrics = httpx.get(served[1].url + "/metrics", timeout=10).text
+        rows = {x.split()[0]: float(x.split()[-1]) for x in metrics.splitlines() if x.startswith("pdbus_prefi")}
+        if rows.get('pdbus_prefill_prompt_tokens{kind="cached",node="prefill-0"}', 0) >= cached[1] + cached[2]:
+            break
+        time.sleep(0.2)
+    assert rows['pdbus_prefill_prompt_tokens{kind="cached",node="prefill-0"}'] >= cached[1] + cached[2]
+    assert 0 < rows["pdbus_prefix_cache_hit_ratio"] < 1

@@ -313,6 +313,8 @@ def test_a_prompt_prefix_cached_under_its_salt_is_not_prefilled_again(kv_thread)
         assert kv_thread.run(receiver.result(f"t{i}", timeout=5)).kv.shape[3] == len(prompt)
     assert [f["stats"]["num_cached_tokens"] for f in finals] == [0, 32, 0]
     assert finals[2]["stats"]["num_prefix_cached_tokens"] == 32
+    capacity = work.capacity()   # what the broker's stats pass on to the gateway's /metrics
+    assert (capacity["prompt_tokens"], capacity["prefix_cached_tokens"]) == (3 * len(prompt), 32)
     tokens = [endpoint.of("partial", f"p{i}")[0]["token_id"] for i in range(3)]
     assert tokens[0] == tokens[1] == tokens[2]   # a hit changes nothing in what is sent
     kv_thread.run(receiver.close())

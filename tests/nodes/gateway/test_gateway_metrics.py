@@ -77,3 +77,24 @@ def test_good_values_are_still_counted():
         'pdbus_stage_seconds_count{stage="prefill"}': 1.0}
     assert series(metrics, "pdbus_ignored_node_values_total") == {"pdbus_ignored_node_values_total": 0.0}
     assert series(metrics, "pdbus_bad_replies_total") == {"pdbus_bad_replies_total": 2.0}
+
+
+def test_prefill_prefix_hits_come_from_the_nodes_reports_and_departed_nodes_drop_out():
+    metrics = GatewayMetrics()
+    capacities = {"p1": {"prompt_tokens": 1000, "prefix_cached_tokens": 600},
+                  "p2": {"prompt_tokens": 1000, "prefix_cached_tokens": 200},
+                  "d1": {"kv_blocks_free": 5},                                   # a decode node: not listed
+                  "p3": {"prompt_tokens": float("nan"), "prefix_cached_tokens": 1}}   # junk: ignored
+    metrics.set_broker_stats({"nodes_by_role": {"prefill": 3}, "capacity_by_node": capacities})
+    rows = series(metrics, "pdbus_prefill_prompt_tokens")
+    assert rows == {'pdbus_prefill_prompt_tokens{kind="prompt",node="p1"}': 1000.0,
+                    'pdbus_prefill_prompt_tokens{kind="cached",node="p1"}': 600.0,
+                    'pdbus_prefill_prompt_tokens{kind="prompt",node="p2"}': 1000.0,
+                    'pdbus_prefill_prompt_tokens{kind="cached",node="p2"}': 200.0}
+    assert series(metrics, "pdbus_prefix_cache_hit_ratio") == {"pdbus_prefix_cache_hit_ratio": 0.4}
+    metrics.set_broker_stats({"capacity_by_node": {"p2": capacities["p2"]}})   # p1 left
+    assert set(series(metrics, "pdbus_prefill_prompt_tokens")) == {
+        'pdbus_prefill_prompt_tokens{kind="prompt",node="p2"}', 'pdbus_prefill_prompt_tokens{kind="cached",node="p2"}'}
+    assert series(metrics, "pdbus_prefix_cache_hit_ratio") == {"pdbus_prefix_cache_hit_ratio": 0.2}
+    metrics.set_broker_stats({"capacity_by_node": "not a map"})   # a broken answer changes nothing
+    assert series(metrics, "pdbus_prefix_cache_hit_ratio") == {"pdbus_prefix_cache_hit_ratio": 0.2}
