@@ -160,24 +160,25 @@ class ClusterPolicy:
         return Defer(settings.queue_size, settings.queue_timeout_s, settings.retry_after_s, message)
 
     def _choose_prefill(self, key: str, candidates: Sequence[N]) -> N:
-        loads = self.prefill_loads
-        tokens, prefix = parse_prefill_key(key)
-        node = self._prefix_home(prefix, candidates) if prefix is not None else None
-        if node is None:
-            self.metrics["prefill.least_loaded" if prefix is None else "prefill.prefix_spread"] += 1
-            node = min(candidates, key=lambda n: (loads.outstanding_tokens(n), n.num_outstanding,
-                                                  n.num_assigned, n.node_id))
-        loads.add(node.node_id, tokens if tokens is not None else self.settings.prefill_tokens_estimate)
-        return node
-
-    def _prefix_home(self, prefix: str, candidates: Sequence[N]) -> N | None:
-        """The first node clockwise from the prefix under the load bound, or None when all are over it."""
+        num_tokens, prefix = parse_prefill_key(key)
         live = {n.node_id: n for n in candidates}
-        tokens = {node_id: self.prefill_loads.outstanding_tokens(n) for node_id, n in live.items()}
-        mean = sum(tokens.values()) / len(tokens)
-        bound = max((1 + self.settings.epsilon) * mean, min(tokens.values()) + self.settings.prefill_affinity_slack_tokens)
-        for rank, node_id in enumerate(i for i in self.prefill_ring.candidates(prefix) if i in live):
-            if tokens[node_id] < bound:
+        outstanding = {node_id: self.prefill_loads.outstanding_tokens(n) for node_id, n in live.items()}
+        node_id = self._prefix_home(prefix, outstanding) if prefix is not None else None
+        if node_id is None:
+            self.metrics["prefill.least_loaded" if prefix is None else "prefill.prefix_spread"] += 1
+            node_id = min(live, key=lambda i: (outstanding[i], live[i].num_outstanding, live[i].num_assigned, i))
+        self.prefill_loads.add(node_id, num_tokens if num_tokens is not None else self.settings.prefill_tokens_estimate)
+        return live[node_id]
+
+    def _prefix_home(self, prefix: str, outstanding: dict[str, int]) -> str | None:
+        """The first live node clockwise from the prefix whose outstanding tokens are under the load
+        bound, or None when all are over it."""
+        mean = sum(outstanding.values()) / len(outstanding)
+        bound = max((1 + self.settings.epsilon) * mean,
+                    min(outstanding.values()) + self.settings.prefill_affinity_slack_tokens)
+        live = (i for i in self.prefill_ring.candidates(prefix) if i in outstanding)
+        for rank, node_id in enumerate(live):
+            if outstanding[node_id] < bound:
                 self.metrics["prefill.prefix_home" if rank == 0 else "prefill.prefix_next"] += 1
-                return live[node_id]
+                return node_id
         return None

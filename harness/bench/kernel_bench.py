@@ -85,7 +85,7 @@ def verdict(case: cases.Case, gain: float) -> str:
     (kernel_steps): the step row decides whether it goes."""
     if gain >= KEEP_GAIN:
         return "keeps its place"
-    if case.operation == "linear" and not case.shape.startswith("decode step"):
+    if case.operation == "linear" and not case.whole_step:
         return f"below {KEEP_GAIN}x: its decode step decides"
     return f"DELETE: below {KEEP_GAIN}x"
 

@@ -66,6 +66,7 @@ class Case:
     kernel: Callable[[], object]
     reference: Callable[[], object]   # torch's path, compiled
     check: Callable[[], str | None]
+    whole_step: bool = False          # a decode step of the engine against its torch linear (kernel_steps)
 
 
 @dataclass(frozen=True, slots=True)

@@ -16,6 +16,8 @@ rule decided each kernel.
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import torch
 
 from harness.bench.kernel_cases import Case, Sizes, Skip
@@ -40,7 +42,6 @@ def _runners(dtype: torch.dtype, sizes: Sizes) -> tuple[LlamaRunner, LlamaRunner
 
 
 def _smaller(sizes: Sizes):
-    from dataclasses import replace
     return replace(SMOLLM2, num_layers=2, vocab_size=sizes.vocab)
 
 
@@ -65,7 +66,7 @@ def step_cases(dtype: str, plan: KernelPlan, sizes: Sizes) -> list[Case | Skip]:
         kernel, reference = (lambda b=kernel_batch: with_kernel.forward(b)), (lambda b=batch: on_torch.forward(b))
         cases.append(Case("linear", f"linear.{plan.linear}", dtype,
                           f"decode step, {rows} rows: vs the engine's torch linear", kernel, reference,
-                          _logits_check(kernel, reference)))
+                          _logits_check(kernel, reference), whole_step=True))
     return cases
 
 

@@ -117,13 +117,14 @@ class LlamaRunner:
         self.lm_head = get_matrix("model.embed_tokens.weight" if config.tie_word_embeddings else "lm_head.weight")
         self.norm = get("model.norm.weight")
         # Which kernel serves each operation is kernels.dispatch's decision alone (docs/KERNELS.md).
-        dtype_name = {torch.bfloat16: "bfloat16", torch.float32: "float32"}.get(dtype, str(dtype))
-        plan = dispatch.plan(dtype_name, self.device.type, use_kernels=use_kernels)
+        plan = dispatch.plan(str(dtype).removeprefix("torch."), self.device.type, use_kernels=use_kernels)
         if not self.packed and plan.fast_bf16:   # the bf16 kernels pair with oneDNN's packed weights
             plan = dispatch.TORCH
         # bf16: decode attention, norms and RoPE on the kernels, and the linear layers of the steps
         # whose rows the plan gives to a linear kernel (oneDNN's GEMMs take the others).
         self.fast_path = Bf16FastPath(config, get, plan) if plan.fast_bf16 else None
+        # RMSNorm, RoPE and the KV writes of prompts on the kernels (the norm_rope tests turn it off to
+        # compare them alone with torch's ops, the attention kernel kept).
         self.fused = self.fast_path is not None
         if plan.linear == "dot_f32":   # float32 decode steps' linear layers on AVX-512 outer products
             mats = [w for layer in self.layers for w in (layer.qkv, layer.o, layer.gate_up, layer.down) if w is not None]
@@ -218,13 +219,13 @@ class LlamaRunner:
         return self._linear(last, self.lm_head).float()
 
     def _norm(self, x: torch.Tensor, index: int, post: bool = False) -> torch.Tensor:
-        if self.fast_path is not None:   # the kernels' RMSNorm, bit-identical to rms_norm
+        if self.fused and self.fast_path is not None:   # the kernels' RMSNorm, bit-identical to rms_norm
             return self.fast_path.rms_norm(index, x, post)
         layer = self.layers[index]
         return rms_norm(x, layer.post_norm if post else layer.input_norm, self.config.rms_norm_eps)
 
     def _fused_prefill_attention(self, layer: int, qkv: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
-        assert self.fast_path is not None   # only a fused runner gets here
+        assert self.fast_path is not None   # only a runner with the bf16 kernels gets here
         outputs = []
         for span in batch.spans:
             rows = slice(span.row, span.row + span.num_tokens)

@@ -10,7 +10,7 @@ whole prefix, never a block out of context). `PrefixCache(block_size, max_bytes)
   computed: its logits give the first token). Hits become the most recently used.
 - `store(keys, kv)`: copy each full block of a prompt's KV `[layers, 2, kv_heads, tokens, head_dim]`
   not cached yet, evicting the least recently used blocks to fit.
-- `num_blocks`, `num_bytes`, and the counters `num_hit_tokens` / `num_lookup_tokens`.
+- `num_blocks` and `num_bytes`: what it holds (the engine's stats count the hits).
 Blocks are copies: a request's export tensor is never shared with the cache, so a transfer, an
 eviction or a later request can never change another's KV.
 
@@ -48,8 +48,6 @@ class PrefixCache:
         self.block_size, self.max_bytes = block_size, max_bytes
         self._blocks: OrderedDict[bytes, torch.Tensor] = OrderedDict()
         self.num_bytes = 0
-        self.num_hit_tokens = 0
-        self.num_lookup_tokens = 0
 
     @property
     def num_blocks(self) -> int:
@@ -65,8 +63,6 @@ class PrefixCache:
             hits.append(block)
         for key in reversed(keys[:len(hits)]):   # the head most recent: tails go first
             self._blocks.move_to_end(key)
-        self.num_lookup_tokens += num_prompt_tokens
-        self.num_hit_tokens += len(hits) * self.block_size
         return hits
 
     def store(self, keys: Sequence[bytes], kv: torch.Tensor) -> None:
@@ -89,9 +85,6 @@ class PrefixCache:
         while self.num_bytes > limit and self._blocks:
             _, block = self._blocks.popitem(last=False)
             self.num_bytes -= block.numel() * block.element_size()
-
-    def clear(self) -> None:
-        self._evict_to(0)
 
 
 def seed_kv(kv: torch.Tensor, blocks: Sequence[torch.Tensor]) -> int:

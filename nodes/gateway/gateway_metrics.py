@@ -75,7 +75,7 @@ class GatewayMetrics:
                                    "last reported", ["node", "kind"], registry=r)
         self.prefix_hit_ratio = Gauge("pdbus_prefix_cache_hit_ratio", "Cluster-wide prompt tokens served from "
                                       "prefill prefix caches over all prompt tokens prefilled", registry=r)
-        self._prefix_labels: set[tuple[str, str]] = set()
+        self._prefix_nodes: set[str] = set()   # the nodes with series now
         self.tokens = Counter("pdbus_tokens_total", "Tokens by kind (prompt, completion, and prompt_cached: prompt "
                               "tokens whose KV came from a prefill node's prefix cache)", ["kind"], registry=r)
         self.in_flight = Gauge("pdbus_requests_in_flight", "Requests being served now", registry=r)
@@ -173,7 +173,7 @@ class GatewayMetrics:
         if not isinstance(capacities, dict):
             return
         totals = {"prompt": 0.0, "cached": 0.0}
-        seen = set()
+        seen: set[str] = set()
         for node_id, capacity in capacities.items():
             if not isinstance(capacity, dict) or "prefix_cached_tokens" not in capacity:
                 continue
@@ -186,9 +186,10 @@ class GatewayMetrics:
             self.prefix_tokens.labels(node, "cached").set(cached)
             totals["prompt"] += prompt
             totals["cached"] += cached
-        for node, kind in list(self._prefix_labels - {(n, k) for n in seen for k in ("prompt", "cached")}):
-            self.prefix_tokens.remove(node, kind)
-        self._prefix_labels = {(n, k) for n in seen for k in ("prompt", "cached")}
+        for node in self._prefix_nodes - seen:
+            for kind in ("prompt", "cached"):
+                self.prefix_tokens.remove(node, kind)
+        self._prefix_nodes = seen
         self.prefix_hit_ratio.set(totals["cached"] / totals["prompt"] if totals["prompt"] else 0.0)
 
     def set_services(self, services: dict[str, bool]) -> None:

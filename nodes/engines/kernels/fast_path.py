@@ -102,7 +102,6 @@ class Bf16FastPath:
     def _hold_matrices(self, matrices: dict[tuple[int, str] | str, torch.Tensor]) -> None:
         """The matrices in the linear kernel's layout, in one allocation on huge pages (fewer TLB
         misses for what a decode step streams)."""
-        self._kernels = dot_bf16
         arena = hugepages.Arena([(self._stored_elements(m),) for m in matrices.values()], torch.int16)
         weights = {key: arena.copy(self._layout(bits(m))).numpy().view(np.uint16) for key, m in matrices.items()}
         # Outputs of the matrices whose outputs a method returns (packed layouts pad them).
@@ -144,14 +143,14 @@ class Bf16FastPath:
             linear_amx.norm_linear(x, norm_w, self.eps, w, self._pad("x", len(x), x.shape[1], np.uint16),
                                    self._pad("acc", len(x), out.shape[1]), out)
         else:
-            self._kernels.norm_linear(x, norm_w, self.eps, w, out)
+            dot_bf16.norm_linear(x, norm_w, self.eps, w, out)
 
     def _linear_add(self, x: np.ndarray, w: np.ndarray, residual: np.ndarray) -> None:
         if self.amx:
             linear_amx.linear_add(x, w, residual, self._pad("x", len(x), x.shape[1], np.uint16),
                                   self._pad("acc", len(x), residual.shape[1]), residual)
         else:
-            self._kernels.linear_add(x, w, residual, residual)
+            dot_bf16.linear_add(x, w, residual, residual)
 
     def _bits(self, tensor: torch.Tensor) -> np.ndarray:
         """`bits(tensor)`, remembered for small tensors seen before (the residual, this object's
@@ -228,7 +227,7 @@ class Bf16FastPath:
                                    self._pad("x", rows, x.shape[1], np.uint16), self._pad("acc", rows, gated.shape[1]),
                                    self._pad("acc_up", rows, gated.shape[1]), gated_bits)
         else:
-            self._kernels.norm_swiglu(x_bits, w.post_norm, self.eps, w.gate, w.up, gated_bits)
+            dot_bf16.norm_swiglu(x_bits, w.post_norm, self.eps, w.gate, w.up, gated_bits)
         self._linear_add(gated_bits, w.down, x_bits)
         return x
 

@@ -54,9 +54,8 @@ def _compiler(**options: Any) -> Callable[[Callable[..., Any]], Any]:
     def decorate(function: Callable[..., Any]) -> Any:
         if not probe().numba:
             return function   # never called: dispatch sends every operation to torch
+        # numba's cache directory is cache_dir() already: set when this module loaded.
         import numba
-        if options.get("cache"):
-            cache_dir()
         return numba.njit(**options)(function)
     return decorate
 

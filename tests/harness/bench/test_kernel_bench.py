@@ -43,7 +43,8 @@ def test_quick_norm_rope_prints_the_table_and_writes_the_json(capsys, tmp_path):
 
 
 def case(operation: str, shape: str) -> cases.Case:
-    return cases.Case(operation, "m", "bfloat16", shape, lambda: None, lambda: None, lambda: None)
+    return cases.Case(operation, "m", "bfloat16", shape, lambda: None, lambda: None, lambda: None,
+                      whole_step=shape.startswith("decode step"))
 
 
 @pytest.mark.parametrize(("gain", "verdict"), [(1.2, "keeps its place"), (3.0, "keeps its place"),
