@@ -160,12 +160,22 @@ class GatewayMetrics:
         """Mirror the broker's answer at scrape time; roles it no longer reports drop to 0."""
         if not stats:
             return
-        roles = stats.get("nodes_by_role", {})
+        roles = self._counts(stats.get("nodes_by_role"))
         for role in ("prefill", "decode", "both", "gateway", *roles):
             self.nodes_live.labels(role).set(roles.get(role, 0))
-        for service, num_queued in stats.get("queued_by_service", {}).items():
+        for service, num_queued in self._counts(stats.get("queued_by_service")).items():
             self.broker_queued.labels(service).set(num_queued)
         self._set_prefix_hits(stats.get("capacity_by_node", {}))
+
+    def _counts(self, value: Any) -> dict[str, float]:
+        """A {name: count} map of the broker's answer; what is not one is ignored (and counted), so a
+        malformed answer never fails a scrape. Names are cut to 64 characters (label values)."""
+        if not isinstance(value, dict):
+            if value is not None:
+                self.ignored.inc()
+            return {}
+        counts = {str(name)[:64]: self._number(count) for name, count in value.items()}
+        return {name: count for name, count in counts.items() if count is not None}
 
     def _set_prefix_hits(self, capacities: Any) -> None:
         """Each prefill node's prompt tokens and prefix-cache hits (its counters, as last reported),

@@ -5,6 +5,8 @@ FINAL are ignored and counted, never an exception."""
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from nodes.cluster import RequestTrace
 from nodes.gateway.gateway_metrics import GatewayMetrics
@@ -98,3 +100,20 @@ def test_prefill_prefix_hits_come_from_the_nodes_reports_and_departed_nodes_drop
     assert series(metrics, "pdbus_prefix_cache_hit_ratio") == {"pdbus_prefix_cache_hit_ratio": 0.2}
     metrics.set_broker_stats({"capacity_by_node": "not a map"})   # a broken answer changes nothing
     assert series(metrics, "pdbus_prefix_cache_hit_ratio") == {"pdbus_prefix_cache_hit_ratio": 0.2}
+
+
+json_values = st.recursive(st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=8),
+                           lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                        max_size=4), max_leaves=20)
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.dictionaries(st.sampled_from(["nodes_by_role", "queued_by_service", "capacity_by_node"]) | st.text(max_size=8),
+                       json_values, max_size=6))
+def test_any_broker_stats_answer_leaves_the_gauges_finite_and_never_raises(stats):
+    """The broker's stats answer is peer input: whatever its shape, a scrape goes on."""
+    metrics = GatewayMetrics()
+    metrics.set_broker_stats(stats)
+    metrics.set_broker_stats({"capacity_by_node": stats})
+    ratio = series(metrics, "pdbus_prefix_cache_hit_ratio")["pdbus_prefix_cache_hit_ratio"]
+    assert 0.0 <= ratio < float("inf")
