@@ -142,3 +142,9 @@ def test_in_bf16_a_hit_leaves_the_kv_bit_identical_on_the_real_model(smollm2):
     hit = warm.prefill(requests([prompt]))[0]
     assert hit.num_cached_tokens == 496
     assert hit.first_token_id == cold.first_token_id and torch.equal(hit.kv, cold.kv)
+
+
+def test_a_bad_budget_or_block_size_is_a_clear_error():
+    for block_size, max_bytes in ((0, 1024), (16, -1)):
+        with pytest.raises(ValueError, match="prefix cache"):
+            PrefixCache(block_size, max_bytes)
