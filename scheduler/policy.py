@@ -11,14 +11,20 @@ Contract (docs/CLUSTER.md "Services, keys and capacity"):
   bound the first non-full candidate takes it. Full (see `scheduler.node_loads`) everywhere
   -> `Defer` into the broker's bounded queue; with `queue_size` 0 -> `Refuse("overloaded")`.
   A request without a key is placed by its request id and not remembered.
-- `prefill` requests, keyed `"<tokens>[.<prefix>]"` (scheduler.prefill_keys): a key that names a
-  prompt prefix goes to that prefix's home on a consistent-hash ring of the prefill nodes (where
-  its blocks are likely in the prefix cache), or the next node clockwise, unless the node's
-  outstanding prefill tokens (reported `queued_tokens` plus tokens routed since the report) are
-  at or above max((1+epsilon)x the mean, the idlest node's + `prefill_affinity_slack_tokens`);
-  when every node is, and for keys without a prefix, the node with the fewest outstanding
-  tokens. A request's tokens are the key's length, else `prefill_tokens_estimate`.
-  Ties: fewer outstanding requests, then fewer requests ever, then node id (deterministic).
+- `prefill` requests, keyed `"<tokens>[.<h1>.<h2>.<h4>...]"` (scheduler.prefill_keys: the route
+  hashes of the prompt's prefixes of 1, 2, 4, ... 64 blocks). A node is under the load bound while
+  its outstanding prefill tokens (reported `queued_tokens` plus tokens routed since the report) are
+  below max((1+epsilon)x the mean, the idlest node's + `prefill_affinity_slack_tokens`). Among
+  nodes under the bound, the one that reports (`px.<hash>` capacity names, scheduler.prefix_hashes)
+  the deepest of the request's hashes wins: its cache holds the longest prefix of the prompt
+  (ties: fewer outstanding tokens, then the rules below). With no reported match (the
+  cheap default): the first node under the bound clockwise from the deepest hash on a
+  consistent-hash ring of the prefill nodes (its home, or the next). When every node is over the
+  bound, and for keys without a hash, the node with the fewest outstanding tokens. A request's
+  tokens are the key's length, else `prefill_tokens_estimate`. Ties: fewer outstanding requests,
+  then fewer requests ever, then node id (deterministic). Reports are indexed as they arrive
+  (`on_join`/`on_capacity`, dropped `on_leave`): hash -> reporting nodes, at most
+  `MAX_REPORTED_PREFIXES` hashes a node, so a choice reads only the request's hashes' holders.
   No prefill node at all never reaches the policy: the broker answers `no_node` and counts it
   as `rejected.no_node.prefill` (clients then fall back to decode-local prefill).
 - Any other service: fewest outstanding requests (the bus default).
@@ -27,15 +33,17 @@ Contract (docs/CLUSTER.md "Services, keys and capacity"):
   with the same nodes places new sessions as before.
 - `metrics` (a Counter): `placed.<service>.<node_id>` (dropped when the node leaves, so node
   ids that come and go do not grow it); `sessions.new|sticky|moved|returned|
-  orphaned|over_bound`; `prefill.prefix_home|prefix_next|prefix_spread|least_loaded`; `decode.skipped_full` (full nodes passed over), `decode.all_full` (choices that found
-  every node full, re-offers of a queued request included), `decode.overloaded` (refusals when
-  there is no queue). The broker counts the requests themselves (`queue.*`, `rejected.*`).
+  orphaned|over_bound`; `prefill.prefix_reported` (choices a reported match made),
+  `prefill.prefix_home|prefix_next|prefix_spread|least_loaded`; `decode.skipped_full` (full nodes
+  passed over), `decode.all_full` (choices that found every node full, re-offers of a queued
+  request included), `decode.overloaded` (refusals when there is no queue). The broker counts
+  the requests themselves (`queue.*`, `rejected.*`).
 """
 
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any, TypeVar
 
@@ -43,6 +51,7 @@ from bus.constants import ErrorCode
 from bus.routing import Defer, Refuse
 from scheduler.node_loads import DECODE_ROLES, PREFILL_ROLES, NodeView, PrefillLoads, decode_is_full
 from scheduler.prefill_keys import parse_prefill_key
+from scheduler.prefix_hashes import reported_hashes
 from scheduler.ring import BoundedLoadRing, HashRing
 from scheduler.sessions import SessionTable
 
@@ -75,6 +84,41 @@ class SchedulerSettings:
         return settings
 
 
+class PrefixIndex:
+    """Which prefill nodes report holding which prefix hashes: hash -> node ids, and per node the
+    hashes it reported last (at most MAX_REPORTED_PREFIXES), so an update costs O(its names)."""
+
+    def __init__(self) -> None:
+        self.by_node: dict[str, frozenset[str]] = {}
+        self.holders_of: dict[str, set[str]] = {}
+
+    def update(self, node_id: str, hashes: Iterable[str]) -> None:
+        new = frozenset(hashes)
+        old = self.by_node.get(node_id, frozenset())
+        if new == old:
+            return
+        for gone in old - new:
+            self._drop(gone, node_id)
+        for added in new - old:
+            self.holders_of.setdefault(added, set()).add(node_id)
+        if new:
+            self.by_node[node_id] = new
+        else:
+            self.by_node.pop(node_id, None)
+
+    def forget(self, node_id: str) -> None:
+        self.update(node_id, ())
+
+    def holders(self, prefix_hash: str) -> set[str]:
+        return self.holders_of.get(prefix_hash, set())
+
+    def _drop(self, prefix_hash: str, node_id: str) -> None:
+        holders = self.holders_of[prefix_hash]
+        holders.discard(node_id)
+        if not holders:
+            del self.holders_of[prefix_hash]
+
+
 class ClusterPolicy:
     def __init__(self, settings: SchedulerSettings | None = None) -> None:
         self.settings = settings or SchedulerSettings()
@@ -82,6 +126,7 @@ class ClusterPolicy:
         self.sessions = SessionTable(self.settings.max_sessions)
         self.prefill_loads = PrefillLoads()
         self.prefill_ring = HashRing(self.settings.vnodes)   # prefill nodes, by prompt prefix
+        self.prefixes = PrefixIndex()                        # what prefill nodes report they cache
         self.metrics: Counter[str] = Counter()
 
     # -- registry events -----------------------------------------------------------------
@@ -91,6 +136,7 @@ class ClusterPolicy:
             self.ring.add_node(node.node_id)
         if node.role in PREFILL_ROLES:
             self.prefill_ring.add_node(node.node_id)
+            self.prefixes.update(node.node_id, reported_hashes(node.capacity))
 
     def on_leave(self, node: NodeView, reason: str) -> None:
         for service in ("decode", "prefill", "both"):
@@ -100,9 +146,12 @@ class ClusterPolicy:
             self.metrics["sessions.orphaned"] += self.sessions.node_left(node.node_id)
         self.prefill_loads.forget(node.node_id)
         self.prefill_ring.remove_node(node.node_id)
+        self.prefixes.forget(node.node_id)
 
     def on_capacity(self, node: NodeView) -> None:
         self.prefill_loads.on_report(node.node_id)
+        if node.role in PREFILL_ROLES:
+            self.prefixes.update(node.node_id, reported_hashes(node.capacity))
 
     # -- placement -----------------------------------------------------------------------
 
@@ -160,25 +209,50 @@ class ClusterPolicy:
         return Defer(settings.queue_size, settings.queue_timeout_s, settings.retry_after_s, message)
 
     def _choose_prefill(self, key: str, candidates: Sequence[N]) -> N:
-        num_tokens, prefix = parse_prefill_key(key)
+        num_tokens, hashes = parse_prefill_key(key)
         live = {n.node_id: n for n in candidates}
         outstanding = {node_id: self.prefill_loads.outstanding_tokens(n) for node_id, n in live.items()}
-        node_id = self._prefix_home(prefix, outstanding) if prefix is not None else None
+
+        def order(i: str) -> tuple[int, int, int, str]:
+            return outstanding[i], live[i].num_outstanding, live[i].num_assigned, i
+
+        node_id = self._place_prefix(hashes, outstanding, order) if hashes else None
         if node_id is None:
-            self.metrics["prefill.least_loaded" if prefix is None else "prefill.prefix_spread"] += 1
-            node_id = min(live, key=lambda i: (outstanding[i], live[i].num_outstanding, live[i].num_assigned, i))
+            self.metrics["prefill.prefix_spread" if hashes else "prefill.least_loaded"] += 1
+            node_id = min(live, key=order)
         self.prefill_loads.add(node_id, num_tokens if num_tokens is not None else self.settings.prefill_tokens_estimate)
         return live[node_id]
 
-    def _prefix_home(self, prefix: str, outstanding: dict[str, int]) -> str | None:
-        """The first live node clockwise from the prefix whose outstanding tokens are under the load
-        bound, or None when all are over it."""
+    def _place_prefix(self, hashes: Sequence[str], outstanding: dict[str, int],
+                      order: Callable[[str], tuple[int, int, int, str]]) -> str | None:
+        """The node under the load bound with the deepest reported match, else the ring's choice
+        for the deepest hash, else None (every node is over the bound)."""
+        bound = self._prefill_bound(outstanding)
+        reported = self._deepest_holder(hashes, outstanding, bound, order)
+        if reported is not None:
+            self.metrics["prefill.prefix_reported"] += 1
+            return reported
+        ring = self._ring_choice(hashes[-1], outstanding, bound)
+        if ring is None:
+            return None
+        self.metrics["prefill.prefix_home" if ring[1] == 0 else "prefill.prefix_next"] += 1
+        return ring[0]
+
+    def _prefill_bound(self, outstanding: dict[str, int]) -> float:
         mean = sum(outstanding.values()) / len(outstanding)
-        bound = max((1 + self.settings.epsilon) * mean,
-                    min(outstanding.values()) + self.settings.prefill_affinity_slack_tokens)
-        live = (i for i in self.prefill_ring.candidates(prefix) if i in outstanding)
-        for rank, node_id in enumerate(live):
-            if outstanding[node_id] < bound:
-                self.metrics["prefill.prefix_home" if rank == 0 else "prefill.prefix_next"] += 1
-                return node_id
+        return max((1 + self.settings.epsilon) * mean,
+                   min(outstanding.values()) + self.settings.prefill_affinity_slack_tokens)
+
+    def _ring_choice(self, prefix_hash: str, outstanding: dict[str, int], bound: float) -> tuple[str, int] | None:
+        """The first live node clockwise from the hash under the bound, with its rank among the live."""
+        live = (i for i in self.prefill_ring.candidates(prefix_hash) if i in outstanding)
+        return next(((node_id, rank) for rank, node_id in enumerate(live) if outstanding[node_id] < bound), None)
+
+    def _deepest_holder(self, hashes: Sequence[str], outstanding: dict[str, int], bound: float,
+                        order: Callable[[str], tuple[int, int, int, str]]) -> str | None:
+        """The node under the bound that reports the deepest of `hashes` (`order` breaks ties)."""
+        for prefix_hash in reversed(hashes):
+            eligible = [i for i in self.prefixes.holders(prefix_hash) if i in outstanding and outstanding[i] < bound]
+            if eligible:
+                return min(eligible, key=order)
         return None

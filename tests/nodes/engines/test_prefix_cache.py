@@ -11,6 +11,8 @@ from hypothesis import strategies as st
 
 from nodes.engines.base import PrefillRequest, SamplingParams
 from nodes.engines.prefix_cache import PrefixCache, block_hashes
+from scheduler.prefill_keys import parse_prefill_key, prefill_key
+from scheduler.prefix_hashes import route_hash, route_hashes
 from tests.nodes.engines.engine_helpers import generate, make_engine
 
 BLOCK = 16
@@ -76,6 +78,89 @@ def test_any_sequence_of_stores_and_matches_keeps_the_budget_and_returns_true_pr
         assert all(float(h[0, 0, 0, 0, 0]) == prefix for h in hits)
         cache.store(keys, kv)
         assert cache.num_bytes <= cache.max_bytes
+
+
+# -- holdings: what the prefill node reports to the broker ---------------------------------------
+
+def _stored(cache: PrefixCache, tokens, salt: str = "") -> list[bytes]:
+    keys = block_hashes(tokens, BLOCK, salt)
+    cache.store(keys, torch.zeros(1, 2, 1, len(tokens), 4))
+    return keys
+
+
+def _names(keys: list[bytes], depths) -> list[str]:
+    return [f"px.{route_hash(keys[d - 1])}" for d in depths]
+
+
+def test_holdings_name_the_power_of_two_depths_as_the_routing_key_does():
+    cache = PrefixCache(BLOCK, max_bytes=1 << 20)
+    prompt = list(range(40 * BLOCK + 5))
+    _stored(cache, prompt, "tenant-a")
+    held = cache.holdings(24)
+    assert list(held.values()) == [16, 32, 64, 128, 256, 512]               # depths 1..32 of 40 blocks
+    assert tuple(name[3:] for name in held) == parse_prefill_key(prefill_key(prompt, "tenant-a")).hashes[:6]
+
+
+def test_holdings_are_bounded_and_most_recently_used_first():
+    cache = PrefixCache(BLOCK, max_bytes=1 << 20)
+    first, second = _stored(cache, [1] * 64), _stored(cache, [2] * 64)     # 4 blocks: depths 1, 2, 4 each
+    assert list(cache.holdings(24)) == _names(second, (1, 2, 4)) + _names(first, (1, 2, 4))
+    assert list(cache.holdings(2)) == _names(second, (1, 2)) and cache.holdings(0) == {}
+    cache.match(first, 65)                                                  # a hit: first is recent again
+    assert list(cache.holdings(3)) == _names(first, (1, 2, 4))
+    cache.match(second, 20)                                                 # a hit of one block: its head
+    assert list(cache.holdings(2)) == [*_names(second, (1,)), *_names(first, (1,))]
+
+
+def test_eviction_removes_from_holdings_and_tails_go_first():
+    block_bytes = kv_block(0, layers=1).numel() * 4
+    cache = PrefixCache(BLOCK, max_bytes=4 * block_bytes)
+    first = _stored(cache, [1] * 64)
+    second = _stored(cache, [2] * 32)                                       # evicts first's two tail blocks
+    assert set(cache.holdings(24)) == set(_names(second, (1, 2)) + _names(first, (1, 2)))
+    _stored(cache, [3] * 64)                                                # evicts everything else
+    assert set(cache.holdings(24)) == set(_names(block_hashes([3] * 64, BLOCK), (1, 2, 4)))
+
+
+def test_a_budget_smaller_than_the_prompt_reports_only_the_head_it_kept():
+    block_bytes = kv_block(0, layers=1).numel() * 4
+    cache = PrefixCache(BLOCK, max_bytes=3 * block_bytes)
+    keys = _stored(cache, [1] * 80)                                         # 5 blocks, room for 3
+    assert cache.num_blocks == 3 and list(cache.holdings(24)) == _names(keys, (1, 2))
+
+
+def test_salts_separate_holdings():
+    cache = PrefixCache(BLOCK, max_bytes=1 << 20)
+    _stored(cache, [1] * 32, "tenant-a")
+    _stored(cache, [1] * 32, "tenant-b")
+    assert len(cache.holdings(24)) == 4
+    assert not set(cache.holdings(24)) & {f"px.{h}" for h in route_hashes([1] * 32)}
+
+
+def test_nothing_is_reported_when_nothing_can_match_a_routing_key():
+    assert PrefixCache(BLOCK, max_bytes=0).holdings(24) == {}
+    other = PrefixCache(32, max_bytes=1 << 20)
+    other.store(block_hashes([1] * 64, 32), torch.zeros(1, 2, 1, 64, 4))
+    assert other.num_blocks == 2 and other.holdings(24) == {}                # 32-token blocks: other keys
+
+
+@settings(max_examples=60, deadline=None)
+@given(st.lists(st.tuples(st.integers(0, 5), st.integers(1, 9), st.booleans()), min_size=1, max_size=30),
+       st.integers(0, 12), st.integers(0, 30))
+def test_holdings_only_ever_name_held_blocks_within_the_limit(ops, budget_blocks, limit):
+    cache = PrefixCache(BLOCK, max_bytes=budget_blocks * kv_block(0, layers=1).numel() * 4)
+    held_names: dict[str, bytes] = {}
+    for prefix, num_blocks, is_match in ops:
+        keys = block_hashes([prefix] * BLOCK + list(range(BLOCK * (num_blocks - 1))), BLOCK)
+        held_names.update({f"px.{route_hash(k)}": k for k in keys})
+        if is_match:
+            cache.match(keys, len(keys) * BLOCK + 1)
+        else:
+            cache.store(keys, torch.zeros(1, 2, 1, len(keys) * BLOCK, 4))
+        held = cache.holdings(limit)
+        assert len(held) <= limit
+        assert all(held_names[name] in cache._blocks for name in held)
+        assert all(tokens in (16, 32, 64, 128) for tokens in held.values())
 
 
 def requests(prompts, salt: str = "", max_tokens: int = 1) -> list[PrefillRequest]:
