@@ -112,7 +112,9 @@ class DecodeJob:
     ready_peer: str | None = None      # the node whose kv_ready was accepted (DIRECT peer)
     ready_transfer: str = ""           # ...naming this transfer
     tokens: list[wire.TokenBody] = field(default_factory=list)
-    num_cached_tokens: int = 0
+    cache_salt: str = ""
+    num_cached_tokens: int = 0         # leading prompt tokens whose KV this node has (the plan says so)
+    num_held_tokens: int = 0           # ...of them, held by the engine for this request (Engine.hold_prefix)
     kv_raw_bytes: int = 0
     kv_wire_bytes: int = 0
     expires_at: float = 0.0
@@ -181,10 +183,10 @@ def plan_body(job: DecodeJob, node_id: str, data_endpoint: str) -> wire.PlanBody
     if job.plan == wire.PlanKind.REMOTE:
         transfer_id = uuid.uuid4().hex
         job.transfer_ids.add(transfer_id)
-        return wire.PlanBody.remote(node_id, data_endpoint, transfer_id)
+        return wire.PlanBody.remote(node_id, data_endpoint, transfer_id, job.num_cached_tokens)
     if job.plan == wire.PlanKind.CACHED:
         return wire.PlanBody.cached(node_id, job.num_cached_tokens)
-    return wire.PlanBody.local(node_id)
+    return wire.PlanBody.local(node_id, job.num_cached_tokens)
 
 
 def refusal_code(admission: Admission) -> wire.Code:
@@ -204,6 +206,7 @@ def done_body(job: DecodeJob, event: TokenEvent, node_id: str, stats: EngineStat
         "num_cached_tokens": job.num_cached_tokens, "kv_raw_bytes": job.kv_raw_bytes,
         "kv_wire_bytes": job.kv_wire_bytes, "node_kv_bytes_received": num_kv_bytes_received,
         "node_prefilled_tokens": stats.num_prefilled_tokens,
-        "node_imported_tokens": stats.num_imported_tokens, "node_reused_tokens": stats.num_reused_tokens}
+        "node_imported_tokens": stats.num_imported_tokens, "node_reused_tokens": stats.num_reused_tokens,
+        "node_prefix_reused_tokens": stats.num_prefix_reused_tokens}
     return wire.DecodeDoneBody(node_id, event.finish_reason, tuple(job.tokens), job.plan,
                                wire.Usage(len(job.prompt), num_output), timings, counters)

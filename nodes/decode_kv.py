@@ -66,8 +66,8 @@ class KvLanding:
 
     def allocate(self, transfer_id: str, request_id: str, info: KVInfo, mode: str) -> Any:
         job = self.jobs.get(request_id)
-        if job is None or not job.waiting or info.shape[3] != len(job.prompt):
-            return None
+        if job is None or not job.waiting or info.shape[3] != len(job.prompt) - job.num_held_tokens:
+            return None   # the rest of the prompt after what this node holds, nothing else
         layout = self.engine.kv_layout
         shape = layout.shape(info.num_tokens)   # what new_kv makes
         if shape != tuple(info.shape):

@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import asdict
+from dataclasses import asdict, replace
 from typing import Any
 
 from bus.endpoint import Endpoint
@@ -114,7 +114,10 @@ class DecodeWork(GuardedWork):
                 "kv_mib_slots": round(usage.num_slot_cache_bytes / 2**20, 1),
                 "kv_mib_buffers": self.kv.num_free_mib(),
                 "max_running": self.engine.max_num_seqs, "num_running": self.engine.num_running + num_waiting,
-                "full": int(self.num_blocks_wanted > 0)}
+                "full": int(self.num_blocks_wanted > 0),
+                # Prompt tokens whose KV arrived, and those a kept prefix gave: the node's prefix hits.
+                "kv_imported_tokens": self.engine.stats.num_imported_tokens,
+                "prefix_reused_tokens": self.engine.stats.num_prefix_reused_tokens}
 
     def _block_mib(self, block_size: int) -> float:
         """Memory one KV block takes (MiB), so the memory finished sessions hold by design is known."""
@@ -139,25 +142,35 @@ class DecodeWork(GuardedWork):
             self.log.info("decode_refused", request_id=request.request_id, code=refusal.code, reason=refusal.reason)
             self.endpoint.reply_error(request.request_id, refusal.code, refusal.reason, node_id=self.endpoint.node_id)
             return
-        job = self._plan(DecodeJob(request.request_id, body.prompt, body.sampling, body.session_id,
-                                   wire.PlanKind.REMOTE), body.prefill)
+        job = DecodeJob(request.request_id, body.prompt, body.sampling, body.session_id, wire.PlanKind.REMOTE,
+                        cache_salt=body.cache_salt)
+        self._plan(job, body.prefill)
         job.clock.mark("received")
         if job.plan == wire.PlanKind.REMOTE:
             admitted = self._reserve(job)
         else:
             admitted = self._start(job, DecodeRequest(job.request_id, job.prompt, job.sampling,
-                                                      session_id=job.session_id))
+                                                      session_id=job.session_id,
+                                                      cached_prefix_tokens=job.num_held_tokens,
+                                                      cache_salt=job.cache_salt))
         if admitted:
             self._send_plan(job)
 
-    def _plan(self, job: DecodeJob, mode: wire.PrefillMode) -> DecodeJob:
-        num_cached = self.engine.cached_session_tokens(job.session_id) if job.session_id else 0
-        num_prompt = len(job.prompt)
+    def _plan(self, job: DecodeJob, mode: wire.PrefillMode) -> None:
+        """Local when asked (or colocated); cached when this session's KV leaves a short suffix;
+        else remote. A kept prefix (the session's or one requests shared) is held for the request:
+        prefilled on top of here when what is left is short, else only the rest is sent."""
+        num_session = self.engine.cached_session_tokens(job.session_id) if job.session_id else 0
+        num_prompt, short = len(job.prompt), self.settings.local_suffix_tokens
+        if not (self.always_local or mode == wire.PrefillMode.LOCAL) and 0 < num_session < num_prompt <= num_session + short:
+            job.plan, job.num_cached_tokens = wire.PlanKind.CACHED, num_session
+            return
+        held = self.engine.hold_prefix(job.request_id, job.prompt, job.cache_salt)
+        job.num_cached_tokens = job.num_held_tokens = held
         if self.always_local or mode == wire.PrefillMode.LOCAL:
             job.plan = wire.PlanKind.LOCAL
-        elif 0 < num_cached < num_prompt and num_prompt - num_cached <= self.settings.local_suffix_tokens:
-            job.plan, job.num_cached_tokens = wire.PlanKind.CACHED, num_cached
-        return job
+        elif held and num_prompt - held <= short:
+            job.plan = wire.PlanKind.CACHED
 
     def _reserve(self, job: DecodeJob) -> bool:
         """Admit a remote-prefill request: hold its blocks until its KV arrives."""
@@ -184,6 +197,7 @@ class DecodeWork(GuardedWork):
         return True
 
     def _refuse(self, job: DecodeJob, code: wire.Code, reason: str) -> bool:
+        self.engine.release_prefix(job.request_id)
         job.fail()
         self.publish_capacity()   # so the policy skips us on the client's retry
         self.endpoint.reply_error(job.request_id, code, reason, node_id=self.endpoint.node_id)
@@ -202,7 +216,11 @@ class DecodeWork(GuardedWork):
     def _on_kv_arrived(self, result: TransferResult) -> None:
         job = self.jobs.get(result.request_id)
         self.log.info("kv_arrived", request_id=result.request_id, transfer_id=result.transfer_id, ok=result.ok,
-                      reason=result.reason, wire_bytes=result.stats.wire_bytes)
+                      reason=result.reason, wire_bytes=result.stats.wire_bytes, token_offset=result.token_offset)
+        if job is not None and result.ok and result.token_offset != job.num_held_tokens:
+            self.counters["kv.wrong_offset"] += 1   # KV for another split of the prompt: not ours to use
+            result = replace(result, ok=False, reason=f"KV from token {result.token_offset}, planned "
+                                                      f"{job.num_held_tokens}")
         if job is None or not job.waiting or not result.ok:
             self.kv.give_back(result.kv)   # not wanted (any more); a failed one holds none
             if job is not None and job.waiting:
@@ -240,7 +258,8 @@ class DecodeWork(GuardedWork):
         self.num_kv_bytes_received += result.stats.wire_bytes
         job.clock.mark("kv_arrived")
         request = DecodeRequest(job.request_id, job.prompt, job.sampling, kv=self.kv.received_kv(result),
-                                first_token_id=job.kv_ready[transfer_id], session_id=job.session_id)
+                                first_token_id=job.kv_ready[transfer_id], session_id=job.session_id,
+                                cached_prefix_tokens=job.num_held_tokens, cache_salt=job.cache_salt)
         del self.jobs[job.request_id]
         try:
             self._start(job, request)
@@ -281,6 +300,7 @@ class DecodeWork(GuardedWork):
         """Free the request's KV: cancel its receives, or abort it in the engine (idempotent); the
         job ends failed, or cancelled by its client."""
         job = self.jobs.pop(request_id, None)
+        self.engine.release_prefix(request_id)
         stage = "kv_wait" if job is not None and job.waiting else "decode"
         if job is not None and job.waiting:
             self.kv.cancel(job, reason)

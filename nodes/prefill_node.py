@@ -44,6 +44,7 @@ from nodes.engines.kv_quant import TorchQuantizer
 from nodes.engines.prefill_pass import PrefillBatcher
 from nodes.node_settings import NodeSettings
 from nodes.runtime import GuardedWork, LoopThread, StageClock, engine_bounds
+from scheduler.prefix_hashes import MAX_REPORTED_PREFIXES
 
 
 @dataclass(frozen=True, slots=True)
@@ -67,6 +68,7 @@ class PrefillJob:
     clock: StageClock = field(default_factory=StageClock)
     first_token: wire.TokenBody | None = None
     num_cached_tokens: int = 0   # leading prompt tokens whose KV came from the prefix cache
+    kv_offset: int = 0           # leading prompt tokens whose KV the decode node holds: not sent
     sending: bool = False
 
 
@@ -190,7 +192,9 @@ class PrefillWork(GuardedWork):
                 "num_prefilled": self.num_prefilled,
                 # Prompt tokens seen, and those the prefix cache gave: the node's hit rate.
                 "prompt_tokens": stats.num_prefilled_tokens + stats.num_prefix_cached_tokens,
-                "prefix_cached_tokens": stats.num_prefix_cached_tokens}
+                "prefix_cached_tokens": stats.num_prefix_cached_tokens,
+                # The prefixes its cache holds (px.<hash> -> tokens), for prefix-aware routing.
+                **self.engine.prefix_holdings(MAX_REPORTED_PREFIXES)}
 
     def close(self) -> None:
         self.kv_thread.run(self.sender.close(), timeout=5)
@@ -205,7 +209,7 @@ class PrefillWork(GuardedWork):
             self.endpoint.reply_error(request.request_id, wire.Code.BAD_REQUEST, refusal.reason)
             return
         job = PrefillJob(request.request_id, body.request_id, body.decode_node_id, body.data_endpoint,
-                         body.transfer_id, len(body.prompt), urgent=body.urgent)
+                         body.transfer_id, len(body.prompt), urgent=body.urgent, kv_offset=body.kv_offset)
         job.clock.mark("received")
         self.jobs[job.request_id] = job
         (self.urgent if job.urgent else self.batcher).add(PrefillRequest(request.request_id, body.prompt, body.sampling,
@@ -225,8 +229,11 @@ class PrefillWork(GuardedWork):
 
     async def _send(self, job: PrefillJob, kv: Any) -> None:
         try:
+            if job.kv_offset:   # the decode node holds the head of this prompt's KV: send the rest
+                kv = kv[:, :, :, job.kv_offset:].contiguous()
             report = await self.sender.send(job.data_endpoint, job.transfer_id, job.decode_request_id, kv,
-                                            mode=self.settings.kv_quant, compression=self.settings.kv_compression)
+                                            mode=self.settings.kv_quant, compression=self.settings.kv_compression,
+                                            token_offset=job.kv_offset)
             # Tell the decode node now: the node's thread may be inside its next prefill pass
             # for a second or more before it handles KvSendDone.
             assert job.first_token is not None   # streamed before the send started

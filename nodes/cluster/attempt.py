@@ -144,7 +144,7 @@ class Attempt:
     async def run(self) -> str:
         spec = self.spec
         mode = wire.PrefillMode.LOCAL if spec.local else wire.PrefillMode.AUTO
-        body = wire.DecodeRequestBody(spec.prompt, spec.sampling, spec.session_id, mode, spec.base)
+        body = wire.DecodeRequestBody(spec.prompt, spec.sampling, spec.session_id, mode, spec.base, spec.cache_salt)
         started = time.monotonic()
         decode = self._open(wire.DECODE, wire.to_wire(body), key=self._decode_key())
         try:
@@ -194,10 +194,17 @@ class Attempt:
             if isinstance(reply, Final):
                 raise wire.Refused("the first reply must be a plan PARTIAL, not a FINAL")
             plan = wire.from_wire(wire.PlanBody, reply.body)
+            if plan.num_cached_tokens >= len(self.spec.prompt):
+                raise wire.Refused(f"the plan holds {plan.num_cached_tokens} tokens of a "
+                                   f"{len(self.spec.prompt)}-token prompt: nothing would be left to send")
         self.decode_node_id = plan.node_id
         trace = self.trace
         trace.plans.append(plan.kind)
         trace.decode_node_ids.append(plan.node_id)
+        if plan.kind == wire.PlanKind.REMOTE:   # the prefill node's FINAL says what its own cache gave
+            trace.num_kv_held_tokens = plan.num_cached_tokens
+        else:
+            trace.num_cached_tokens = plan.num_cached_tokens
         trace.fallback_local = trace.fallback_local or (self.spec.local and plan.kind == wire.PlanKind.LOCAL)
         return plan
 
@@ -233,7 +240,7 @@ class Attempt:
         while True:
             body = wire.PrefillRequestBody(prompt, self.spec.sampling, plan.node_id, plan.data_endpoint, transfer_id,
                                            decode_request_id, urgent=bool(self.trace.failures),   # a recovery
-                                           cache_salt=self.spec.cache_salt)
+                                           cache_salt=self.spec.cache_salt, kv_offset=plan.num_cached_tokens)
             # The key: the prompt's length (the scheduler balances prefill nodes by outstanding tokens)
             # and its opening's hash (prompts that share one go where its KV is likely cached).
             stream = self._open(wire.PREFILL, wire.to_wire(body), key=prefill_key(prompt, self.spec.cache_salt))

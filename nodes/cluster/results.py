@@ -34,7 +34,8 @@ class RequestTrace:
     num_bad_replies: int = 0                               # replies that did not parse (nodes/wire/)
     fallback_local: bool = False
     kv_wire_bytes: int = 0
-    num_cached_tokens: int = 0                             # prompt tokens the last prefill took from its prefix cache
+    num_cached_tokens: int = 0                             # prompt tokens whose KV was not computed (a cache gave it)
+    num_kv_held_tokens: int = 0                            # prompt tokens whose KV the decode node held: not sent
     kv_transfers: list[dict] = field(default_factory=list)  # each transfer's report (prefill FINAL), as sent
     timings: dict[str, float | None] = field(default_factory=dict)
     decode_final: dict | None = None                        # the decode FINAL, as read and sent again

@@ -5,19 +5,23 @@ A request is charged its reservation, prompt + max_tokens tokens (capped by the 
 blocks; reserving up front means a running request never needs memory that is not there, so the
 engine never preempts and never runs out. The physical slot cache is padded (every slot as long as
 the longest reservation), so the planner also checks that the padded cache plus the cached
-sessions fit in the budget. Finished sessions are evicted least recently used first, and only when
-that makes the request fit. Answers: "ok"; "full" (transient: busy now, try another node or later);
+sessions fit in the budget. Finished sessions (and kept prompt prefixes, session_cache.py) are
+evicted least recently used first, and only when that makes the request fit. A pinned entry (held
+for a request whose KV is on its way, prefix_leases.py) is never evicted, taken or dropped: a
+session superseded while pinned stays as an anonymous prefix entry until its pins are gone. Answers: "ok"; "full" (transient: busy now, try another node or later);
 "rejected" (never fits here, or malformed), always with a reason a human can act on.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from nodes.engines.base import Admission, DecodeRequest, EngineConfig
-from nodes.engines.block_manager import BlockManager, CachedSession, SessionCache, common_prefix_len
+from nodes.engines.block_manager import BlockManager
 from nodes.engines.kv_slots import SlotCache
 from nodes.engines.model_config import LlamaConfig
+from nodes.engines.session_cache import PREFIX_OWNER, CachedSession, SessionCache, common_prefix_len
 
 
 @dataclass(slots=True)
@@ -38,12 +42,14 @@ class AdmissionPlanner:
         self._slots = slots
         self._max_model_len = max_model_len
         self._model = model
+        self._prefix_ids = itertools.count()
 
     @staticmethod
     def session_owner(session_id: str) -> str:
         return f"session:{session_id}"
 
-    def plan(self, request: DecodeRequest, *, num_running: int) -> Plan:
+    def plan(self, request: DecodeRequest, *, num_running: int, lease: CachedSession | None = None) -> Plan:
+        """`lease`: the entry this request holds its cached prefix from (pinned for it)."""
         problem = self._malformed(request)
         if problem:
             return Plan(Admission("rejected", problem))
@@ -56,7 +62,7 @@ class AdmissionPlanner:
             return Plan(Admission("full", f"{num_running} requests running (max_num_seqs)", needed,
                                   self._blocks.num_free_blocks))
         plan = Plan(Admission("ok"), num_reserved_tokens=reserve)
-        self._plan_reuse(request, plan)
+        self._plan_reuse(request, plan, lease)
         return self._fit(plan, needed, num_running)
 
     def _malformed(self, request: DecodeRequest) -> str:
@@ -72,12 +78,12 @@ class AdmissionPlanner:
                 return f"KV shape {tuple(request.kv.shape)} does not match the model's {expected}"
         return ""
 
-    def _plan_reuse(self, request: DecodeRequest, plan: Plan) -> None:
+    def _plan_reuse(self, request: DecodeRequest, plan: Plan, lease: CachedSession | None) -> None:
         session = self._sessions.get(request.session_id) if request.session_id else None
-        if session is None:
+        if session is None or session.pins > (session is lease):   # held for another request: left alone
             return
         plan.reuse_session = session.session_id   # taken either way: reused, or superseded by new KV
-        if request.kv is None:
+        if request.kv is None and not request.cached_prefix_tokens:
             common = common_prefix_len(session.token_ids, request.prompt_token_ids)
             plan.num_reused_tokens = min(common, len(request.prompt_token_ids) - 1)
 
@@ -89,7 +95,7 @@ class AdmissionPlanner:
         if plan.reuse_session:
             free += held.pop(plan.reuse_session)
         session_tokens = sum(held.values()) * block_size
-        evictable = list(held)
+        evictable = [s for s in held if not self._pinned(s)]
         while True:
             slots, capacity = self._slots.layout_after(num_running + 1, self._longest_reservation(plan),
                                                        budget_tokens - session_tokens)
@@ -121,10 +127,24 @@ class AdmissionPlanner:
         return self._sessions.take(session_id)
 
     def drop_session(self, session_id: str) -> bool:
+        """Forget the session; a pinned one stays, as an anonymous prefix entry."""
+        pinned = self._sessions.get(session_id)
+        if pinned is not None and pinned.pins:
+            new_id = self.new_prefix_id()
+            self._blocks.rename(self.session_owner(session_id), self.session_owner(new_id))
+            self._sessions.rekey(pinned, new_id)
+            return True
         session = self.take_session(session_id)
         if session is not None:
             self._slots.forget(session)
         return session is not None
+
+    def new_prefix_id(self) -> str:
+        return f"{PREFIX_OWNER}{next(self._prefix_ids)}"
+
+    def _pinned(self, session_id: str) -> bool:
+        session = self._sessions.get(session_id)
+        return session is not None and session.pins > 0
 
     def keep_session(self, session: CachedSession) -> bool:
         """Account a finished session (its payload is the caller's to fill), evicting older
@@ -134,7 +154,8 @@ class AdmissionPlanner:
         for victim in self._sessions.lru_order():
             if self._blocks.can_allocate(needed):
                 break
-            self.drop_session(victim)
+            if not self._pinned(victim):
+                self.drop_session(victim)
         if not self._blocks.can_allocate(needed):
             return False
         self._blocks.allocate(self.session_owner(session.session_id), len(session.token_ids))

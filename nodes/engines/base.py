@@ -23,6 +23,10 @@ Prefill side (a `pdbus prefill` node):
         prompt cut between steps continues from its KV so far (nothing is recomputed). Its results
         equal `prefill(requests)`'s. Default (`WholePrefill`): one step running `prefill(requests)`,
         for engines that cannot stop inside a pass (the vLLM engine).
+    prefix_holdings(limit) -> dict[str, int]
+        At most `limit` prefixes its prefix cache holds, most recently used first, as capacity
+        names `px.<12 hex>` -> tokens (scheduler/prefix_hashes.py): the node reports them so the
+        scheduler routes prompts to the node holding their longest prefix. Default: {}.
 
 Decode side (a `pdbus decode` node):
     check_admission(request) -> Admission   would `add_request` accept it now? (no side effects)
@@ -47,6 +51,13 @@ Decode side (a `pdbus decode` node):
     cached_session_tokens(session_id) -> int   tokens of a finished session's KV still held (0:
                                             none, or an engine that keeps no sessions).
     drop_session(session_id) -> bool        forget it; False when it was not held.
+    hold_prefix(request_id, prompt, salt) -> int   the most leading prompt tokens whose KV this
+                                            engine keeps (a session's, or a prefix requests
+                                            shared; same salt only), now held for the request
+                                            until `add_request` with `cached_prefix_tokens` takes
+                                            it or `release_prefix(request_id)`. Default: 0 (an
+                                            engine that keeps nothing across requests).
+    release_prefix(request_id) -> None     let a held prefix go (idempotent). Default: nothing.
     kv_usage() -> KvUsage
     reserve_kv_memory() -> None            called at node start: allocate the KV budget's memory
                                             now (`preallocate_kv`), not inside a request; again: no-op.
@@ -188,6 +199,10 @@ class Engine(ABC):
         """`prefill(requests)` as an interruptible pass. Default: one uninterruptible step."""
         return WholePrefill(self.prefill, requests)
 
+    def prefix_holdings(self, limit: int) -> dict[str, int]:
+        """The prefixes the prefill prefix cache holds, as capacity names (module docstring). Default: {}."""
+        return {}
+
     # ---- decode side -------------------------------------------------------------------------
     @abstractmethod
     def check_admission(self, request: DecodeRequest) -> Admission: ...
@@ -219,6 +234,14 @@ class Engine(ABC):
 
     @abstractmethod
     def drop_session(self, session_id: str) -> bool: ...
+
+    def hold_prefix(self, request_id: str, prompt_token_ids: Sequence[int], salt: str = "") -> int:
+        """Hold the longest kept prefix of the prompt for the request (module docstring). Default: none."""
+        return 0
+
+    def release_prefix(self, request_id: str) -> None:
+        """Let the request's held prefix go. Default: nothing is ever held."""
+        return None
 
     @abstractmethod
     def kv_usage(self) -> KvUsage: ...

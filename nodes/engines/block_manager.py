@@ -1,20 +1,15 @@
-"""KV memory accounting in blocks, and the LRU cache of finished sessions. Plain data: no torch.
+"""KV memory accounting in blocks. Plain data: no torch.
 
-Contract:
-- `BlockManager(num_blocks, block_size)` hands out block ids to owners (a request id or a session
-  key), never-used ids first, then given-back ones in order. `allocate`/`resize` raise
-  `KvBudgetExceeded` instead of over-committing; `free` is idempotent.
-  `num_free_blocks + sum(blocks held) == num_blocks` always (asserted).
-- `SessionCache` remembers finished sessions in least-recently-used order: the token ids their KV
-  covers, an opaque payload (the engine's KV tensor) and how many blocks they hold. The engine
-  evicts from its LRU end when an admission needs the space.
+Contract: `BlockManager(num_blocks, block_size)` hands out block ids to owners (a request id or a
+kept entry's key, session_cache.py), never-used ids first, then given-back ones in order.
+`allocate`/`resize` raise `KvBudgetExceeded` instead of over-committing; `free` is idempotent;
+`rename(old, new)` moves an owner's blocks to another name.
+`num_free_blocks + sum(blocks held) == num_blocks` always (asserted).
 """
 
 from __future__ import annotations
 
-from collections import OrderedDict, deque
-from dataclasses import dataclass
-from typing import Any
+from collections import deque
 
 
 class KvBudgetExceeded(RuntimeError):
@@ -86,6 +81,12 @@ class BlockManager:
         self._check()
         return list(blocks)
 
+    def rename(self, owner: str, new_owner: str) -> None:
+        """`new_owner` (which must hold nothing) holds `owner`'s blocks from now on."""
+        if new_owner in self._owned:
+            raise ValueError(f"{new_owner} already holds blocks")
+        self._owned[new_owner] = self._owned.pop(owner, [])
+
     def free(self, owner: str) -> int:
         """Return `owner`'s blocks to the pool; 0 when it held none (idempotent)."""
         blocks = self._owned.pop(owner, [])
@@ -95,45 +96,3 @@ class BlockManager:
 
     def _check(self) -> None:
         assert self.num_free_blocks + sum(map(len, self._owned.values())) == self.num_blocks
-
-
-@dataclass(slots=True)
-class CachedSession:
-    session_id: str
-    token_ids: tuple[int, ...]      # exactly the tokens the payload's KV covers
-    payload: Any
-
-
-class SessionCache:
-    """Finished sessions, least recently used first."""
-
-    def __init__(self) -> None:
-        self._sessions: OrderedDict[str, CachedSession] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._sessions)
-
-    def __contains__(self, session_id: str) -> bool:
-        return session_id in self._sessions
-
-    def put(self, session: CachedSession) -> None:
-        self._sessions.pop(session.session_id, None)
-        self._sessions[session.session_id] = session
-
-    def get(self, session_id: str) -> CachedSession | None:
-        """Look a session up without taking it (does not refresh its LRU position)."""
-        return self._sessions.get(session_id)
-
-    def take(self, session_id: str) -> CachedSession | None:
-        return self._sessions.pop(session_id, None)
-
-    def lru_order(self) -> list[str]:
-        return list(self._sessions)
-
-
-def common_prefix_len(a: tuple[int, ...] | list[int], b: tuple[int, ...] | list[int]) -> int:
-    n = min(len(a), len(b))
-    for i in range(n):
-        if a[i] != b[i]:
-            return i
-    return n

@@ -80,6 +80,9 @@ class DecodeRequest:
     - `kv` covering only a prefix (or none at all, colocated): the rest is prefilled here in chunks.
     - `session_id` with no `kv`: the longest common prefix with that session's cached KV is reused
       and only the new suffix is prefilled. With `session_id`, the KV is kept after finishing.
+    - `cached_prefix_tokens` k > 0: the KV of the prompt's first k tokens is the prefix the engine
+      held for this request (`Engine.hold_prefix`); `kv`, if any, covers the rest of the prompt.
+    - `cache_salt`: the tenant; kept KV is found again only under the same salt.
     """
 
     request_id: str
@@ -88,14 +91,16 @@ class DecodeRequest:
     kv: torch.Tensor | RawPieces | None = None   # RawPieces: only for an engine that copies_imported_kv
     first_token_id: int | None = None
     session_id: str | None = None
+    cached_prefix_tokens: int = 0
+    cache_salt: str = ""
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
             raise ValueError(f"request {self.request_id}: empty prompt")
-        num_kv = 0 if self.kv is None else int(self.kv.shape[3])
-        if num_kv > len(self.prompt_token_ids):
-            raise ValueError(f"request {self.request_id}: KV has {num_kv} tokens, prompt only "
-                             f"{len(self.prompt_token_ids)}")
+        num_kv = self.cached_prefix_tokens + (0 if self.kv is None else int(self.kv.shape[3]))
+        if self.cached_prefix_tokens < 0 or num_kv > len(self.prompt_token_ids):
+            raise ValueError(f"request {self.request_id}: KV for {num_kv} tokens ({self.cached_prefix_tokens} "
+                             f"cached), prompt only {len(self.prompt_token_ids)}")
         if self.first_token_id is not None and num_kv != len(self.prompt_token_ids):
             raise ValueError(f"request {self.request_id}: first_token_id needs KV for the whole prompt")
 
@@ -160,6 +165,7 @@ class EngineConfig:
     prefill_max_wait_s: float = 0.005
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     keep_sessions: bool = True       # keep finished sessions' KV (LRU within the budget)
+    keep_prefixes: bool = True       # decode side: keep prompt prefixes that requests shared (LRU, same budget)
     prefix_cache_bytes: int = 256 << 20   # prefill side: KV of full prompt blocks kept for reuse (0: off)
     preallocate_kv: bool = True      # decode side: allocate the KV budget's memory at node start
     cuda_graphs: bool = True         # on a CUDA device: pure decode steps replay CUDA graphs (cuda_graphs.py)
@@ -205,6 +211,7 @@ class EngineStats:
     num_prefilled_tokens: int = 0     # prompt tokens this engine computed KV for
     num_imported_tokens: int = 0      # tokens whose KV arrived from elsewhere
     num_reused_tokens: int = 0        # tokens whose KV came from a cached session
+    num_prefix_reused_tokens: int = 0  # decode side: prompt tokens whose KV came from a kept prefix
     num_prefix_cached_tokens: int = 0  # prompt tokens whose KV came from the prefill prefix cache
     num_generated_tokens: int = 0
     num_steps: int = 0

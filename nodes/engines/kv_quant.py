@@ -273,11 +273,12 @@ class TorchQuantizer:
         return True
 
 
-def copy_pieces(pieces: RawPieces, dst: torch.Tensor) -> None:
+def copy_pieces(pieces: RawPieces, dst: torch.Tensor, token_offset: int = 0) -> None:
     """Write a raw transfer's verified pieces into dst [layers, 2, kv_heads, >= tokens, head_dim] of
-    any float dtype and device (converted as copy_ converts). Each layer of dst must hold its
-    (2, kv_heads) planes contiguously, as a slot of the slot cache does; a piece is copied layer by
-    layer, straight from the received frame (bus/kv/pieces.py says why)."""
+    any float dtype and device (converted as copy_ converts), from token `token_offset` of dst on.
+    Each layer of dst must hold its (2, kv_heads) planes contiguously, as a slot of the slot cache
+    does; a piece is copied layer by layer, straight from the received frame (bus/kv/pieces.py
+    says why)."""
     info = pieces.info
     per_layer = 2 * info.shape[2]
     for spec, values in pieces.pieces():
@@ -287,7 +288,8 @@ def copy_pieces(pieces: RawPieces, dst: torch.Tensor) -> None:
             layer, first = divmod(plane, per_layer)
             stop = min(spec.plane_stop, (layer + 1) * per_layer)
             planes = dst[layer].view(per_layer, dst.shape[3], dst.shape[4])
-            planes[first:first + stop - plane, spec.tokens].copy_(source[plane - spec.plane_start:stop - spec.plane_start])
+            tokens = slice(spec.tokens.start + token_offset, spec.tokens.stop + token_offset)
+            planes[first:first + stop - plane, tokens].copy_(source[plane - spec.plane_start:stop - spec.plane_start])
             plane = stop
 
 

@@ -15,7 +15,7 @@ where the tail has no room), `forget(owner)` frees that room; a layout growing i
 first packs the sessions against the end (their payloads follow). `idle()` says nothing runs
 any more: `num_slots` / `capacity` read 0 and the next `ensure` lays a fresh layout over the
 store, its old contents no longer mattering. `release` frees the store. `num_bytes` is what the
-store takes. `write`/`read`/`move` copy whole prefixes in the export layout
+store takes. `write` (from a token offset), `read` and `move` copy KV in the export layout
 [layers, 2, kv_heads, tokens, head_dim].
 
 Why a store faulted in ahead: a new cache is faulted in on huge pages (hugepages.py), which the
@@ -200,12 +200,13 @@ class SlotCache:
     def view(self, slot: int) -> torch.Tensor:
         return self.cache[:, slot]
 
-    def write(self, slot: int, kv: torch.Tensor | RawPieces) -> None:
+    def write(self, slot: int, kv: torch.Tensor | RawPieces, token_offset: int = 0) -> None:
+        """Write `kv` into the slot from token `token_offset` on."""
         if isinstance(kv, RawPieces):   # a raw transfer's frames, copied here once (bus/kv/pieces.py)
-            copy_pieces(kv, self.view(slot))
+            copy_pieces(kv, self.view(slot), token_offset)
             return
-        num_tokens = kv.shape[3]
-        self.view(slot)[:, :, :, :num_tokens] = kv.to(device=self._device, dtype=self._dtype)
+        stop = token_offset + kv.shape[3]
+        self.view(slot)[:, :, :, token_offset:stop] = kv.to(device=self._device, dtype=self._dtype)
 
     def read(self, slot: int, num_tokens: int) -> torch.Tensor:
         return self.view(slot)[:, :, :, :num_tokens].clone()

@@ -29,7 +29,7 @@ from nodes.engines.base import (
     PrefillResult,
     TokenEvent,
 )
-from nodes.engines.block_manager import BlockManager, CachedSession, SessionCache
+from nodes.engines.block_manager import BlockManager
 from nodes.engines.engine_common import DTYPES, resolve_device, resolve_dtype
 from nodes.engines.engine_types import EngineStats
 from nodes.engines.kernels.cpu import probe
@@ -39,7 +39,9 @@ from nodes.engines.model_loader import LoadedModel
 from nodes.engines.output import OutputTracker
 from nodes.engines.prefill_pass import ChunkedPrefill, run_prefill
 from nodes.engines.prefix_cache import PrefixCache
+from nodes.engines.prefix_leases import DecodePrefixes, Lease
 from nodes.engines.sampling import new_generator, sample
+from nodes.engines.session_cache import CachedSession, SessionCache
 from nodes.engines.step_schedule import ScheduledChunk, Sequence, schedule
 
 __all__ = ["DTYPES", "EngineStats", "KVMemoryError", "LlamaEngine", "resolve_dtype"]
@@ -68,7 +70,8 @@ class LlamaEngine(Engine):
                                   cuda_graphs=self.config.cuda_graphs)
         self.device = self.runner.device
         self.blocks = BlockManager(self.config.num_kv_blocks, self.config.block_size)
-        self.sessions = SessionCache()
+        self.sessions = SessionCache(self.config.block_size)
+        self.prefixes = DecodePrefixes(self.sessions, self.config.block_size, self.config.keep_prefixes)
         self.slots = SlotCache(model.config, dtype=self.runner.dtype, device=self.device,
                                max_slots=self.config.max_num_seqs, max_len=self.max_model_len,
                                budget_tokens=self.config.num_kv_blocks * self.config.block_size)
@@ -110,20 +113,36 @@ class LlamaEngine(Engine):
                               max_model_len=self.max_model_len, eos_token_ids=self.eos_token_ids, stats=self.stats,
                               cache=self.prefix_cache)
 
+    def prefix_holdings(self, limit: int) -> dict[str, int]:
+        return self.prefix_cache.holdings(limit)
+
     # ---- decode side -------------------------------------------------------------------------
     def check_admission(self, request: DecodeRequest) -> Admission:
         return self.planner.plan(request, num_running=len(self.running)).admission
 
+    def hold_prefix(self, request_id: str, prompt_token_ids: Seq[int], salt: str = "") -> int:
+        return self.prefixes.hold(request_id, prompt_token_ids, salt)
+
+    def release_prefix(self, request_id: str) -> None:
+        self.prefixes.release(request_id)
+
     def add_request(self, request: DecodeRequest) -> Admission:
         if any(seq.request_id == request.request_id for seq in self.running):
             return Admission("rejected", f"request {request.request_id} is already running")
-        plan = self.planner.plan(request, num_running=len(self.running))
+        lease = self.prefixes.lease(request.request_id) if request.cached_prefix_tokens else None
+        if request.cached_prefix_tokens and (lease is None or lease.num_tokens < request.cached_prefix_tokens):
+            return Admission("rejected", f"no cached prefix of {request.cached_prefix_tokens} tokens is held "
+                                         f"for request {request.request_id}")
+        plan = self.planner.plan(request, num_running=len(self.running), lease=lease.entry if lease else None)
         if not plan.admission.ok:
-            return plan.admission
+            return plan.admission   # a lease stays held: the caller releases it, or tries again
         for session_id in plan.evict_sessions:
             self.planner.drop_session(session_id)
         reused = self.planner.take_session(plan.reuse_session) if plan.reuse_session else None
         seq = self._new_sequence(request, plan.num_reserved_tokens)
+        seq.cache_salt, seq.prefix_keys = request.cache_salt, self.prefixes.keys(request.prompt_token_ids,
+                                                                               request.cache_salt)
+        self.prefixes.observe(seq.prefix_keys)
         self.blocks.allocate(seq.request_id, plan.num_reserved_tokens)
         self.slots.ensure(len(self.running) + 1, max([plan.num_reserved_tokens] +
                                                     [s.num_reserved_tokens for s in self.running]),
@@ -131,7 +150,8 @@ class LlamaEngine(Engine):
                           max((s.num_computed_tokens for s in self.running), default=0))
         seq.slot = len(self.running)
         self.running.append(seq)
-        self._load_kv(seq, request, reused, plan.num_reused_tokens)
+        self._load_kv(seq, request, reused, plan.num_reused_tokens, lease)
+        self.prefixes.release(request.request_id)   # copied into its slot
         if reused is not None:   # copied into its slot (or superseded): its room in the tail is free
             self.slots.forget(reused)
         return plan.admission
@@ -154,14 +174,19 @@ class LlamaEngine(Engine):
         return seq
 
     def _load_kv(self, seq: Sequence, request: DecodeRequest, reused: CachedSession | None,
-                 num_reused: int) -> None:
+                 num_reused: int, lease: Lease | None) -> None:
+        num_cached = request.cached_prefix_tokens
+        if lease is not None and num_cached:
+            self.slots.write(seq.slot, lease.entry.payload[:, :, :, :num_cached])
+            seq.num_computed_tokens = num_cached
+            self.stats.num_prefix_reused_tokens += num_cached
         if request.kv is not None:
-            self.slots.write(seq.slot, request.kv)
+            self.slots.write(seq.slot, request.kv, num_cached)
             # KV for the whole prompt but no first token: the last prompt token runs again (its
             # KV is rewritten identically) because its logits are needed to sample.
-            seq.num_computed_tokens = min(int(request.kv.shape[3]), len(seq.token_ids) - 1)
-            self.stats.num_imported_tokens += seq.num_computed_tokens
-        elif reused is not None and num_reused:
+            seq.num_computed_tokens = min(num_cached + int(request.kv.shape[3]), len(seq.token_ids) - 1)
+            self.stats.num_imported_tokens += seq.num_computed_tokens - num_cached
+        elif reused is not None and num_reused and not num_cached:
             self.slots.write(seq.slot, reused.payload[:, :, :, :num_reused])
             seq.num_computed_tokens = num_reused
             self.stats.num_reused_tokens += num_reused
@@ -259,9 +284,13 @@ class LlamaEngine(Engine):
     def _retire(self, seq: Sequence, *, keep_session: bool) -> None:
         self.blocks.free(seq.request_id)
         if keep_session and seq.session_id and self.config.keep_sessions:
-            session = CachedSession(seq.session_id, tuple(seq.token_ids[:seq.num_computed_tokens]), None)
-            if self.planner.keep_session(session):   # its KV goes to the store's tail (kv_slots.keep)
-                self.slots.keep(session, seq.slot, seq.num_computed_tokens)
+            token_ids = tuple(seq.token_ids[:seq.num_computed_tokens])
+            self._keep(CachedSession(seq.session_id, token_ids, None, seq.cache_salt,
+                                     self.prefixes.full_keys(token_ids, seq.cache_salt)), seq.slot)
+        elif keep_session and (depth := self.prefixes.depth_to_keep(seq.prefix_keys)):
+            num_tokens = depth * self.config.block_size   # prompt blocks another request shared
+            self._keep(CachedSession(self.planner.new_prefix_id(), tuple(seq.token_ids[:num_tokens]), None,
+                                     seq.cache_salt, seq.prefix_keys[:depth]), seq.slot)
         last = self.running.pop()
         if last is not seq:   # keep slots dense: the last request moves into the freed slot
             self.slots.move(last.slot, seq.slot, last.num_computed_tokens)
@@ -269,6 +298,10 @@ class LlamaEngine(Engine):
             self.running[seq.slot] = last
         if not self.running:
             self.slots.idle()   # its store stays for the next request: new memory faults in slowly (kv_slots.py)
+
+    def _keep(self, entry: CachedSession, slot: int) -> None:
+        if self.planner.keep_session(entry):   # its KV goes to the store's tail (kv_slots.keep)
+            self.slots.keep(entry, slot, len(entry.token_ids))
 
     def has_unfinished(self) -> bool:
         return bool(self.running or self._pending_events)

@@ -30,6 +30,8 @@ class Sequence:
     slot: int = -1
     generator: Any = None                  # torch.Generator for seeded sampling (opaque here)
     arrival: int = field(default=0)
+    cache_salt: str = ""                   # the tenant: kept KV is found again only under it
+    prefix_keys: tuple[bytes, ...] = ()    # the prompt's reusable block keys (prefix_leases.py)
 
     @property
     def num_pending_tokens(self) -> int:

@@ -33,6 +33,11 @@ STAGES = ("plan_s", "queue_s", "prefill_s", "kv_transfer_s", "kv_wait_s", "decod
 MAX_VALUE = 2**63 - 1
 
 
+# (label, capacity name) of a node's whole and of the part a cache gave: prefill nodes count prompt
+# tokens and prefix-cache hits; decode nodes the prompt tokens whose KV arrived and those it held.
+PREFILL_KINDS = (("prompt", "prompt_tokens"), ("cached", "prefix_cached_tokens"))
+DECODE_KINDS = (("imported", "kv_imported_tokens"), ("held", "prefix_reused_tokens"))
+
 class GatewayMetrics:
     def __init__(self) -> None:
         disable_created_metrics()   # process-wide: the `_created` series only double the output
@@ -50,7 +55,7 @@ class GatewayMetrics:
         self.stage = Histogram("pdbus_stage_seconds", "Per-stage time (plan, queue, prefill, kv_transfer, kv_wait, "
                                "decode_queue, decode)", ["stage"], buckets=LATENCY_BUCKETS, registry=r)
         self.kv_bytes = Counter("pdbus_kv_bytes_total", "KV cache bytes moved, raw (before quantization) and on "
-                                "the wire", ["kind"], registry=r)
+                                "the wire; held: raw bytes not moved, the decode node kept them", ["kind"], registry=r)
         self.kv_ratio = Histogram("pdbus_kv_compression_ratio", "KV raw bytes / wire bytes per transfer",
                                   buckets=(1, 1.5, 2, 3, 4, 6, 8, 12, 16), registry=r)
         self.kv_transfer = Histogram("pdbus_kv_transfer_seconds", "Time of each verified KV transfer, "
@@ -75,9 +80,15 @@ class GatewayMetrics:
                                    "last reported", ["node", "kind"], registry=r)
         self.prefix_hit_ratio = Gauge("pdbus_prefix_cache_hit_ratio", "Cluster-wide prompt tokens served from "
                                       "prefill prefix caches over all prompt tokens prefilled", registry=r)
-        self._prefix_nodes: set[str] = set()   # the nodes with series now
-        self.tokens = Counter("pdbus_tokens_total", "Tokens by kind (prompt, completion, and prompt_cached: prompt "
-                              "tokens whose KV came from a prefill node's prefix cache)", ["kind"], registry=r)
+        self.decode_kv_tokens = Gauge("pdbus_decode_kv_tokens", "Each decode node's prompt tokens whose KV "
+                                      "arrived from a prefill node (kind=imported) and those whose KV it held "
+                                      "from a kept prefix (kind=held), as last reported", ["node", "kind"], registry=r)
+        self.decode_hit_ratio = Gauge("pdbus_decode_prefix_hit_ratio", "Cluster-wide prompt tokens whose KV "
+                                      "decode nodes held over those held or imported", registry=r)
+        self._node_series: dict[str, set[str]] = {"prefill": set(), "decode": set()}   # the nodes with series now
+        self.tokens = Counter("pdbus_tokens_total", "Tokens by kind (prompt, completion; prompt_cached: prompt "
+                              "tokens whose KV was not computed, a cache gave it; prompt_kv_held: prompt tokens "
+                              "whose KV the decode node kept, so it did not cross the wire)", ["kind"], registry=r)
         self.in_flight = Gauge("pdbus_requests_in_flight", "Requests being served now", registry=r)
         self.buffered = Gauge("pdbus_stream_buffered_tokens", "Tokens waiting in per-stream buffers (the "
                               "gateway's queue depth)", registry=r)
@@ -105,12 +116,13 @@ class GatewayMetrics:
         self.tokens.labels("prompt").inc(usage.get("prompt_tokens", 0))
         self.tokens.labels("completion").inc(usage.get("completion_tokens", 0))
         self.tokens.labels("prompt_cached").inc(usage.get("cached_tokens", 0))
+        self.tokens.labels("prompt_kv_held").inc(getattr(trace, "num_kv_held_tokens", 0))
 
     def _observe_trace(self, trace: Any) -> None:
         for name in STAGES:
             if (value := self._number(trace.timings.get(name))) is not None:
                 self.stage.labels(name[:-2]).observe(value)
-        self._observe_kv(trace.decode_final)
+        self._observe_kv(trace.decode_final, getattr(trace, "num_kv_held_tokens", 0))
         for transfer in getattr(trace, "kv_transfers", ()):
             self._observe_transfer(transfer)
         self.failovers.inc(trace.num_failovers)
@@ -120,13 +132,16 @@ class GatewayMetrics:
         for failure in trace.failures:
             self.failures.labels(code_label(failure.split("@", 1)[0])).inc()
 
-    def _observe_kv(self, decode_final: Any) -> None:
+    def _observe_kv(self, decode_final: Any, num_held: int) -> None:
         stats = self._map(decode_final, "stats") if decode_final is not None else {}
         raw, wire = self._number(stats.get("kv_raw_bytes"), True), self._number(stats.get("kv_wire_bytes"), True)
         if raw and wire:
             self.kv_bytes.labels("raw").inc(raw)
             self.kv_bytes.labels("wire").inc(wire)
             self.kv_ratio.observe(raw / wire)
+        prompt = self._number(self._map(decode_final, "usage").get("prompt_tokens"), True) if decode_final else None
+        if raw and num_held and prompt and prompt > num_held:   # the transfer's bytes per token, times those held
+            self.kv_bytes.labels("held").inc(raw * num_held / (prompt - num_held))
 
     def _observe_transfer(self, transfer: Any) -> None:
         if not isinstance(transfer, dict):
@@ -165,7 +180,9 @@ class GatewayMetrics:
             self.nodes_live.labels(role).set(roles.get(role, 0))
         for service, num_queued in self._counts(stats.get("queued_by_service")).items():
             self.broker_queued.labels(service).set(num_queued)
-        self._set_prefix_hits(stats.get("capacity_by_node", {}))
+        capacities = stats.get("capacity_by_node", {})
+        self._set_node_tokens(capacities, "prefill", self.prefix_tokens, self.prefix_hit_ratio, PREFILL_KINDS)
+        self._set_node_tokens(capacities, "decode", self.decode_kv_tokens, self.decode_hit_ratio, DECODE_KINDS)
 
     def _counts(self, value: Any) -> dict[str, float]:
         """A {name: count} map of the broker's answer; what is not one is ignored (and counted), so a
@@ -177,30 +194,34 @@ class GatewayMetrics:
         counts = {str(name)[:64]: self._number(count) for name, count in value.items()}
         return {name: count for name, count in counts.items() if count is not None}
 
-    def _set_prefix_hits(self, capacities: Any) -> None:
-        """Each prefill node's prompt tokens and prefix-cache hits (its counters, as last reported),
-        and the cluster's; nodes no longer reported are dropped, so ids that come and go do not pile up."""
+    def _set_node_tokens(self, capacities: Any, side: str, gauge: Gauge, ratio: Gauge,
+                         kinds: tuple[tuple[str, str], tuple[str, str]]) -> None:
+        """Each node's pair of token counters (`kinds`: (label, capacity name) for the whole and for
+        the part a cache gave), as last reported, and the cluster's ratio of the two; nodes no longer
+        reported are dropped, so ids that come and go do not pile up."""
         if not isinstance(capacities, dict):
             return
-        totals = {"prompt": 0.0, "cached": 0.0}
+        (whole_kind, whole_name), (part_kind, part_name) = kinds
+        totals = [0.0, 0.0]
         seen: set[str] = set()
         for node_id, capacity in capacities.items():
-            if not isinstance(capacity, dict) or "prefix_cached_tokens" not in capacity:
+            if not isinstance(capacity, dict) or part_name not in capacity:
                 continue
-            prompt, cached = self._number(capacity.get("prompt_tokens")), self._number(capacity["prefix_cached_tokens"])
-            if prompt is None or cached is None:
+            whole, part = self._number(capacity.get(whole_name)), self._number(capacity[part_name])
+            if whole is None or part is None:
                 continue
             node = str(node_id)[:128]
             seen.add(node)
-            self.prefix_tokens.labels(node, "prompt").set(prompt)
-            self.prefix_tokens.labels(node, "cached").set(cached)
-            totals["prompt"] += prompt
-            totals["cached"] += cached
-        for node in self._prefix_nodes - seen:
-            for kind in ("prompt", "cached"):
-                self.prefix_tokens.remove(node, kind)
-        self._prefix_nodes = seen
-        self.prefix_hit_ratio.set(totals["cached"] / totals["prompt"] if totals["prompt"] else 0.0)
+            gauge.labels(node, whole_kind).set(whole)
+            gauge.labels(node, part_kind).set(part)
+            totals[0] += whole
+            totals[1] += part
+        for node in self._node_series[side] - seen:
+            for kind in (whole_kind, part_kind):
+                gauge.remove(node, kind)
+        self._node_series[side] = seen
+        denominator = totals[0] if side == "prefill" else totals[0] + totals[1]
+        ratio.set(totals[1] / denominator if denominator else 0.0)
 
     def set_services(self, services: dict[str, bool]) -> None:
         for service, alive in services.items():

@@ -18,8 +18,8 @@ MAX_HEADER_CHARS = 256
 
 
 def usage_body(usage: dict[str, int]) -> dict[str, Any]:
-    """OpenAI's usage object; `prompt_tokens_details.cached_tokens`: prompt tokens whose KV a prefill
-    node took from its prefix cache."""
+    """OpenAI's usage object; `prompt_tokens_details.cached_tokens`: prompt tokens whose KV was not
+    computed for this request (a prefill node's prefix cache, or KV the decode node kept)."""
     prompt, completion = int(usage.get("prompt_tokens", 0)), int(usage.get("completion_tokens", 0))
     return {"prompt_tokens": prompt, "completion_tokens": completion, "total_tokens": prompt + completion,
             "prompt_tokens_details": {"cached_tokens": int(usage.get("cached_tokens", 0))}}
@@ -34,7 +34,7 @@ def pdbus_info(trace: Any, kv_mode: str, session_id: str | None = None) -> dict[
         "prefill_nodes": list(trace.prefill_node_ids), "decode_nodes": list(trace.decode_node_ids),
         # The transfer's own report when the KV moved; the configured mode until it is known.
         "plans": list(trace.plans), "kv_mode": (trace.kv_mode or kv_mode) if remote else "none",
-        "kv_wire_bytes": trace.kv_wire_bytes, "failover": trace.failed_over, "num_failovers": trace.num_failovers,
+        "kv_wire_bytes": trace.kv_wire_bytes, "kv_held_tokens": trace.num_kv_held_tokens, "failover": trace.failed_over, "num_failovers": trace.num_failovers,
         "num_prefill_retries": trace.num_prefill_retries, "fallback_local": trace.fallback_local,
         "failures": list(trace.failures), "timings": {k: v for k, v in trace.timings.items() if v is not None},
     }

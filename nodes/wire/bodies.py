@@ -49,6 +49,7 @@ class DecodeRequestBody:
     session_id: str | None = None
     prefill: PrefillMode = PrefillMode.AUTO
     num_delivered: int = 0        # a resume: tokens delivered before this request (0: not a resume)
+    cache_salt: str = ""          # kept-KV scope (the tenant): prefixes are reused only under one salt
 
 
 @dataclass(frozen=True, slots=True)
@@ -61,6 +62,7 @@ class PrefillRequestBody:
     request_id: str               # the decode request the KV is for
     urgent: bool = False          # a recovery: run before queued new prompts
     cache_salt: str = ""          # prefix-cache scope: prompts share cached KV only under one salt
+    kv_offset: int = 0            # the decode node holds the KV of this many leading tokens: send the rest
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,19 +71,19 @@ class PlanBody:
     node_id: str
     data_endpoint: str = ""       # remote only
     transfer_id: str = ""         # remote only
-    num_cached_tokens: int = 0    # cached only
+    num_cached_tokens: int = 0    # leading prompt tokens whose KV this node holds (remote: not sent)
 
     @classmethod
-    def remote(cls, node_id: str, data_endpoint: str, transfer_id: str) -> PlanBody:
-        return cls(PlanKind.REMOTE, node_id, data_endpoint, transfer_id)
+    def remote(cls, node_id: str, data_endpoint: str, transfer_id: str, num_cached_tokens: int = 0) -> PlanBody:
+        return cls(PlanKind.REMOTE, node_id, data_endpoint, transfer_id, num_cached_tokens)
 
     @classmethod
     def cached(cls, node_id: str, num_cached_tokens: int) -> PlanBody:
         return cls(PlanKind.CACHED, node_id, num_cached_tokens=num_cached_tokens)
 
     @classmethod
-    def local(cls, node_id: str) -> PlanBody:
-        return cls(PlanKind.LOCAL, node_id)
+    def local(cls, node_id: str, num_cached_tokens: int = 0) -> PlanBody:
+        return cls(PlanKind.LOCAL, node_id, num_cached_tokens=num_cached_tokens)
 
 
 @dataclass(frozen=True, slots=True)

@@ -74,22 +74,24 @@ def _sampling(s: SamplingParams) -> dict[str, Any]:
 
 
 def _decode_request(b: DecodeRequestBody) -> dict[str, Any]:
-    return {"prompt_token_ids": list(b.prompt), "sampling": _sampling(b.sampling), "session_id": b.session_id,
+    body = {"prompt_token_ids": list(b.prompt), "sampling": _sampling(b.sampling), "session_id": b.session_id,
             "prefill": str(b.prefill), "resume": {"num_delivered": b.num_delivered} if b.num_delivered else None}
+    return body | {"cache_salt": b.cache_salt} if b.cache_salt else body
 
 
 def _prefill_request(b: PrefillRequestBody) -> dict[str, Any]:
     body = {"prompt_token_ids": list(b.prompt), "sampling": _sampling(b.sampling),
             "decode_node_id": b.decode_node_id, "data_endpoint": b.data_endpoint, "transfer_id": b.transfer_id,
             "request_id": b.request_id, "urgent": b.urgent}
-    return body | {"cache_salt": b.cache_salt} if b.cache_salt else body
+    optional = {"cache_salt": b.cache_salt, "kv_offset": b.kv_offset}
+    return body | {key: value for key, value in optional.items() if value}
 
 
 def _plan(b: PlanBody) -> dict[str, Any]:
     plan: dict[str, Any] = {"type": "plan", "plan": str(b.kind), "node_id": b.node_id}
     if b.kind == PlanKind.REMOTE:
         plan |= {"data_endpoint": b.data_endpoint, "transfer_id": b.transfer_id}
-    elif b.kind == PlanKind.CACHED:
+    if b.kind == PlanKind.CACHED or b.num_cached_tokens:
         plan["num_cached_tokens"] = b.num_cached_tokens
     return plan
 

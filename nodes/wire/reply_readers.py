@@ -39,12 +39,11 @@ def plan(value: Any, bounds: Bounds) -> PlanBody:
     body = f.typed_map(value, "plan", "a plan")
     kind = _plan_kind(body.get("plan"))
     node_id = f.an_id(body, "node_id")
+    num_cached = f.count(body.get("num_cached_tokens", 0), "num_cached_tokens")
     if kind == PlanKind.REMOTE:
         endpoint = f.an_id(body, "data_endpoint", f.MAX_ENDPOINT_BYTES)
-        return PlanBody.remote(node_id, endpoint, f.an_id(body, "transfer_id"))
-    if kind == PlanKind.CACHED:
-        return PlanBody.cached(node_id, f.count(body.get("num_cached_tokens", 0), "num_cached_tokens"))
-    return PlanBody.local(node_id)
+        return PlanBody.remote(node_id, endpoint, f.an_id(body, "transfer_id"), num_cached)
+    return PlanBody(kind, node_id, num_cached_tokens=num_cached)
 
 
 def _plan_kind(value: Any) -> PlanKind:

@@ -27,7 +27,7 @@ def decode_request(value: Any, bounds: Bounds) -> DecodeRequestBody:
     mode = PrefillMode(f.one_of(body.get("prefill", PrefillMode.AUTO), "prefill", tuple(PrefillMode)))
     session_id = None if body.get("session_id") in (None, "") else f.an_id(body, "session_id")
     return DecodeRequestBody(prompt, sampling(body.get("sampling", {}), bounds), session_id, mode,
-                             _num_delivered(body.get("resume")))
+                             _num_delivered(body.get("resume")), f.an_id_or_empty(body, "cache_salt"))
 
 
 def _num_delivered(resume: Any) -> int:
@@ -44,8 +44,9 @@ def prefill_request(value: Any, bounds: Bounds) -> PrefillRequestBody:
     node_id, transfer_id, request_id = (f.an_id(body, key) for key in ("decode_node_id", "transfer_id", "request_id"))
     endpoint = f.an_id(body, "data_endpoint", f.MAX_ENDPOINT_BYTES)
     urgent = f.flag(body.get("urgent", False), "urgent")
+    kv_offset = f.count(body.get("kv_offset", 0), "kv_offset", 0, len(prompt) - 1)
     return PrefillRequestBody(prompt, sampling(body.get("sampling", {}), bounds), node_id, endpoint, transfer_id,
-                              request_id, urgent, f.an_id_or_empty(body, "cache_salt"))
+                              request_id, urgent, f.an_id_or_empty(body, "cache_salt"), kv_offset)
 
 
 def kv_ready(value: Any, bounds: Bounds) -> KvReadyBody:

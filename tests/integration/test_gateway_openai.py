@@ -144,28 +144,37 @@ def test_the_request_vllm_bench_serve_sends(served):
 
 
 def test_a_shared_prompt_prefix_is_served_from_the_prefill_cache_and_changes_no_token(client, served):
-    """Three requests opening with one long system text, each in its own session (so no decode
-    session cache helps): the later ones take its full blocks from the prefill node's prefix cache,
-    say so in usage.prompt_tokens_details.cached_tokens, and generate what the first generated."""
+    """Three requests opening with one long system text, each in its own session. The second
+    repeats the first: the decode node holds all but its last few tokens (kept with the first
+    request's session) and prefills the rest itself (`cached`), generating what the first did. The
+    third asks a long new question: its plan is `remote`, the prefill node takes the opening from
+    its prefix cache, and the decode node, holding it too, is sent only the rest. Usage's
+    cached_tokens and `pdbus.kv_held_tokens` say so."""
     system = "You are a careful assistant. Answer briefly and cite nothing. " * 2
-    texts, cached = [], []
-    for i, question in enumerate(("Q1?", "Q1?", "Q2!")):
+    texts, cached, held, plans = [], [], [], []
+    for i, question in enumerate(("One? " * 40, "One? " * 40, "Two! " * 40)):
         completion = client.completions.create(model=TINY_NAME, prompt=system + question, max_tokens=8, temperature=0,
                                                extra_body={"ignore_eos": True, "session_id": f"prefix-{i}"})
         texts.append(completion.choices[0].text)
         cached.append(completion.usage.prompt_tokens_details.cached_tokens)
-    assert cached[0] == 0 and cached[1] > 0 and cached[1] % 16 == 0 and cached[2] == cached[1]
+        held.append(completion.model_extra["pdbus"]["kv_held_tokens"])
+        plans += completion.model_extra["pdbus"]["plans"]
+    assert plans == ["remote", "cached", "remote"]
+    assert cached[0] == 0 and cached[1] > cached[2] > 0 and cached[2] % 16 == 0
+    assert held == [0, 0, cached[2]]   # a cached plan moves no KV at all: nothing to hold back
     assert texts[1] == texts[0]   # a hit changes no token (raw KV, greedy)
     metrics = httpx.get(served[1].url + "/metrics", timeout=10).text
     line = next(x for x in metrics.splitlines() if x.startswith('pdbus_tokens_total{kind="prompt_cached"}'))
     assert float(line.split()[-1]) >= cached[1] + cached[2]
+    line = next(x for x in metrics.splitlines() if x.startswith('pdbus_tokens_total{kind="prompt_kv_held"}'))
+    assert float(line.split()[-1]) >= held[2]
     # The prefill node's own counters reach /metrics through the broker's stats (its capacity reports).
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         metrics = httpx.get(served[1].url + "/metrics", timeout=10).text
         rows = {x.split()[0]: float(x.split()[-1]) for x in metrics.splitlines() if x.startswith("pdbus_prefi")}
-        if rows.get('pdbus_prefill_prompt_tokens{kind="cached",node="prefill-0"}', 0) >= cached[1] + cached[2]:
+        if rows.get('pdbus_prefill_prompt_tokens{kind="cached",node="prefill-0"}', 0) >= cached[2]:
             break
         time.sleep(0.2)
-    assert rows['pdbus_prefill_prompt_tokens{kind="cached",node="prefill-0"}'] >= cached[1] + cached[2]
+    assert rows['pdbus_prefill_prompt_tokens{kind="cached",node="prefill-0"}'] >= cached[2]
     assert 0 < rows["pdbus_prefix_cache_hit_ratio"] < 1

@@ -12,7 +12,7 @@ import torch
 from bus.kv import KVReceiver
 from bus.messages import Cancel, Request
 from nodes import wire
-from nodes.engines.base import SamplingParams
+from nodes.engines.base import PrefillRequest, SamplingParams
 from nodes.prefill_node import KvSendDone, PrefillWork
 from tests.nodes.cluster_fakes import FakeEndpoint, tiny_engine, tiny_settings
 
@@ -317,5 +317,43 @@ def test_a_prompt_prefix_cached_under_its_salt_is_not_prefilled_again(kv_thread)
     assert (capacity["prompt_tokens"], capacity["prefix_cached_tokens"]) == (3 * len(prompt), 32)
     tokens = [endpoint.of("partial", f"p{i}")[0]["token_id"] for i in range(3)]
     assert tokens[0] == tokens[1] == tokens[2]   # a hit changes nothing in what is sent
+    kv_thread.run(receiver.close())
+    work.close()
+
+
+def test_a_kv_offset_sends_only_the_rest_of_the_prompt_from_that_token(kv_thread):
+    """The decode node holds the first 4 tokens' KV: the transfer carries the other 4, marked as
+    starting at token 4, and equals that part of the whole KV."""
+    receiver = KVReceiver()
+    data_endpoint = kv_thread.run(receiver.start())
+    work, endpoint = make_work(kv_thread, kv_quant="raw")
+    work.on_message(request(data_endpoint=data_endpoint, kv_offset=4))
+    work.work(time.monotonic() + 1)
+    take_inbox(work, endpoint)
+    (final,) = endpoint.of("final", "p1")
+    result = kv_thread.run(receiver.result("t1", timeout=5))
+    assert result.ok and result.token_offset == 4 and result.kv.shape[3] == len(PROMPT) - 4
+    [whole] = tiny_engine().prefill([PrefillRequest("w", tuple(PROMPT), SamplingParams(temperature=0.0, max_tokens=6))])
+    whole = whole.kv
+    assert torch.equal(torch.from_numpy(result.kv), whole[:, :, :, 4:])
+    assert final["transfer"]["raw_bytes"] == whole[:, :, :, 4:].nbytes
+    kv_thread.run(receiver.close())
+    work.close()
+
+
+def test_the_capacity_reports_the_prefixes_the_cache_holds_as_the_routing_key_names_them(kv_thread):
+    from scheduler.prefill_keys import parse_prefill_key, prefill_key
+
+    receiver = KVReceiver()
+    data_endpoint = kv_thread.run(receiver.start())
+    work, endpoint = make_work(kv_thread)
+    assert not any(name.startswith("px.") for name in work.capacity())
+    prompt = list(range(20, 60))   # 2 full blocks of 16: depths 1 and 2
+    work.on_message(request(prompt_token_ids=prompt, data_endpoint=data_endpoint, cache_salt="tenant-a"))
+    work.work(time.monotonic() + 1)
+    take_inbox(work, endpoint)
+    reported = {name: value for name, value in work.capacity().items() if name.startswith("px.")}
+    hashes = parse_prefill_key(prefill_key(prompt, "tenant-a")).hashes
+    assert reported == {f"px.{hashes[0]}": 16, f"px.{hashes[1]}": 32}
     kv_thread.run(receiver.close())
     work.close()

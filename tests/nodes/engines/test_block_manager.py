@@ -1,16 +1,10 @@
-"""Block accounting and the LRU session cache (plain data)."""
+"""Block accounting (plain data)."""
 
 from __future__ import annotations
 
 import pytest
 
-from nodes.engines.block_manager import (
-    BlockManager,
-    CachedSession,
-    KvBudgetExceeded,
-    SessionCache,
-    common_prefix_len,
-)
+from nodes.engines.block_manager import BlockManager, KvBudgetExceeded
 
 
 def test_allocate_rounds_up_to_blocks_and_free_returns_them():
@@ -60,20 +54,15 @@ def test_bad_sizes_are_refused():
         BlockManager(0, 16)
 
 
-def test_session_cache_is_lru_and_put_refreshes():
-    cache = SessionCache()
-    for name in "abc":
-        cache.put(CachedSession(name, (1, 2), None))
-    cache.put(CachedSession("a", (1, 2, 3), None))
-    assert cache.lru_order() == ["b", "c", "a"]
-    assert cache.take("b").session_id == "b"
-    assert "b" not in cache and len(cache) == 2
-
-
-def test_common_prefix_len():
-    assert common_prefix_len((1, 2, 3), [1, 2, 4]) == 2
-    assert common_prefix_len((1, 2), (1, 2, 3)) == 2
-    assert common_prefix_len((), (1,)) == 0
+def test_rename_moves_the_blocks_and_refuses_a_taken_name():
+    blocks = BlockManager(num_blocks=4, block_size=1)
+    blocks.allocate("a", 2)
+    blocks.allocate("b", 1)
+    blocks.rename("a", "c")
+    assert blocks.num_blocks_of("c") == 2 and blocks.num_blocks_of("a") == 0
+    with pytest.raises(ValueError):
+        blocks.rename("c", "b")
+    assert blocks.num_blocks_of("c") == 2
 
 
 def test_ids_come_never_used_first_then_in_the_order_they_came_back():

@@ -117,3 +117,31 @@ def test_any_broker_stats_answer_leaves_the_gauges_finite_and_never_raises(stats
     metrics.set_broker_stats({"capacity_by_node": stats})
     ratio = series(metrics, "pdbus_prefix_cache_hit_ratio")["pdbus_prefix_cache_hit_ratio"]
     assert 0.0 <= ratio < float("inf")
+
+
+def test_kv_a_decode_node_held_counts_as_tokens_and_bytes_not_moved():
+    metrics = GatewayMetrics()
+    trace = RequestTrace("r", "s")
+    trace.num_kv_held_tokens = 96   # 96 of 100 prompt tokens held: the 4 sent took 400 raw bytes
+    trace.decode_final = {"stats": {"kv_raw_bytes": 400, "kv_wire_bytes": 100}, "usage": {"prompt_tokens": 100}}
+    observe(metrics, trace)
+    assert series(metrics, 'pdbus_kv_bytes_total{kind="held"}') == {'pdbus_kv_bytes_total{kind="held"}': 9600.0}
+    assert series(metrics, 'pdbus_tokens_total{kind="prompt_kv_held"}') == {
+        'pdbus_tokens_total{kind="prompt_kv_held"}': 96.0}
+    for usage in ({"prompt_tokens": 96}, {"prompt_tokens": "x"}, "junk"):   # nothing sent, or junk: no bytes
+        trace.decode_final = {"stats": {"kv_raw_bytes": 400, "kv_wire_bytes": 100}, "usage": usage}
+        observe(metrics, trace)
+    assert series(metrics, 'pdbus_kv_bytes_total{kind="held"}') == {'pdbus_kv_bytes_total{kind="held"}': 9600.0}
+
+
+def test_decode_prefix_hits_come_from_the_decode_nodes_reports():
+    metrics = GatewayMetrics()
+    capacities = {"d1": {"kv_imported_tokens": 300, "prefix_reused_tokens": 700},
+                  "d2": {"kv_imported_tokens": 100, "prefix_reused_tokens": "x"},   # junk: ignored
+                  "p1": {"prompt_tokens": 10, "prefix_cached_tokens": 0}}
+    metrics.set_broker_stats({"capacity_by_node": capacities})
+    assert series(metrics, "pdbus_decode_kv_tokens") == {'pdbus_decode_kv_tokens{kind="imported",node="d1"}': 300.0,
+                                                         'pdbus_decode_kv_tokens{kind="held",node="d1"}': 700.0}
+    assert series(metrics, "pdbus_decode_prefix_hit_ratio") == {"pdbus_decode_prefix_hit_ratio": 0.7}
+    metrics.set_broker_stats({"capacity_by_node": {}})
+    assert series(metrics, "pdbus_decode_kv_tokens") == {}

@@ -4,6 +4,8 @@ names fields and bounds, never a value from the body."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from hypothesis import HealthCheck, given, settings
 
 from nodes import wire
@@ -60,9 +62,29 @@ def test_a_prefill_request_carries_its_cache_salt_bounded_and_only_when_set():
     body = wire.PrefillRequestBody((1, 2), wire.SamplingParams(), "decode-0", "tcp://127.0.0.1:1", "t", "r",
                                    cache_salt="a1b2c3")
     assert wire.from_wire(wire.PrefillRequestBody, wire.to_wire(body), BOUNDS) == body
-    unsalted = wire.to_wire(body.__class__(*[getattr(body, f) for f in body.__dataclass_fields__][:-1]))
+    unsalted = wire.to_wire(dataclasses.replace(body, cache_salt=""))
     assert "cache_salt" not in unsalted   # what an older client sent: read as no salt
     assert wire.from_wire(wire.PrefillRequestBody, unsalted, BOUNDS).cache_salt == ""
     for bad in ("s" * 129, 7, ["x"]):
         refused = refusal(wire.PrefillRequestBody, {**wire.to_wire(body), "cache_salt": bad})
         assert refused.code == wire.Code.BAD_REQUEST and "cache_salt" in refused.reason
+
+
+def test_a_decode_request_carries_its_cache_salt_only_when_set():
+    body = wire.DecodeRequestBody((1, 2), wire.SamplingParams(), "s", cache_salt="tenant-1")
+    assert wire.from_wire(wire.DecodeRequestBody, wire.to_wire(body), BOUNDS) == body
+    plain = wire.to_wire(dataclasses.replace(body, cache_salt=""))
+    assert "cache_salt" not in plain and wire.from_wire(wire.DecodeRequestBody, plain, BOUNDS).cache_salt == ""
+    for bad in ("s" * 129, 7, ["x"]):
+        refused = refusal(wire.DecodeRequestBody, {**wire.to_wire(body), "cache_salt": bad})
+        assert refused.code == wire.Code.BAD_REQUEST and "cache_salt" in refused.reason
+
+
+def test_a_prefill_request_kv_offset_is_bounded_by_its_prompt():
+    body = wire.PrefillRequestBody((1, 2, 3), wire.SamplingParams(), "decode-0", "tcp://127.0.0.1:1", "t", "r",
+                                   kv_offset=2)
+    assert wire.from_wire(wire.PrefillRequestBody, wire.to_wire(body), BOUNDS) == body
+    assert "kv_offset" not in wire.to_wire(dataclasses.replace(body, kv_offset=0))   # what older clients send
+    for bad in (3, -1, 1.5, "2", True, None):   # the whole prompt, or not a count: nothing would be sent
+        refused = refusal(wire.PrefillRequestBody, {**wire.to_wire(body), "kv_offset": bad})
+        assert refused.code == wire.Code.BAD_REQUEST and "kv_offset" in refused.reason
