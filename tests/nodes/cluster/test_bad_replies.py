@@ -83,6 +83,11 @@ DECODE_CASES = {
     "plan-missing": ("plan", {"type": "plan"}), "plan-unknown": ("plan", {"type": "plan", "plan": "?", "node_id": "d"}),
     "plan-remote-no-endpoint": ("plan", {"type": "plan", "plan": "remote", "node_id": "d", "transfer_id": "t"}),
     "plan-node-id-map": ("plan", {"type": "plan", "plan": "local", "node_id": {"a": 1}}),
+    # KV it claims to hold for the whole prompt (3 tokens) or beyond: nothing would be left to send.
+    "plan-holds-whole-prompt": ("plan", {"type": "plan", "plan": "remote", "node_id": "d", "transfer_id": "t",
+                                         "data_endpoint": "tcp://127.0.0.1:9", "num_cached_tokens": 3}),
+    "plan-holds-negative": ("plan", {"type": "plan", "plan": "local", "node_id": "d", "num_cached_tokens": -1}),
+    "plan-holds-text": ("plan", {"type": "plan", "plan": "cached", "node_id": "d", "num_cached_tokens": "2"}),
     **{f"token-{name}": ("token", value) for name, value in ODD_VALUES.items()},
     "token-no-index": ("token", {k: v for k, v in GOOD_TOKEN.items() if k != "index"}),
     "token-no-id": ("token", {k: v for k, v in GOOD_TOKEN.items() if k != "token_id"}),

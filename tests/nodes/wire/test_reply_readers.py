@@ -18,6 +18,10 @@ def test_what_the_nodes_send_parses_into_typed_values():
     assert (plan.kind, plan.node_id, plan.transfer_id) == (wire.PlanKind.REMOTE, "decode-0", "t-r1")
     cached = wire.from_wire(wire.PlanBody, {"type": "plan", "plan": "cached", "node_id": "d", "num_cached_tokens": 9})
     assert cached == wire.PlanBody.cached("d", 9)
+    held = wire.PlanBody.remote("d", "tcp://127.0.0.1:9", "t", num_cached_tokens=32)
+    assert wire.from_wire(wire.PlanBody, wire.to_wire(held)) == held
+    assert "num_cached_tokens" not in remote_plan("decode-0", "r1")   # what older nodes send: none held
+    assert wire.from_wire(wire.PlanBody, wire.to_wire(wire.PlanBody.local("d", 16))).num_cached_tokens == 16
     assert wire.read_partial(token(3, 7), BOUNDS) == wire.TokenBody(3, 7, "<7>")
     assert wire.read_partial({"type": "progress"}, BOUNDS) is None   # another kind of PARTIAL: ignored
     done = wire.from_wire(wire.PrefillDoneBody, prefill_done([1, 2, 3]), BOUNDS)
