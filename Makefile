@@ -133,8 +133,10 @@ bench-gateway: install ## HTTP/SSE/WebSocket stack overhead: starlette+uvicorn b
 bench: install   ## serving benchmark: disaggregated vs colocated vs vLLM, full rate sweep, SLO attainment, plots (ARGS=...)
 	$(BENCH) -m harness.bench.serve --config $(CONFIG) $(ARGS)
 
-bench-prefix: install ## shared 1,024-token system prompts: pdbus with and without its prefix cache, vLLM with its own (~10 min)
+bench-prefix: install ## shared system prompts, then multi-turn chats: pdbus with and without its caches, vLLM with its own (~20 min)
 	$(BENCH) -m harness.bench.serve --config $(CONFIG) --quick --workload shared-prefix --tag serve-prefix \
+		--systems pdbus-disagg,pdbus-disagg-nocache,vllm $(ARGS)
+	$(BENCH) -m harness.bench.serve --config $(CONFIG) --quick --workload multi-turn --tag serve-multiturn \
 		--systems pdbus-disagg,pdbus-disagg-nocache,vllm $(ARGS)
 
 bench-quick: install ## the same comparison on a reduced sweep (< 10 min here): table, results/serve-quick-*.json, PNG

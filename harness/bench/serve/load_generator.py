@@ -4,8 +4,9 @@ SSE and records each request's timeline, as `vllm bench serve --backend openai` 
 Contract:
 - `await run_load(url, model, specs, offsets=..., max_concurrency=..., on_done=...)`
   -> (list[RequestResult], duration_s): request i is sent at `offsets[i]` seconds after the start
-  (Poisson arrivals), at most `max_concurrency` in flight (None = unbounded; with all offsets 0
-  this is fixed-concurrency load). `duration_s` runs from the first send to the last completion.
+  (Poisson arrivals), and not before request `specs[i].after` ended (a conversation's next turn),
+  at most `max_concurrency` in flight (None = unbounded; with all offsets 0 this is
+  fixed-concurrency load). `duration_s` runs from the first send to the last completion.
 - Timeline per request (monotonic clock): `ttft` = first chunk carrying text; `itl` = gaps
   between later text chunks; `latency` = until `[DONE]`; `output_tokens` = the server's
   `usage.completion_tokens` (asked with `stream_options.include_usage`), else the text chunks.
@@ -45,9 +46,10 @@ class RequestResult:
 
 
 def request_body(model: str, spec: RequestSpec) -> dict:
-    return {"model": model, "prompt": list(spec.prompt_token_ids), "max_tokens": spec.output_len,
+    body = {"model": model, "prompt": list(spec.prompt_token_ids), "max_tokens": spec.output_len,
             "temperature": 0.0, "ignore_eos": True, "stream": True,
             "stream_options": {"include_usage": True}}
+    return body | {"session_id": spec.session_id} if spec.session_id else body
 
 
 def apply_chunk(result: RequestResult, chunk: dict, sent_at: float, now: float, state: dict) -> None:
@@ -106,9 +108,18 @@ async def run_load(url: str, model: str, specs: Sequence[RequestSpec], *, offset
     connector = aiohttp.TCPConnector(limit=0)
     async with aiohttp.ClientSession(connector=connector, timeout=TIMEOUT) as session:
         started = time.perf_counter()
+        ended = [asyncio.Event() for _ in specs]
 
-        async def one(spec: RequestSpec, offset: float) -> RequestResult:
+        async def one(index: int, spec: RequestSpec, offset: float) -> RequestResult:
+            try:
+                return await send_after(spec, offset)
+            finally:
+                ended[index].set()
+
+        async def send_after(spec: RequestSpec, offset: float) -> RequestResult:
             await asyncio.sleep(max(0.0, started + offset - time.perf_counter()))
+            if 0 <= spec.after < len(specs):
+                await ended[spec.after].wait()
             result = RequestResult(spec.kind, spec.prompt_len, spec.output_len)
             if limit is not None:
                 async with limit:
@@ -121,5 +132,5 @@ async def run_load(url: str, model: str, specs: Sequence[RequestSpec], *, offset
                 on_done(result)
             return result
 
-        results = await asyncio.gather(*(one(s, o) for s, o in zip(specs, offsets, strict=True)))
+        results = await asyncio.gather(*(one(i, s, o) for i, (s, o) in enumerate(zip(specs, offsets, strict=True))))
         return list(results), time.perf_counter() - started

@@ -7,8 +7,11 @@ prompt lengths unchanged). The default (`make bench`): rates 0.25 .. 2 req/s, 60
 the mixed workload at full size. Systems: `pdbus-disagg` (1 prefill + 1 decode node),
 `pdbus-coloc` (2 `both` nodes), `vllm` (vLLM's own OpenAI server on both cores) and `pdbus-vllm`
 (1 prefill + 1 decode node running vLLM engines, KV over pdbus); the two vLLM lines say "not
-installed" without `make install-vllm`. Every pdbus node runs one thread; the engine dtype is `--dtype` (bfloat16, the engine's fast path). pdbus
-has no cross-request prefix cache (each request is a new session), and each rate uses a new seed.
+installed" without `make install-vllm`. Every pdbus node runs one thread; the engine dtype is
+`--dtype` (bfloat16, the engine's fast path). Each rate uses a new seed, so a prompt repeats only
+where the workload shares it on purpose (`shared-prefix`, `multi-turn`); there pdbus reuses KV
+across requests (the prefill prefix cache, the decode node's kept prefixes and sessions) and
+`pdbus-disagg-nocache` (by name only) is the same cluster keeping none of it.
 Writes `results/<tag>-<system>-<rate>.json`, `results/<tag>-summary.json` and `results/<tag>.png`.
 """
 
@@ -28,7 +31,9 @@ from harness.bench.serve.serve_runner import SweepConfig, config_dict, run_syste
 from harness.bench.serve.systems import PdbusSystem, VllmSystem
 
 SYSTEMS = ("pdbus-disagg", "pdbus-coloc", "vllm", "pdbus-vllm")   # the default sweep
-EXTRA_SYSTEMS = ("pdbus-disagg-nocache",)   # by name only: pdbus-disagg with its prefix cache off
+EXTRA_SYSTEMS = ("pdbus-disagg-nocache",)   # by name only: pdbus-disagg keeping no KV across requests
+NO_CACHE = {"PDBUS__PREFILL__PREFIX_CACHE_MIB": "0", "PDBUS__ENGINE__KEEP_PREFIXES": "false",
+            "PDBUS__ENGINE__KEEP_SESSIONS": "false"}
 QUICK = {"rates": [0.5, 1.0, 1.5], "num_prompts": 24, "output_scale": 0.5}
 FULL = {"rates": [0.25, 0.5, 0.75, 1.0, 1.5, 2.0], "num_prompts": 60, "output_scale": 1.0}
 VOCAB_SIZES = {"tiny": 512}
@@ -39,7 +44,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="the reduced sweep of `make bench-quick`")
     parser.add_argument("--systems", default=",".join(SYSTEMS),
                         help=f"comma-separated, of {SYSTEMS + EXTRA_SYSTEMS} (default: the first four)")
-    parser.add_argument("--workload", choices=["mixed", "random", "shared-prefix"], default="mixed")
+    parser.add_argument("--workload", choices=["mixed", "random", "shared-prefix", "multi-turn"], default="mixed")
     parser.add_argument("--request-rates", help="comma-separated req/s (`inf`: all at once)")
     parser.add_argument("--num-prompts", type=int, help="requests per rate")
     parser.add_argument("--max-concurrency", type=int, help="cap on requests in flight (fixed-concurrency load)")
@@ -90,14 +95,14 @@ def build_systems(names: list[str], args: argparse.Namespace, config: SweepConfi
     for name in names:
         if name == "vllm":   # its prefix caching on for the shared-prefix workload, as pdbus's is
             systems.append(VllmSystem(model=args.model, dtype=args.dtype,
-                                      prefix_caching=config.workload == "shared-prefix",
+                                      prefix_caching=config.workload in ("shared-prefix", "multi-turn"),
                                       log_path=config.results_dir / f"{config.tag}-vllm-server.log"))
         elif name == "pdbus-vllm":   # vLLM engines behind pdbus nodes, disaggregated (docs/VLLM.md)
             systems.append(PdbusSystem(name, colocated=False, model=args.model, config=getattr(args, "config", None),
                                        env=env, engine="vllm",
                                        log_path=config.results_dir / f"{config.tag}-{name}-cluster.log"))
         elif name in ("pdbus-disagg", "pdbus-coloc", "pdbus-disagg-nocache"):
-            no_cache = {"PDBUS__PREFILL__PREFIX_CACHE_MIB": "0"} if name.endswith("nocache") else {}
+            no_cache = NO_CACHE if name.endswith("nocache") else {}
             systems.append(PdbusSystem(name, colocated=name == "pdbus-coloc", model=args.model,
                                        config=getattr(args, "config", None), env=env | no_cache,
                                        log_path=config.results_dir / f"{config.tag}-{name}-cluster.log"))

@@ -61,13 +61,21 @@ def _specs(config: SweepConfig, num: int, seed: int) -> list[wl.RequestSpec]:
                                   config.vocab_size, seed)
     if config.workload == "shared-prefix":
         return wl.shared_prefix_workload(num, seed, config.vocab_size, config.output_scale)
-    raise ValueError(f"unknown workload {config.workload!r} (mixed, random, shared-prefix)")
+    if config.workload == "multi-turn":
+        return wl.multi_turn_workload(num, seed, config.vocab_size, config.output_scale)
+    raise ValueError(f"unknown workload {config.workload!r} (mixed, random, shared-prefix, multi-turn)")
 
 
 def requests_for(config: SweepConfig, rate_index: int) -> tuple[list[wl.RequestSpec], list[float]]:
+    """Conversations (a request with `after`) start at the arrival times, at the rate divided by
+    their turns so the request rate stays the rate; a later turn waits for its predecessor only."""
     seed = config.seed + rate_index
     specs = _specs(config, config.num_prompts, seed)
-    offsets = wl.arrival_offsets(len(specs), config.rates[rate_index], config.burstiness, seed + 10_000)
+    starts = [i for i, spec in enumerate(specs) if spec.after < 0]
+    rate = config.rates[rate_index] * len(starts) / len(specs)
+    offsets = [0.0] * len(specs)
+    for i, offset in zip(starts, wl.arrival_offsets(len(starts), rate, config.burstiness, seed + 10_000), strict=True):
+        offsets[i] = offset
     return specs, offsets
 
 

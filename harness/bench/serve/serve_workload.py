@@ -11,6 +11,12 @@ Contract (pure, seeded, no I/O):
   with one of `NUM_SYSTEM_PROMPTS` system prompts of 1,024 tokens (the k-th used 1/k as often; the
   same prompts at every rate and seed, as a deployment's are) followed by a question of 32 ± 50%
   tokens, 64 out; 10% documents of 1,024 ± 25% unique tokens, 64 out. For prefix caches.
+- `multi_turn_workload(num, seed, vocab_size, scale)` -> list[RequestSpec]: conversations of
+  `TURNS` turns (num // TURNS of them), each opening with one of the shared system prompts cut to
+  `CHAT_SYSTEM_LEN` tokens; turn t's prompt is turn t-1's, then an assistant reply of the output
+  length (fixed tokens, not the model's: every system sees the same prompts), then a new user
+  message of 96 ± 50% tokens; 64 out. Each turn names its conversation (`session_id`) and is sent
+  only after the previous turn ended (`after`), as a user waits for the reply.
 - `arrival_offsets(num, rate, burstiness, seed)` -> list[float]: send times (s from the start);
   gamma-distributed gaps as `vllm bench serve` draws them (burstiness 1 = Poisson); rate inf -> all 0.
 Prompts are token-id lists sent as the completions `prompt`, so every system sees exactly the same
@@ -36,6 +42,8 @@ class RequestSpec:
     kind: str                         # "chat", "document", "random": picks the TTFT SLO
     prompt_token_ids: tuple[int, ...]
     output_len: int                   # max_tokens, with ignore_eos
+    session_id: str = ""              # a conversation's turns share one (sent as `session_id`)
+    after: int = -1                   # index of the request that must end before this one is sent
 
     @property
     def prompt_len(self) -> int:
@@ -90,6 +98,28 @@ def shared_prefix_workload(num: int, seed: int, vocab_size: int, scale: float = 
         else:
             specs.append(RequestSpec("document", _prompt(rng, _length(rng, SYSTEM_PROMPT_LEN, 0.25), vocab_size),
                                      output_len))
+    return specs
+
+
+TURNS = 4
+CHAT_SYSTEM_LEN = 256
+
+
+def multi_turn_workload(num: int, seed: int, vocab_size: int, scale: float = 1.0) -> list[RequestSpec]:
+    system_rng = random.Random(SYSTEM_PROMPT_SEED)
+    systems = [_prompt(system_rng, SYSTEM_PROMPT_LEN, vocab_size)[:CHAT_SYSTEM_LEN] for _ in range(NUM_SYSTEM_PROMPTS)]
+    weights = [1 / (k + 1) for k in range(NUM_SYSTEM_PROMPTS)]
+    rng = random.Random(seed)
+    output_len = max(2, round(64 * scale))
+    specs: list[RequestSpec] = []
+    for conversation in range(max(1, num // TURNS)):
+        prompt = rng.choices(systems, weights=weights)[0]
+        session = f"conv-{seed}-{conversation}"
+        for turn in range(TURNS):
+            if turn:
+                prompt += _prompt(rng, output_len, vocab_size)   # the assistant's previous reply
+            prompt += _prompt(rng, _length(rng, 96, 0.5), vocab_size)
+            specs.append(RequestSpec("chat", prompt, output_len, session, len(specs) - 1 if turn else -1))
     return specs
 
 

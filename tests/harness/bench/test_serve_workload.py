@@ -70,3 +70,29 @@ def test_shared_prefix_workload_opens_most_chats_with_the_same_system_prompts_at
                                                 if s.kind == "chat"}
     assert all(SYSTEM_PROMPT_LEN + 16 <= s.prompt_len <= SYSTEM_PROMPT_LEN + 48 for s in chats)
     assert all(min(s.prompt_token_ids) >= FIRST_ID for s in first)
+
+
+def test_multi_turn_conversations_grow_turn_by_turn_and_wait_for_each_other():
+    from harness.bench.serve.serve_workload import CHAT_SYSTEM_LEN, TURNS, multi_turn_workload
+    specs = multi_turn_workload(40, seed=3, vocab_size=49152)
+    assert len(specs) == 40 and len({s.session_id for s in specs}) == 40 // TURNS
+    for i, spec in enumerate(specs):
+        turn = i % TURNS
+        assert spec.after == (i - 1 if turn else -1)
+        if turn:   # the previous prompt, the previous reply's length of tokens, then a new message
+            previous = specs[i - 1]
+            assert spec.session_id == previous.session_id
+            assert spec.prompt_token_ids[:previous.prompt_len] == previous.prompt_token_ids
+            assert spec.prompt_len >= previous.prompt_len + previous.output_len + 48
+    openings = {s.prompt_token_ids[:CHAT_SYSTEM_LEN] for s in specs}
+    assert len(openings) <= 4
+    assert multi_turn_workload(40, seed=3, vocab_size=49152) == specs
+
+
+def test_a_conversation_starts_at_the_rate_divided_by_its_turns():
+    from harness.bench.serve.serve_runner import SweepConfig, requests_for
+    config = SweepConfig(workload="multi-turn", num_prompts=40, rates=[2.0])
+    specs, offsets = requests_for(config, 0)
+    starts = [o for s, o in zip(specs, offsets, strict=True) if s.after < 0]
+    assert all(o == 0.0 for s, o in zip(specs, offsets, strict=True) if s.after >= 0)
+    assert len(starts) == 10 and 6 < starts[-1] < 40   # 9 gaps at 0.5 conversations/s: ~18 s
