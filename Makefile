@@ -123,7 +123,7 @@ bench-engine-cuda: install ## the same on a CUDA GPU: the engine with and withou
 bench-kv-memory: install ## decode KV memory reserved at node start vs on demand: what requests wait (~1 min)
 	$(BENCH) -m harness.bench.kv_memory
 
-bench-scheduler: install ## hash-ring balance, sessions moved on join/leave, prefill prefix routing at 1,000 nodes (~20 s)
+bench-scheduler: install ## hash-ring balance, sessions moved on join/leave, prefill prefix routing at 1,000 nodes (~35 s)
 	$(PY) -m scheduler.simulation
 	$(PY) -m scheduler.prefix_simulation
 

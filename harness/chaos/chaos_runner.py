@@ -89,7 +89,11 @@ def say(options: ChaosOptions, text: str) -> None:
 def build_cluster(options: ChaosOptions) -> ChaosCluster:
     return ChaosCluster(num_prefill=options.num_prefill, num_decode=options.num_decode, model=options.model,
                         kv_quant=options.kv, gateway=options.driver != "bus",
-                        settings={"engine": {"dtype": options.dtype}},
+                        # Every pass sends the same prompts: a decode node holds each one's leading
+                        # blocks after the first, and would prefill a short rest itself. With no
+                        # local rest every request still takes a prefill node and a KV transfer (of
+                        # the rest: the held-prefix path is exercised too), so every fault hits.
+                        settings={"engine": {"dtype": options.dtype}, "scheduler": {"local_suffix_tokens": 0}},
                         proxied=PARTITIONED_NODE if "partition" in options.scenarios else None,
                         extra_args={"decode": ["--test-step-delay-ms", str(options.step_delay_ms)]})
 
