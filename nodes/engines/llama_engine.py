@@ -1,11 +1,12 @@
 """`LlamaEngine`: the built-in torch engine behind the `Engine` contract (see `base.py`).
 
 One engine serves either side or both. `step()` has nano-vllm's shape: `schedule()` picks this
-step's chunks (decode tokens first, then prefill chunks), `_run()` packs them into one forward pass,
-`_postprocess()` samples, streams and retires finished requests. Admission (`admission.py`) charges
-each request its KV reservation (prompt + max_tokens, in blocks) and the padded slot cache it
-implies, evicting least-recently-used finished sessions first, and answers "full" rather than
-over-committing memory. Torch threads are pinned at construction (`num_threads`).
+step's chunks (decode tokens first, then prefill chunks), `_run()` packs them into one forward pass
+(`batch_pack.py`), `_postprocess()` samples, streams and retires finished requests. Admission
+(`admission.py`) charges each request its KV reservation (prompt + max_tokens, in blocks) and the
+padded slot cache it implies, evicting least-recently-used kept KV first (finished sessions, shared
+prefixes: `session_cache.py`; never one held for a request, `prefix_leases.py`), and answers "full"
+rather than over-committing memory. Torch threads are pinned at construction (`num_threads`).
 """
 
 from __future__ import annotations
@@ -29,12 +30,13 @@ from nodes.engines.base import (
     PrefillResult,
     TokenEvent,
 )
+from nodes.engines.batch_pack import pack
 from nodes.engines.block_manager import BlockManager
 from nodes.engines.engine_common import DTYPES, resolve_device, resolve_dtype
 from nodes.engines.engine_types import EngineStats
 from nodes.engines.kernels.cpu import probe
 from nodes.engines.kv_slots import SlotCache
-from nodes.engines.llama import DecodeGroup, ForwardBatch, LlamaRunner, PrefillSpan
+from nodes.engines.llama import LlamaRunner
 from nodes.engines.model_loader import LoadedModel
 from nodes.engines.output import OutputTracker
 from nodes.engines.prefill_pass import ChunkedPrefill, run_prefill
@@ -204,23 +206,7 @@ class LlamaEngine(Engine):
         return events
 
     def _run(self, chunks: list[ScheduledChunk]) -> torch.Tensor:
-        decode = sorted((c for c in chunks if c.num_tokens == 1), key=lambda c: c.seq.slot)
-        spans = [c for c in chunks if c.num_tokens > 1]
-        ordered = decode + spans
-        token_ids = [t for c in ordered for t in c.token_ids]
-        positions = [p for c in ordered for p in range(c.start, c.start + c.num_tokens)]
-        sample_rows, row = {}, 0
-        prefill_spans = []
-        for chunk in ordered:
-            if chunk.num_tokens > 1:
-                prefill_spans.append(PrefillSpan(row, chunk.num_tokens, chunk.start, self.slots.view(chunk.seq.slot)))
-            row += chunk.num_tokens
-            if chunk.samples:
-                sample_rows[id(chunk)] = row - 1
-        device = self.device
-        batch = ForwardBatch(torch.tensor(token_ids, device=device), torch.tensor(positions, device=device),
-                             torch.tensor([sample_rows[id(c)] for c in chunks if c.samples], dtype=torch.long, device=device),
-                             spans=prefill_spans, decode=self._decode_group(decode))
+        batch = pack(chunks, self.slots, len(self.running), self.device)
         # On a GPU the logits stay there: sampling copies out a token id per greedy row, not a row of
         # 49,152 logits (sampling.py), and only a random-sampled row's logits come to the CPU.
         logits = self.runner.forward(batch)
@@ -230,21 +216,6 @@ class LlamaEngine(Engine):
         if self.on_logits is not None:
             self.on_logits([c.seq.request_id for c in chunks if c.samples], logits)
         return logits
-
-    def _decode_group(self, decode: list[ScheduledChunk]) -> DecodeGroup | None:
-        if not decode:
-            return None
-        num_slots = len(self.running)
-        slots = [c.seq.slot for c in decode]
-        lengths = torch.ones(num_slots, dtype=torch.long)   # idle slots attend one harmless key
-        lengths[slots] = torch.tensor([c.start + 1 for c in decode])
-        max_len = int(lengths.max())
-        device = self.device
-        return DecodeGroup(rows=torch.arange(len(decode), device=device), slots=torch.tensor(slots, device=device),
-                           positions=torch.tensor([c.start for c in decode], device=device),
-                           cache=self.slots.cache, num_slots=num_slots,
-                           lengths=lengths.to(device) if int(lengths.min()) < max_len else None, max_len=max_len,
-                           dense=slots == list(range(num_slots)))
 
     def _postprocess(self, chunks: list[ScheduledChunk], logits: torch.Tensor) -> list[TokenEvent]:
         for chunk in chunks:

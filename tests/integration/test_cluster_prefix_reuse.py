@@ -14,23 +14,13 @@ from tests.integration.cluster_helpers import client_for, greedy, load, referenc
 pytestmark = pytest.mark.integration
 
 
-@pytest.fixture(scope="module")
-def tiny():
-    return load("tiny")
-
-
-@pytest.fixture(scope="module")
-def cluster():
-    # local_suffix_tokens 0: every plan is remote, so the test sees what crosses the wire.
-    with ClusterProcs(num_prefill=1, num_decode=1, model="tiny", kv_quant="raw",
-                      settings={"scheduler": {"local_suffix_tokens": 0}}) as procs:
-        yield procs
-
-
-def test_a_shared_opening_is_held_on_the_decode_node_and_only_the_rest_is_sent(cluster, tiny):
+def test_a_shared_opening_is_held_on_the_decode_node_and_only_the_rest_is_sent():
+    tiny = load("tiny")
     opening = tuple(range(10, 10 + 96))                    # 6 blocks of 16; 96 tokens shared
     prompts = [opening + (200 + i, 300 + i, 400 + i) for i in range(4)]
-    with client_for(cluster) as client:
+    # local_suffix_tokens 0: every plan is remote, so the test sees what crosses the wire.
+    with ClusterProcs(num_prefill=1, num_decode=1, model="tiny", kv_quant="raw",
+                      settings={"scheduler": {"local_suffix_tokens": 0}}) as cluster, client_for(cluster) as client:
         results = [client.generate_blocking(p, greedy(8), cache_salt="tenant-a") for p in prompts[:3]]
         other = client.generate_blocking(prompts[3], greedy(8), cache_salt="tenant-b")
     first, _, third = results
