@@ -17,7 +17,11 @@ Why these settings (measured on the 2-core CPU machine, see the vLLM issue and d
 - `VLLM_CPU_KVCACHE_SPACE`: vLLM's own memory probe misreads this machine; pdbus sizes the cache
   from `[engine] num_kv_blocks` x `block_size` tokens instead (`num_gpu_blocks_override`);
 - `enforce_eager=True`: torch.compile costs 70-90 s per start for 5-10 % here;
-- prefix caching off: a prefill node's KV must be computed, and figures stay honest.
+- vLLM's own prefix caching where pdbus would keep KV: on a prefill node (`kv_producer`) when
+  `[prefill] prefix_cache_mib` > 0, on a decode node (`kv_consumer`) with `[engine] keep_prefixes`
+  (`prefix_caching(config, kv_role)`). The connector copies a request's whole block table, cached
+  blocks included, and loads only what vLLM did not find itself; every request carries the
+  tenant's `cache_salt`, so one tenant's blocks never serve another (vLLM salts block hashes).
 """
 
 from __future__ import annotations
@@ -95,6 +99,13 @@ def max_context_tokens(config: EngineConfig) -> int:
     return (num_cache_blocks(config, block_size) - 1) * block_size
 
 
+def prefix_caching(config: EngineConfig, kv_role: str | None) -> bool:
+    """Whether vLLM keeps prefix blocks: as pdbus's own caches would on that side (module docstring)."""
+    prefill_side = config.prefix_cache_bytes > 0
+    decode_side = config.keep_prefixes
+    return {"kv_producer": prefill_side, "kv_consumer": decode_side}.get(kv_role or "", prefill_side and decode_side)
+
+
 def engine_args(folder: Path, config: EngineConfig, kv_role: str | None, max_model_len: int) -> Any:
     from vllm import EngineArgs
     from vllm.config import KVTransferConfig
@@ -107,7 +118,7 @@ def engine_args(folder: Path, config: EngineConfig, kv_role: str | None, max_mod
                                     kv_role=kv_role, kv_load_failure_policy="recompute")
     return EngineArgs(
         model=str(folder), tokenizer=str(folder), dtype=resolve_dtype_name(config.dtype, config.device), seed=0,
-        enforce_eager=True, enable_prefix_caching=False,
+        enforce_eager=True, enable_prefix_caching=prefix_caching(config, kv_role),
         max_model_len=max_model_len, max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=max(config.max_batch_tokens, config.prefill_chunk_tokens),
         block_size=cache_block_size(config),

@@ -13,8 +13,9 @@ The node code is the same as with the built-in engine; only the engine changes. 
 
 Text, stop strings, EOS and max_tokens go through pdbus's own `OutputTracker` (vLLM returns token
 ids only), so a stream reads the same whichever engine produced it; greedy token ids match plain
-vLLM. Sessions are not cached between turns (prefix caching is off): a follow-up turn is prefilled
-again. Sampling with a seed is reproducible per engine, but a decode node does not continue the
+vLLM. vLLM's own prefix caching serves repeated prefixes (vllm_args.prefix_caching), under each
+request's `cache_salt`; pdbus sessions and held prefixes are not (`hold_prefix` is 0), so a
+follow-up turn's KV moves whole and vLLM loads what its cache lacks. Sampling with a seed is reproducible per engine, but a decode node does not continue the
 prefill node's random stream as the built-in engine does; greedy is exact.
 """
 
@@ -111,26 +112,31 @@ class VllmEngine(Engine):
         for request in requests:
             keys[request.request_id] = key = self._new_key(request.request_id)
             params = self._vllm_sampling(request.sampling, max_tokens=1, kv_key=key, capture=True)
-            self._llm.add_request(key, {"prompt_token_ids": list(request.prompt_token_ids)}, params)
+            self._llm.add_request(key, _prompt(request.prompt_token_ids, request.cache_salt), params)
         first_tokens: dict[str, int] = {}
+        num_cached: dict[str, int] = {}   # prompt tokens vLLM's prefix cache gave
         while len(first_tokens) < len(requests):
             if not self._llm.has_unfinished_requests():
                 raise RuntimeError(f"vLLM ended {len(requests) - len(first_tokens)} prefill(s) without a token")
             for output in self._llm.step():
                 if output.finished and output.outputs and output.outputs[0].token_ids:
                     first_tokens[output.request_id] = int(output.outputs[0].token_ids[0])
-        results = [self._prefill_result(r, keys[r.request_id], first_tokens[keys[r.request_id]]) for r in requests]
-        self.stats.num_prefilled_tokens += sum(r.num_prompt_tokens for r in results)
+                    num_cached[output.request_id] = int(output.num_cached_tokens or 0)
+        results = [self._prefill_result(r, keys[r.request_id], first_tokens[keys[r.request_id]],
+                                        num_cached[keys[r.request_id]]) for r in requests]
+        self.stats.num_prefilled_tokens += sum(r.num_prompt_tokens - r.num_cached_tokens for r in results)
+        self.stats.num_prefix_cached_tokens += sum(r.num_cached_tokens for r in results)
         return results
 
-    def _prefill_result(self, request: PrefillRequest, key: str, token_id: int) -> PrefillResult:
+    def _prefill_result(self, request: PrefillRequest, key: str, token_id: int, num_cached: int) -> PrefillResult:
         kv = MAILBOX.take_capture(key)
         if kv is None:
             raise RuntimeError(f"request {request.request_id}: vLLM finished without handing over the prompt's KV "
                                "(is PdbusConnector configured as kv_producer?)")
         tracker = OutputTracker(self.tokenizer, request.sampling, self.eos_token_ids)
         text, finish_reason = tracker.push(token_id)
-        return PrefillResult(request.request_id, token_id, text, kv, len(request.prompt_token_ids), finish_reason)
+        return PrefillResult(request.request_id, token_id, text, kv, len(request.prompt_token_ids), finish_reason,
+                             num_cached)
 
     # ---- decode side -------------------------------------------------------------------------
     def check_admission(self, request: DecodeRequest) -> Admission:
@@ -165,7 +171,7 @@ class VllmEngine(Engine):
         params = self._vllm_sampling(request.sampling, max_tokens=num_reserved - len(prompt), kv_key=key)
         self._running[request.request_id] = _Running(request.request_id, key, tracker, num_reserved,
                                                      len(request.prompt_token_ids))
-        self._llm.add_request(request.request_id, {"prompt_token_ids": prompt}, params)
+        self._llm.add_request(request.request_id, _prompt(prompt, request.cache_salt), params)
         return admission
 
     def step(self) -> list[TokenEvent]:
@@ -215,7 +221,7 @@ class VllmEngine(Engine):
         return bool(self._running)
 
     def cached_session_tokens(self, session_id: str) -> int:
-        return 0   # prefix caching is off: every turn is prefilled (or its KV imported) afresh
+        return 0   # no pdbus session cache: a turn's KV moves whole (vLLM's prefix cache may skip loading some)
 
     def drop_session(self, session_id: str) -> bool:
         return False
@@ -263,3 +269,9 @@ class VllmEngine(Engine):
         return VllmSampling(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                             seed=sampling.seed, max_tokens=max(1, max_tokens), ignore_eos=True, detokenize=False,
                             output_kind=RequestOutputKind.DELTA, extra_args={"kv_transfer_params": transfer})
+
+
+def _prompt(token_ids: Sequence[int], salt: str) -> dict[str, Any]:
+    """vLLM's TokensPrompt; a salt scopes its prefix cache to the tenant (none: shared)."""
+    prompt: dict[str, Any] = {"prompt_token_ids": list(token_ids)}
+    return prompt | {"cache_salt": salt} if salt else prompt

@@ -83,3 +83,22 @@ def test_kv_the_connector_cannot_inject_is_recomputed_by_vllm_not_decoded(prompt
     # reference may drift after a few tokens; the recomputation itself must be exact).
     first = reference[1][0]
     assert result["tokens"] == [first] + plain_vllm([prompts[1] + (first,)], MAX_TOKENS - 1)[0]
+
+
+def test_vllm_prefix_caching_serves_a_shared_opening_within_a_tenant_only():
+    """vLLM's own prefix cache on the prefill node: a second prompt with the same ~300-token opening
+    computes only what follows its cached 128-token blocks; another tenant's (salt) computes all.
+    The connector ships complete KV either way: the text equals plain vLLM's."""
+    from nodes.engines.model_loader import open_model_folder
+
+    tokenizer = open_model_folder(MODEL).tokenizer
+    opening = tuple(tokenizer.encode(TEXTS[2] * 3))
+    prompts = [opening + tuple(tokenizer.encode(end)) for end in (" The end.", " And then?", " The end.")]
+    reference = plain_vllm(prompts, MAX_TOKENS)
+    with ClusterProcs(num_prefill=1, num_decode=1, model=MODEL, kv_quant="raw", settings=VLLM_ENGINE) as cluster, \
+            client_for(cluster) as client:
+        results = [client.generate_blocking(prompt, greedy(MAX_TOKENS), cache_salt=salt)
+                   for prompt, salt in zip(prompts, ("a", "a", "b"), strict=True)]
+    cached = [r.trace.num_cached_tokens for r in results]
+    assert cached[0] == 0 and cached[1] >= 2 * 128 and cached[1] % 128 == 0 and cached[2] == 0
+    assert [r.token_ids for r in results] == reference

@@ -152,6 +152,22 @@ def test_a_prefill_pass_gives_what_prefill_gives(engine):
     assert {r.request_id: r.first_token_id for r in results} == expected and prefill.num_remaining_tokens == 0
 
 
+def test_a_repeated_prompt_may_come_from_the_prefix_cache_and_changes_no_token(engine):
+    prompt = tuple(range(60, 100))   # 2 full blocks of the built-in engine's 16 tokens
+    first, again = (engine.prefill([PrefillRequest(r, prompt, GREEDY, cache_salt="contract")])[0] for r in ("p1", "p2"))
+    assert first.num_cached_tokens == 0 and 0 <= again.num_cached_tokens < len(prompt)
+    assert again.first_token_id == first.first_token_id and tuple(again.kv.shape) == tuple(first.kv.shape)
+    holdings = engine.prefix_holdings(24)   # what a prefill node reports for prefix-aware routing
+    assert len(holdings) <= 24 and all(name.startswith("px.") and value > 0 for name, value in holdings.items())
+
+
+def test_a_held_prefix_is_at_most_the_prompt_less_one_token_and_releases_cleanly(engine):
+    held = engine.hold_prefix("h", PROMPT, "contract")
+    assert 0 <= held < len(PROMPT)
+    engine.release_prefix("h")
+    engine.release_prefix("h")   # idempotent
+
+
 def test_the_kv_receiver_takes_a_prefilled_kv_in_the_engine_layout(engine, kv_thread):
     # Imported here: nodes.decode_kv loads numba, which vLLM tolerates only once it has started.
     from nodes.decode_jobs import DecodeJob

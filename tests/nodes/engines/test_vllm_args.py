@@ -75,3 +75,12 @@ def test_the_vllm_adapter_imports_without_numba():
             "print('llvmlite' in sys.modules)")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert run.stdout.strip() == "False"
+
+
+def test_vllm_keeps_prefix_blocks_where_pdbus_would_keep_kv():
+    on, off = EngineConfig(), EngineConfig(prefix_cache_bytes=0, keep_prefixes=False)
+    assert vllm_args.prefix_caching(on, "kv_producer") and vllm_args.prefix_caching(on, "kv_consumer")
+    assert not vllm_args.prefix_caching(off, "kv_producer") and not vllm_args.prefix_caching(off, "kv_consumer")
+    assert not vllm_args.prefix_caching(EngineConfig(prefix_cache_bytes=0), "kv_producer")
+    assert vllm_args.prefix_caching(EngineConfig(prefix_cache_bytes=0), "kv_consumer")   # keep_prefixes
+    assert not vllm_args.prefix_caching(EngineConfig(keep_prefixes=False), "kv_both")    # both sides needed
