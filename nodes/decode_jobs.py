@@ -21,12 +21,13 @@ node's kv_ready was accepted first and its transfer has not failed); `malformed`
 own for a body that does not parse. `KvArrived` is the event the KV thread posts into the node's
 inbox for every finished receive, ok or not. `plan_body` builds the plan PARTIAL (a remote plan's
 new transfer id recorded on the job), `done_body` the FINAL `done`, `refusal_code(admission)` the
-ERROR code of an engine's refusal. nodes/decode_node.py owns the logic.
+ERROR code of an engine's refusal, `plan_job` the plan. nodes/decode_node.py owns the logic.
 """
 
 from __future__ import annotations
 
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum, StrEnum
 
@@ -177,6 +178,25 @@ class DecodeJob:
     def ready_transfer_id(self) -> str | None:
         """A transfer whose verified KV and kv_ready are both here: the job can start from it."""
         return next((t for t in self.kv_ready if t in self.arrived), None)
+
+
+def plan_job(job: DecodeJob, *, local: bool, num_session: int, short: int, hold: Callable[[], int]) -> None:
+    """Choose the job's plan: `local` when asked (or colocated); `cached` when the session's KV
+    (`num_session` tokens) leaves at most `short` tokens; else `hold()` the longest kept prefix
+    (pinned for the request: its tokens) and prefill a rest of at most `short` here (`cached`), or
+    have only the rest sent (`remote`). The node passes `short` 0 while it is busy: a short rest
+    still costs a forward pass over every weight on the core that decodes every stream here, and
+    the prefill node, whose prefix cache holds the same prefix, computes it as cheaply."""
+    num_prompt = len(job.prompt)
+    if not local and 0 < num_session < num_prompt <= num_session + short:
+        job.plan, job.num_cached_tokens = wire.PlanKind.CACHED, num_session
+        return
+    held = hold()
+    job.num_cached_tokens = job.num_held_tokens = held
+    if local:
+        job.plan = wire.PlanKind.LOCAL
+    elif held and num_prompt - held <= short:
+        job.plan = wire.PlanKind.CACHED
 
 
 def plan_body(job: DecodeJob, node_id: str, data_endpoint: str) -> wire.PlanBody:

@@ -31,7 +31,15 @@ from bus.kv import TransferResult
 from bus.log import get_logger
 from bus.messages import Cancel, Direct, Request
 from nodes import wire
-from nodes.decode_jobs import DecodeJob, KvArrived, KvReadyRefusal, done_body, plan_body, refusal_code
+from nodes.decode_jobs import (
+    DecodeJob,
+    KvArrived,
+    KvReadyRefusal,
+    done_body,
+    plan_body,
+    plan_job,
+    refusal_code,
+)
 from nodes.decode_kv import KvLanding
 from nodes.engines.base import DecodeRequest, Engine, KvUsage, TokenEvent
 from nodes.node_settings import NodeSettings
@@ -157,20 +165,15 @@ class DecodeWork(GuardedWork):
             self._send_plan(job)
 
     def _plan(self, job: DecodeJob, mode: wire.PrefillMode) -> None:
-        """Local when asked (or colocated); cached when this session's KV leaves a short suffix;
-        else remote. A kept prefix (the session's or one requests shared) is held for the request:
-        prefilled on top of here when what is left is short, else only the rest is sent."""
-        num_session = self.engine.cached_session_tokens(job.session_id) if job.session_id else 0
-        num_prompt, short = len(job.prompt), self.settings.local_suffix_tokens
-        if not (self.always_local or mode == wire.PrefillMode.LOCAL) and 0 < num_session < num_prompt <= num_session + short:
-            job.plan, job.num_cached_tokens = wire.PlanKind.CACHED, num_session
-            return
-        held = self.engine.hold_prefix(job.request_id, job.prompt, job.cache_salt)
-        job.num_cached_tokens = job.num_held_tokens = held
-        if self.always_local or mode == wire.PrefillMode.LOCAL:
-            job.plan = wire.PlanKind.LOCAL
-        elif held and num_prompt - held <= short:
-            job.plan = wire.PlanKind.CACHED
+        # A short rest is prefilled here only while the node is not busy (decode_jobs.plan_job says why).
+        plan_job(job, local=self.always_local or mode == wire.PrefillMode.LOCAL,
+                 num_session=self.engine.cached_session_tokens(job.session_id) if job.session_id else 0,
+                 short=self.settings.local_suffix_tokens if self._has_spare_compute() else 0,
+                 hold=lambda: self.engine.hold_prefix(job.request_id, job.prompt, job.cache_salt))
+
+    def _has_spare_compute(self) -> bool:
+        num_waiting = sum(j.waiting for j in self.jobs.values())
+        return self.engine.num_running + num_waiting < self.settings.local_prefill_max_running
 
     def _reserve(self, job: DecodeJob) -> bool:
         """Admit a remote-prefill request: hold its blocks until its KV arrives."""

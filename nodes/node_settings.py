@@ -40,6 +40,7 @@ class NodeSettings:
     kv_link_gbit: float = 10.0                     # network speed to the decode nodes (what `auto` compression weighs)
     kv_chunk_mib: float | None = None              # KV per chunk; None: bus.kv.layout.DEFAULT_CHUNK_BYTES
     local_suffix_tokens: int = 64
+    local_prefill_max_running: int = 4             # ...prefilled on the decode node only below this many requests
     prefill_delay_s: float = 0.0                   # test-only: sleep before each prefill pass
     step_delay_s: float = 0.0                      # test-only: sleep before each decode step
     kv_faults: int = 0                             # test-only: corrupt the first N KV chunks sent
@@ -154,6 +155,7 @@ def node_settings(args: argparse.Namespace, role: str) -> NodeSettings:
         kv_link_gbit=_kv_size(kv, "link_gbit", "Gbit/s", 10.0),
         kv_chunk_mib=_kv_size(kv, "chunk_mib", "MiB", None),
         local_suffix_tokens=int(section(settings, "scheduler").get("local_suffix_tokens", 64)),
+        local_prefill_max_running=int(section(settings, "scheduler").get("local_prefill_max_running", 4)),
         prefill_delay_s=args.test_prefill_delay_ms / 1000,
         step_delay_s=args.test_step_delay_ms / 1000,
         kv_faults=args.test_kv_faults,

@@ -79,3 +79,23 @@ def test_who_may_say_kv_ready():
     assert j.kv_ready_refusal("made-up", "p") is KvReadyRefusal.UNKNOWN_TRANSFER
     j.accept_kv_ready("t1", "p", 1)
     assert j.kv_ready_refusal("t1", "q") is KvReadyRefusal.WRONG_PEER and j.kv_ready_refusal("t1", "p") is None
+
+
+@pytest.mark.parametrize(("local", "num_session", "held", "short", "plan", "cached"), [
+    (False, 40, 0, 64, "cached", 40),      # a short follow-up turn on the session's KV
+    (False, 40, 32, 0, "remote", 32),      # busy (short 0): the rest goes to a prefill node
+    (False, 0, 32, 64, "cached", 32),      # a held prefix leaves a short rest
+    (False, 0, 0, 64, "remote", 0),        # nothing held
+    (True, 40, 32, 64, "local", 32),       # colocated or asked: local, on top of what is held
+])
+def test_plan_job_picks_the_plan_and_holds_only_when_the_session_does_not_serve(local, num_session, held, short,
+                                                                                plan, cached):
+    from nodes.decode_jobs import DecodeJob, plan_job
+    from nodes.engines.base import SamplingParams
+
+    job = DecodeJob("r", tuple(range(3, 50)), SamplingParams(), "s", wire.PlanKind.REMOTE)
+    holds = []
+    plan_job(job, local=local, num_session=num_session, short=short, hold=lambda: holds.append(1) or held)
+    assert (job.plan, job.num_cached_tokens) == (plan, cached)
+    served_by_session = plan == "cached" and cached == num_session > 0
+    assert holds == ([] if served_by_session else [1])

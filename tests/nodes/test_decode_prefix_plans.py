@@ -125,3 +125,14 @@ def test_another_tenant_gets_no_held_prefix(kv_thread):
     work.on_message(request("r1", prompt_token_ids=prompt_of(120), cache_salt="tenant-b"))
     plan = endpoint.of("partial", "r1")[0]
     assert plan["plan"] == "remote" and "num_cached_tokens" not in plan and held_pins(work) == 0
+
+
+def test_a_busy_node_sends_a_short_rest_to_a_prefill_node(kv_thread):
+    work, endpoint, _ = make_work(kv_thread, local_prefill_max_running=2)
+    warm(work)
+    for rid, question in (("a", 120), ("b", 130)):   # the node runs 0, then 1 request: not busy
+        work.on_message(request(rid, prompt_token_ids=prompt_of(question)))
+    work.on_message(request("c", prompt_token_ids=prompt_of(140)))   # 2 running: busy
+    plans = [endpoint.of("partial", rid)[0] for rid in "abc"]
+    assert [p["plan"] for p in plans] == ["cached", "cached", "remote"]
+    assert plans[2]["num_cached_tokens"] == 32   # still held: the prefill node sends only the rest
