@@ -134,9 +134,10 @@ class DecodeWork(GuardedWork):
         return self._mib_per_block
 
     def _num_available_blocks(self, usage: KvUsage) -> int:
-        """Blocks a new request could get: free ones plus finished sessions' (evicted LRU-first
-        when needed), minus those held for requests whose KV is on its way."""
-        return usage.num_free_blocks + usage.num_session_blocks - self._reserved_blocks()
+        """Blocks a new request could get: free ones plus kept sessions' and prefixes' (evicted
+        LRU-first when needed) but for pinned ones, minus those reserved for requests whose KV is
+        on its way."""
+        return usage.num_free_blocks + usage.num_session_blocks - usage.num_pinned_blocks - self._reserved_blocks()
 
     def close(self) -> None:
         self.kv.close()

@@ -138,8 +138,10 @@ class Admission:
 @dataclass(frozen=True, slots=True)
 class KvUsage:
     """The decode side's KV budget in blocks of `block_size` tokens: each block is free, reserved by a
-    running request (prompt + max_tokens, at admission) or held by a finished session, so
-    `num_free_blocks + num_running_blocks + num_session_blocks == num_blocks`."""
+    running request (prompt + max_tokens, at admission) or held by a finished session (or a kept
+    prefix), so `num_free_blocks + num_running_blocks + num_session_blocks == num_blocks`.
+    `num_pinned_blocks` of the session blocks are held for requests whose KV is on its way
+    (`Engine.hold_prefix`): no admission may evict them."""
 
     block_size: int
     num_blocks: int
@@ -148,6 +150,7 @@ class KvUsage:
     num_session_blocks: int
     num_sessions: int
     num_slot_cache_bytes: int = 0   # the KV store: the batch's slots, sessions in its tail (kv_slots.py)
+    num_pinned_blocks: int = 0
 
 
 @dataclass(frozen=True, slots=True)

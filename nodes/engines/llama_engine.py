@@ -311,7 +311,7 @@ class LlamaEngine(Engine):
         return self.planner.drop_session(session_id)
 
     def kv_usage(self) -> KvUsage:
-        session_blocks = sum(self.blocks.num_blocks_of(self.planner.session_owner(s)) for s in self.sessions.lru_order())
+        held = [(e, self.blocks.num_blocks_of(self.planner.session_owner(e.session_id))) for e in self.sessions.entries()]
         return KvUsage(self.blocks.block_size, self.blocks.num_blocks, self.blocks.num_free_blocks,
-                       sum(self.blocks.num_blocks_of(s.request_id) for s in self.running), session_blocks,
-                       len(self.sessions), self.slots.num_bytes)
+                       sum(self.blocks.num_blocks_of(s.request_id) for s in self.running), sum(n for _, n in held),
+                       len(self.sessions), self.slots.num_bytes, sum(n for e, n in held if e.pins))

@@ -11,7 +11,7 @@ Contract:
 - `SessionCache(block_size)` keeps them least recently used first, by id, and indexes every block key:
   `longest(keys, token_ids)` is the entry holding the most leading blocks of a prompt (None, 0
   when none does), checked token by token. `put`, `get`, `take`, `touch`, `rekey`,
-  `lru_order`, `holds_key`.
+  `lru_order`, `entries`, `holds_key`.
 - `SharedPrefixes(max_keys)` counts, per block key, the requests that had it (an LRU of at most
   `max_keys` keys): `observe(keys)` at admission, `shared_depth(keys)` the most leading blocks
   that another request also had.
@@ -87,6 +87,10 @@ class SessionCache:
 
     def lru_order(self) -> list[str]:
         return list(self._sessions)
+
+    def entries(self) -> list[CachedSession]:
+        """The entries, least recently used first."""
+        return list(self._sessions.values())
 
     def holds_key(self, key: bytes) -> bool:
         return key in self._by_key

@@ -136,3 +136,15 @@ def test_a_busy_node_sends_a_short_rest_to_a_prefill_node(kv_thread):
     plans = [endpoint.of("partial", rid)[0] for rid in "abc"]
     assert [p["plan"] for p in plans] == ["cached", "cached", "remote"]
     assert plans[2]["num_cached_tokens"] == 32   # still held: the prefill node sends only the rest
+
+
+def test_pinned_blocks_are_not_counted_as_room_for_new_requests(kv_thread):
+    work, endpoint, _ = make_work(kv_thread, local_suffix_tokens=0)
+    warm(work)
+    before = work.capacity()["kv_blocks_free"]
+    work.on_message(request("r1", prompt_token_ids=prompt_of(120)))   # pins the 2-block prefix, reserves 4
+    usage = work.engine.kv_usage()
+    assert usage.num_pinned_blocks == 2 and usage.num_session_blocks >= 2
+    assert work.capacity()["kv_blocks_free"] == before - work.jobs["r1"].num_blocks - 2
+    work.on_message(Cancel("r1"))
+    assert work.engine.kv_usage().num_pinned_blocks == 0 and work.capacity()["kv_blocks_free"] == before
