@@ -1,7 +1,8 @@
 """Prefix hashes shared by the prefill node's cache, the client's routing key and the broker.
 
 Contract (plain hashlib, no torch):
-- `block_hashes(token_ids, block_size, salt) -> list[bytes]`: one 16-byte key per FULL block; key i
+- `block_hashes(token_ids, block_size, salt, known=()) -> list[bytes]`: one 16-byte key per FULL block
+  (`known`: the leading keys, already computed, extended rather than hashed again); key i
   hashes the salt and every token of blocks 0..i (a chain: a key names a whole prefix, never a
   block out of context). The salt (the gateway's tenant) starts every chain, so one tenant's keys
   never equal another's. The prefill node's prefix cache keys its blocks with it.
@@ -39,10 +40,13 @@ MAX_REPORTED_PREFIXES = 24             # of the 64 capacity names a node may sen
 _HEX = frozenset("0123456789abcdef")
 
 
-def block_hashes(token_ids: Sequence[int], block_size: int, salt: str = "") -> list[bytes]:
-    keys: list[bytes] = []
-    chain = chain_start(salt)
-    for start in range(0, len(token_ids) - block_size + 1, block_size):
+def block_hashes(token_ids: Sequence[int], block_size: int, salt: str = "",
+                 known: Sequence[bytes] = ()) -> list[bytes]:
+    """`known`: keys of the leading blocks computed before (of a prefix of `token_ids`, same salt):
+    they are kept, not hashed again, and the chain goes on from the last of them."""
+    keys = list(known[:len(token_ids) // block_size])
+    chain = keys[-1] if keys else chain_start(salt)
+    for start in range(len(keys) * block_size, len(token_ids) - block_size + 1, block_size):
         chain = next_key(chain, token_ids[start:start + block_size])
         keys.append(chain)
     return keys

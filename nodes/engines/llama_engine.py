@@ -257,7 +257,7 @@ class LlamaEngine(Engine):
         if keep_session and seq.session_id and self.config.keep_sessions:
             token_ids = tuple(seq.token_ids[:seq.num_computed_tokens])
             self._keep(CachedSession(seq.session_id, token_ids, None, seq.cache_salt,
-                                     self.prefixes.full_keys(token_ids, seq.cache_salt)), seq.slot)
+                                     self.prefixes.full_keys(token_ids, seq.cache_salt, seq.prefix_keys)), seq.slot)
         elif keep_session and (depth := self.prefixes.depth_to_keep(seq.prefix_keys)):
             num_tokens = depth * self.config.block_size   # prompt blocks another request shared
             self._keep(CachedSession(self.planner.new_prefix_id(), tuple(seq.token_ids[:num_tokens]), None,

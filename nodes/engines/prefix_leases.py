@@ -5,7 +5,8 @@ Contract (`DecodePrefixes(sessions, block_size, keep_prefixes)`, one per decode 
 - `keys(prompt, salt)`: the prompt's chained block keys (prefix_cache.block_hashes) that may be
   reused: at most `(len(prompt) - 1) // block_size` blocks, since the last prompt token is always
   computed where the request runs (its logits give the next token).
-- `full_keys(token_ids, salt)`: the keys of every full block (what a kept session indexes).
+- `full_keys(token_ids, salt, known)`: the keys of every full block (what a kept session
+  indexes), extending the prompt's keys `known` rather than hashing them again.
 - `hold(request_id, prompt, salt) -> tokens`: the most leading prompt tokens whose KV a kept
   entry holds (a session's or a shared prefix's, same salt only), pinned for the request until
   `release(request_id)`; 0 when none. A second hold for the same request replaces the first.
@@ -14,7 +15,6 @@ Contract (`DecodePrefixes(sessions, block_size, keep_prefixes)`, one per decode 
 - `observe(keys)` at admission and `depth_to_keep(keys)` at the end of a request without a
   session: the number of leading blocks to keep as a shared prefix (0: none), i.e. the blocks
   another request also had (session_cache.SharedPrefixes) and no entry holds yet.
-- `num_leases`, `num_pinned_tokens`: what is held now (the node subtracts it from its room).
 
 Why pins rather than a copy at plan time: the prefix stays where it is (the slot store's tail,
 no memory, no copy) while the rest of the KV crosses the wire; the engine's admission never
@@ -47,9 +47,10 @@ class DecodePrefixes:
         usable = (len(prompt) - 1) // self.block_size
         return tuple(block_hashes(prompt[:usable * self.block_size], self.block_size, salt))
 
-    def full_keys(self, token_ids: Sequence[int], salt: str) -> tuple[bytes, ...]:
-        """Keys of every full block (a finished session's computed KV: all of it may be reused)."""
-        return tuple(block_hashes(token_ids, self.block_size, salt))
+    def full_keys(self, token_ids: Sequence[int], salt: str, known: Sequence[bytes] = ()) -> tuple[bytes, ...]:
+        """Keys of every full block (a finished session's computed KV: all of it may be reused),
+        going on from `known`, the keys of its prompt computed at admission."""
+        return tuple(block_hashes(token_ids, self.block_size, salt, known))
 
     def hold(self, request_id: str, prompt: Sequence[int], salt: str) -> int:
         self.release(request_id)
@@ -68,14 +69,6 @@ class DecodePrefixes:
         lease = self._leases.pop(request_id, None)
         if lease is not None:
             lease.entry.pins -= 1
-
-    @property
-    def num_leases(self) -> int:
-        return len(self._leases)
-
-    @property
-    def num_pinned_tokens(self) -> int:
-        return sum(len(e.token_ids) for e in {id(x.entry): x.entry for x in self._leases.values()}.values())
 
     def observe(self, keys: Sequence[bytes]) -> None:
         if self.keep_prefixes:

@@ -119,3 +119,13 @@ def test_any_capacity_map_gives_at_most_24_well_formed_hashes(capacity):
 @given(st.dictionaries(st.from_regex(r"px\.[0-9a-f]{12}", fullmatch=True), st.integers(1, 10_000), max_size=64))
 def test_well_formed_reports_are_read_in_order(capacity):
     assert reported_hashes(capacity) == [name[3:] for name in capacity][:MAX_REPORTED_PREFIXES]
+
+
+def test_known_leading_keys_are_extended_not_hashed_again():
+    from scheduler.prefix_hashes import block_hashes
+    tokens = list(range(100))
+    whole = block_hashes(tokens, 16, "t")
+    assert block_hashes(tokens, 16, "t", known=whole[:3]) == whole
+    assert block_hashes(tokens[:40], 16, "t", known=whole) == whole[:2]   # known beyond the tokens: cut
+    poison = [b"x" * 16] * 2
+    assert block_hashes(tokens, 16, "t", known=poison)[:2] == poison   # trusted as given: the caller's prompt keys

@@ -107,7 +107,7 @@ def test_leases_pin_once_per_request_and_release_idempotently():
     prompt = tuple(range(10))
     assert prefixes.hold("r", prompt, "") == 8 and kept.pins == 1
     assert prefixes.hold("r", prompt, "") == 8 and kept.pins == 1   # a second hold replaces the first
-    assert prefixes.num_leases == 1 and prefixes.num_pinned_tokens == 8
+    assert prefixes.lease("r").num_tokens == 8 and prefixes.lease("r").entry is kept
     prefixes.release("r")
     prefixes.release("r")
     assert kept.pins == 0 and prefixes.lease("r") is None
