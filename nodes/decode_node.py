@@ -112,7 +112,6 @@ class DecodeWork(GuardedWork):
 
     def capacity(self) -> dict[str, float]:
         usage = self.engine.kv_usage()
-        num_waiting = sum(j.waiting for j in self.jobs.values())
         num_available = self._num_available_blocks(usage)
         if num_available >= self.num_blocks_wanted:
             self.num_blocks_wanted = 0
@@ -121,7 +120,7 @@ class DecodeWork(GuardedWork):
                 "kv_mib_cached": round(usage.num_session_blocks * self._block_mib(usage.block_size), 1),
                 "kv_mib_slots": round(usage.num_slot_cache_bytes / 2**20, 1),
                 "kv_mib_buffers": self.kv.num_free_mib(),
-                "max_running": self.engine.max_num_seqs, "num_running": self.engine.num_running + num_waiting,
+                "max_running": self.engine.max_num_seqs, "num_running": self._num_requests(),
                 "full": int(self.num_blocks_wanted > 0),
                 # Prompt tokens whose KV arrived, and those a kept prefix gave: the node's prefix hits.
                 "kv_imported_tokens": self.engine.stats.num_imported_tokens,
@@ -172,16 +171,18 @@ class DecodeWork(GuardedWork):
                  short=self.settings.local_suffix_tokens if self._has_spare_compute() else 0,
                  hold=lambda: self.engine.hold_prefix(job.request_id, job.prompt, job.cache_salt))
 
+    def _num_requests(self) -> int:
+        """Requests holding KV here: running in the engine, or admitted and waiting for their KV."""
+        return self.engine.num_running + sum(j.waiting for j in self.jobs.values())
+
     def _has_spare_compute(self) -> bool:
-        num_waiting = sum(j.waiting for j in self.jobs.values())
-        return self.engine.num_running + num_waiting < self.settings.local_prefill_max_running
+        return self._num_requests() < self.settings.local_prefill_max_running
 
     def _reserve(self, job: DecodeJob) -> bool:
         """Admit a remote-prefill request: hold its blocks until its KV arrives."""
         admission = self.engine.check_admission(DecodeRequest(job.request_id, job.prompt, job.sampling))
-        num_waiting = sum(j.waiting for j in self.jobs.values())
         fits = (admission.ok and admission.num_blocks_needed <= self._num_available_blocks(self.engine.kv_usage())
-                and self.engine.num_running + num_waiting < self.engine.max_num_seqs)
+                and self._num_requests() < self.engine.max_num_seqs)
         if not fits:
             code = refusal_code(admission)
             if code == wire.Code.FULL:
