@@ -5,7 +5,7 @@ id | None` appends, pushing the oldest message out when full (it returns the req
 REQUEST pushed out, whose stream the caller must end); `holds_request(request_id)` says whether a
 REQUEST is still here, i.e. has never reached any broker (READY must not announce it as pending);
 `withdraw(request_id) -> bool` takes a REQUEST back (a cancel before it left); `take_all()`
-empties it in order.
+empties it in order (`take_entries()` with the request ids, for a hand-over to another broker).
 """
 
 from __future__ import annotations
@@ -43,6 +43,13 @@ class Backlog:
         self._requests.discard(request_id)
         self._messages = deque(entry for entry in self._messages if entry[0] != request_id)
         return True
+
+    def take_entries(self) -> list[tuple[str | None, list]]:
+        """Empty it in order, as `(request id or None, frames)`: to send through another broker."""
+        entries = list(self._messages)
+        self._messages.clear()
+        self._requests.clear()
+        return entries
 
     def take_all(self) -> list[list]:
         messages = [frames for _, frames in self._messages]

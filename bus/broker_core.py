@@ -44,7 +44,7 @@ from bus.broker_tables import BrokerEvent, CapacityChanged, Node, NodeJoined, No
 from bus.codec import HEADERS, ProtocolError
 from bus.constants import Command, DisconnectReason, DropReason, LeaveReason
 from bus.liveness import HeartbeatConfig, LinkTimers
-from bus.messages import CapacityUpdate, Disconnect, Error, Ready
+from bus.messages import Adopt, CapacityUpdate, Disconnect, Error, Ready
 from bus.routing import LeastOutstandingPolicy, RoutingPolicy
 
 _HEARTBEAT = [HEADERS[Command.HEARTBEAT]]
@@ -79,6 +79,7 @@ class BrokerCore(RouteTable):
             Command.REQUEST: self.on_request, Command.PARTIAL: self.on_reply,
             Command.FINAL: self.on_reply, Command.ERROR: self.on_reply,
             Command.DIRECT: self.on_direct, Command.CANCEL: self.on_cancel,
+            Command.STREAMS: self.on_streams, Command.ADOPT: self._on_adopt,
         }
 
     # -- input ---------------------------------------------------------------------------
@@ -88,7 +89,7 @@ class BrokerCore(RouteTable):
         try:
             command = self._validate(frames)
         except ProtocolError as exc:
-            self._reject(identity, exc, frames)
+            self.reject(identity, exc, frames)
             return
         try:
             self._handle(identity, command, frames, now)
@@ -136,7 +137,7 @@ class BrokerCore(RouteTable):
         elif command is not Command.DISCONNECT:
             # 7/MDP: anything but READY from an unknown peer gets DISCONNECT, which makes a node
             # that outlived a broker restart register again at once.
-            self._reject(identity, ProtocolError(DropReason.NOT_REGISTERED, "send READY first"), frames)
+            self.reject(identity, ProtocolError(DropReason.NOT_REGISTERED, "send READY first"), frames)
 
     # -- registration --------------------------------------------------------------------
 
@@ -148,12 +149,12 @@ class BrokerCore(RouteTable):
         try:
             ready = codec.decode(frames)
         except ProtocolError as exc:
-            self._reject(identity, exc, frames)
+            self.reject(identity, exc, frames)
             return
         assert isinstance(ready, Ready)
         refusal = self.admission.refusal(ready, frames[0], self.nodes_by_id)
         if refusal is not None:
-            self._reject(identity, refusal, frames)
+            self.reject(identity, refusal, frames)
             return
         if node is not None:   # READY again on the same socket: start afresh, keep its requests
             self._unlist(node)
@@ -220,11 +221,25 @@ class BrokerCore(RouteTable):
     def _on_disconnect(self, node: Node, command: Command, frames: list, now: float) -> None:
         self._forget(node, LeaveReason.DISCONNECTED, now)
 
+    def _on_adopt(self, node: Node, command: Command, frames: list, now: float) -> None:
+        """Requests a registered node moved here from a broker it lost: adopted as a READY's."""
+        try:
+            adopt = codec.decode(frames)
+            assert isinstance(adopt, Adopt)   # dispatched on its command byte
+            if adopt.inflight and node.role not in c.SERVING_ROLES:
+                raise ProtocolError(DropReason.MALFORMED, f"role {node.role!r} serves nothing: no inflight")
+        except ProtocolError as exc:
+            self.reject(node.identity, exc, frames)
+            return
+        self.metrics["adopted.requests"] += len(adopt.inflight) + len(adopt.pending)
+        self.adopt_requests(node, Ready(node.role, node.node_id, inflight=adopt.inflight, pending=adopt.pending),
+                            None, now)
+
     def _on_capacity(self, node: Node, command: Command, frames: list, now: float) -> None:
         try:
             update = codec.decode(frames)
         except ProtocolError as exc:
-            self._reject(node.identity, exc, frames)
+            self.reject(node.identity, exc, frames)
             return
         assert isinstance(update, CapacityUpdate)   # dispatched on its command byte
         node.capacity = dict(update.capacity)
@@ -275,7 +290,7 @@ class BrokerCore(RouteTable):
     def send_error(self, identity: bytes, request_id: str, code: str, message: str, **details) -> None:
         self.outbox.append([identity, *codec.encode(Error(request_id, code, message, details))])
 
-    def _reject(self, identity: bytes, exc: ProtocolError, frames: list) -> None:
+    def reject(self, identity: bytes, exc: ProtocolError, frames: list) -> None:
         self.metrics[f"dropped.{exc.reason}"] += 1
         node = self.nodes_by_identity.get(identity)
         self.events.append(PeerRejected(exc.reason, exc.detail, node.node_id if node else None, identity))

@@ -24,6 +24,7 @@ from bus import constants as c
 from bus.broker_directs import DirectRoutes, HeldDirects
 from bus.broker_queue import MAX_QUEUED_BYTES, Deferred, DeferredQueue
 from bus.broker_restart import RestartRoutes
+from bus.broker_streams import StreamRoutes
 from bus.broker_tables import Node, Route
 from bus.codec import ProtocolError, raw_bytes
 from bus.constants import CancelReason, Command, ErrorCode
@@ -39,7 +40,7 @@ _BROKER_STATS = c.BROKER_STATS_SERVICE.encode()
 _SERVICES = frozenset(service for services in c.SERVICES_BY_ROLE.values() for service in services)
 
 
-class RouteTable(DirectRoutes, RestartRoutes):
+class RouteTable(DirectRoutes, RestartRoutes, StreamRoutes):
     outbox: list[list]
     metrics: Counter[str]
     policy: RoutingPolicy

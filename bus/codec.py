@@ -26,6 +26,7 @@ from bus import constants as c
 from bus import wire_checks as checks
 from bus.constants import Command
 from bus.messages import (
+    Adopt,
     Cancel,
     CapacityUpdate,
     Direct,
@@ -37,6 +38,7 @@ from bus.messages import (
     Partial,
     Ready,
     Request,
+    Streams,
 )
 from bus.wire_checks import ProtocolError
 
@@ -46,7 +48,8 @@ _SEQ = struct.Struct(">Q")
 # Minimum number of frames (header included) per command; payload frames may follow the last.
 MIN_FRAMES = {Command.READY: 2, Command.HEARTBEAT: 1, Command.DISCONNECT: 2, Command.CAPACITY: 2,
               Command.REQUEST: 6, Command.PARTIAL: 4, Command.FINAL: 4, Command.ERROR: 3,
-              Command.DIRECT: 3, Command.CANCEL: 3}
+              Command.DIRECT: 3, Command.CANCEL: 3, Command.STREAMS: 3,
+              Command.ADOPT: 2}
 _HAS_PAYLOAD = {Command.REQUEST, Command.PARTIAL, Command.FINAL, Command.DIRECT}
 
 
@@ -149,6 +152,47 @@ def decode(frames: list[Any]) -> Message:
     return _DECODERS[command](frames)
 
 
+def stream_index(frame: Any) -> list[Any]:
+    """A STREAMS index frame, validated: a flat list `[request_id, seq, request_id, seq, ...]` of
+    1..MAX_STREAM_ENTRIES pairs, each id 1..MAX_ID_BYTES bytes (msgpack bin), each seq a uint.
+    Flat, so the broker's hot path walks it without a list per entry."""
+    try:
+        index = msgpack.unpackb(frame, raw=False, use_list=True)
+    except Exception as exc:  # msgpack raises several unrelated types on bad input
+        raise ProtocolError(c.DropReason.MALFORMED, f"STREAMS index is not msgpack: {type(exc).__name__}") from None
+    if (type(index) is not list or not 2 <= len(index) <= 2 * c.MAX_STREAM_ENTRIES or len(index) % 2
+            or not all(type(r) is bytes and 0 < len(r) <= c.MAX_ID_BYTES for r in index[::2])
+            or not all(type(s) is int and s >= 0 for s in index[1::2])):
+        raise ProtocolError(c.DropReason.MALFORMED, f"STREAMS index must pair 1..{c.MAX_STREAM_ENTRIES} "
+                                                    f"request ids (bin, 1..{c.MAX_ID_BYTES} bytes) with seqs")
+    return index
+
+
+def _encode_streams(m: Streams) -> list[Any]:
+    index: list[Any] = []
+    for entry in m.entries:
+        if entry.payload:
+            raise ProtocolError(c.DropReason.MALFORMED, "a STREAMS entry carries no payload frames")
+        index += (entry.request_id.encode(), entry.seq)
+    if not 0 < len(m.entries) <= c.MAX_STREAM_ENTRIES:
+        raise ProtocolError(c.DropReason.MALFORMED, f"STREAMS carries 1..{c.MAX_STREAM_ENTRIES} entries")
+    return [HEADERS[Command.STREAMS], pack(index), pack([entry.body for entry in m.entries])]
+
+
+def _decode_streams(frames: list[Any]) -> Streams:
+    index = stream_index(frames[1])
+    bodies = unpack(frames[2])
+    if type(bodies) is not list or len(bodies) * 2 != len(index):
+        raise ProtocolError(c.DropReason.MALFORMED, "STREAMS bodies must be a list, one per index entry")
+    return Streams(tuple(Partial(text(request_id, "request_id"), seq, body)
+                         for request_id, seq, body in zip(index[::2], index[1::2], bodies, strict=True)))
+
+
+def _decode_adopt(body: dict[str, Any]) -> Adopt:
+    return Adopt(inflight=checks.id_list(body.get("inflight", []), "inflight"),
+                 pending=checks.id_list(body.get("pending", []), "pending"))
+
+
 def _encode_request(m: Request) -> list[Any]:
     return [HEADERS[Command.REQUEST], m.service.encode(), m.request_id.encode(), m.peer.encode(),
             m.key.encode(), pack(m.body), *m.payload]
@@ -168,6 +212,8 @@ _ENCODERS = {
     Request: _encode_request,
     Partial: lambda m: _encode_reply(Command.PARTIAL, m),
     Final: lambda m: _encode_reply(Command.FINAL, m),
+    Streams: _encode_streams,
+    Adopt: lambda m: [HEADERS[Command.ADOPT], pack({"inflight": list(m.inflight), "pending": list(m.pending)})],
     Error: lambda m: [HEADERS[Command.ERROR], m.request_id.encode(), pack({
         "code": m.code, "message": m.message, "details": dict(m.details)})],
     Direct: lambda m: [HEADERS[Command.DIRECT], m.peer.encode(), pack(m.body), *m.payload],
@@ -268,6 +314,8 @@ _DECODERS: dict[Command, Callable[[list[Any]], Message]] = {
     Command.REQUEST: _decode_request,
     Command.PARTIAL: lambda f: _decode_reply(Partial, f),
     Command.FINAL: lambda f: _decode_reply(Final, f),
+    Command.STREAMS: _decode_streams,
+    Command.ADOPT: lambda f: _decode_adopt(_map(f[1], "ADOPT")),
     Command.ERROR: _decode_error,
     Command.CANCEL: _decode_cancel,
     Command.DIRECT: lambda f: Direct(peer=text(f[1], "peer"), body=unpack(f[2]), payload=tuple(f[3:])),

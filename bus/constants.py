@@ -11,7 +11,7 @@ from enum import IntEnum, StrEnum
 # Header frame: 3-byte signature, 1-byte version, 1-byte command (5 bytes, fixed size, so a
 # peer validates it with one length check and two byte comparisons before reading anything else).
 SIGNATURE = b"PDB"
-VERSION = 1
+VERSION = 2   # 2: STREAMS (0x0B); a decode FINAL repeats only recent tokens
 HEADER_SIZE = 5
 
 
@@ -28,6 +28,8 @@ class Command(IntEnum):
     ERROR = 0x08
     DIRECT = 0x09
     CANCEL = 0x0A
+    STREAMS = 0x0B   # several streams' next PARTIALs in one message (one engine step, one client)
+    ADOPT = 0x0C     # requests moved here from a lost broker (served, or awaited)
 
 
 # Roles a node announces in READY, and the services (request targets) each role serves.
@@ -116,6 +118,7 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 # gateway can export live nodes by role and queue depths without a side channel.
 BROKER_STATS_SERVICE = "pdbus.broker.stats"
 MAX_ID_BYTES = 128          # request ids, node ids, service names, routing keys
+MAX_STREAM_ENTRIES = 4096   # PARTIALs in one STREAMS message (an engine step's running streams)
 # Bounds on what peers send, checked when a body is decoded (docs/PROTOCOL.md §1.7). Bodies nest
 # at most 4 deep today (a FINAL's token list); 32 leaves room, while Python's repr() and str()
 # of a value fail at about 1,000 levels, inside the very handlers that log a bad message.

@@ -7,7 +7,9 @@ Contract (every method is thread-safe and returns at once unless it says it wait
   manager. `registered` tells whether the broker has acknowledged us right now.
 - serving side: `receive(timeout)` / `await receive_async()` return the next `Request`,
   `Direct`, `Cancel` or un-scoped `Error`; answer a Request with `reply(...)` (PARTIAL),
-  `reply_final(...)` (FINAL) or `reply_error(...)` (ERROR). Sequence numbers are ours to keep.
+  `reply_batch([(request_id, body), ...])` (the next PARTIAL of several streams, one message
+  per client: how an engine step's tokens go out), `reply_final(...)` (FINAL) or
+  `reply_error(...)` (ERROR). Sequence numbers are ours to keep.
 - client side: `request(service, body, payload, key=..., request_id=..., timeout=...)` returns a
   `ReplyStream` (async or blocking iterator, PARTIAL... then FINAL, BusError on ERROR), or
   raises `bus.codec.ProtocolError` (a ValueError) at once when the request cannot travel (ids
@@ -27,7 +29,7 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import uvloop
@@ -35,7 +37,8 @@ import zmq
 
 from bus import constants as c
 from bus.codec import encode_checked
-from bus.endpoint_core import EndpointCore, LinkDown, LinkUp
+from bus.endpoint_core import LinkDown, LinkUp
+from bus.endpoint_set import EndpointSet
 from bus.liveness import HeartbeatConfig
 from bus.log import get_logger
 from bus.mailbox import Mailbox, ReplyStream
@@ -48,15 +51,16 @@ _HWM = 100_000
 
 
 class Endpoint:
-    def __init__(self, broker_endpoint: str, role: str, node_id: str | None = None, *,
+    def __init__(self, broker_endpoint: str | Sequence[str], role: str, node_id: str | None = None, *,
                  capacity: Mapping[str, float] | None = None, data_endpoint: str = "",
                  heartbeat: HeartbeatConfig | None = None,
                  max_message_bytes: int = c.DEFAULT_MAX_MESSAGE_BYTES,
                  context: zmq.Context | None = None, security: SecurityConfig | None = None) -> None:
-        self.broker_endpoint = broker_endpoint
+        self.brokers = broker_endpoints(broker_endpoint)
+        self.broker_endpoint = ",".join(self.brokers)
         self.security = security
         self.node_id = node_id or f"{role}-{uuid.uuid4().hex[:8]}"
-        self.core = EndpointCore(role, self.node_id, capacity, data_endpoint, heartbeat)
+        self.core = EndpointSet(role, self.node_id, len(self.brokers), capacity, data_endpoint, heartbeat)
         self.heartbeat = self.core.heartbeat
         self.max_message_bytes = max_message_bytes
         self.inbox = Mailbox()
@@ -68,7 +72,7 @@ class Endpoint:
         self._stopping = False
         self._thread: threading.Thread | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
-        self._socket: zmq.Socket | None = None
+        self._sockets: list[zmq.Socket | None] = [None] * len(self.brokers)
         self._wake: asyncio.Event | None = None
 
     # -- lifecycle -----------------------------------------------------------------------
@@ -119,6 +123,11 @@ class Endpoint:
     def reply(self, request_id: str, body: Any = None, payload: tuple = ()) -> None:
         self._call(self.core.reply, request_id, body, tuple(payload), False)
 
+    def reply_batch(self, items: Sequence[tuple[str, Any]]) -> None:
+        """The next PARTIAL of each `(request_id, body)` (no payload), sent as one STREAMS message
+        per client: an engine step's tokens cost the broker one message, not one per token."""
+        self._call(self.core.reply_batch, list(items))
+
     def reply_final(self, request_id: str, body: Any = None, payload: tuple = ()) -> None:
         self._call(self.core.reply, request_id, body, tuple(payload), True)
 
@@ -152,7 +161,7 @@ class Endpoint:
         self._call(self.core.update_capacity, dict(capacity))
 
     def metrics(self) -> dict[str, int]:
-        return dict(self.core.metrics)
+        return self.core.all_metrics()
 
     # -- the I/O thread ------------------------------------------------------------------
 
@@ -182,7 +191,8 @@ class Endpoint:
 
     async def _main(self) -> None:
         self._wake = asyncio.Event()
-        self._open_socket()
+        for index in range(len(self.brokers)):
+            self._open_socket(index)
         self._started.set()
         last_tick = time.monotonic()
         while not self._stopping:
@@ -193,38 +203,43 @@ class Endpoint:
             gap_ms = int((now - last_tick) * 1000)
             self.core.metrics["tick.max_gap_ms"] = max(self.core.metrics["tick.max_gap_ms"], gap_ms)
             last_tick = now
-            self._drain()   # read what arrived before judging the broker silent
-            if self.core.tick(time.monotonic()) and not self._stopping:
-                self._open_socket()
+            for index in range(len(self.brokers)):
+                self._drain(index)   # read what arrived before judging a broker silent
+            for index in self.core.tick(time.monotonic()):
+                if not self._stopping:
+                    self._open_socket(index)
             self._dispatch()
             self._flush()
         self.core.close(time.monotonic())
         self._flush()
-        self._close_socket(linger_ms=200)
+        for index in range(len(self.brokers)):
+            self._close_socket(index, linger_ms=200)
 
-    def _open_socket(self) -> None:
-        self._close_socket(linger_ms=0)   # drop whatever the lost session still had queued
+    def _open_socket(self, index: int) -> None:
+        self._close_socket(index, linger_ms=0)   # drop whatever the lost session still had queued
         socket = self._context.socket(zmq.DEALER)
         for option, value in ((zmq.LINGER, 0), (zmq.SNDHWM, _HWM), (zmq.RCVHWM, _HWM),
                               (zmq.RECONNECT_IVL, 100), (zmq.MAXMSGSIZE, self.max_message_bytes)):
             socket.setsockopt(option, value)
         if self.security is not None:
             apply_client(socket, self.security)
-        socket.connect(self.broker_endpoint)
-        self._socket = socket
-        asyncio.get_running_loop().add_reader(socket.fileno(), self._drain)   # zmq.FD: edge-triggered
-        self.core.on_socket_opened(time.monotonic())
+        socket.connect(self.brokers[index])
+        self._sockets[index] = socket
+        # zmq.FD is edge-triggered: drain on every notification
+        asyncio.get_running_loop().add_reader(socket.fileno(), self._drain, index)
+        self.core.on_socket_opened(index, time.monotonic())
         self._flush()
 
-    def _close_socket(self, linger_ms: int) -> None:
-        if self._socket is None:
+    def _close_socket(self, index: int, linger_ms: int) -> None:
+        socket = self._sockets[index]
+        if socket is None:
             return
-        asyncio.get_running_loop().remove_reader(self._socket.fileno())
-        self._socket.close(linger=linger_ms)
-        self._socket = None
+        asyncio.get_running_loop().remove_reader(socket.fileno())
+        socket.close(linger=linger_ms)
+        self._sockets[index] = None
 
-    def _drain(self) -> None:
-        socket = self._socket
+    def _drain(self, index: int) -> None:
+        socket = self._sockets[index]
         if socket is None:
             return
         now = time.monotonic()
@@ -233,25 +248,28 @@ class Endpoint:
                 frames = socket.recv_multipart(zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 break
-            self.core.on_frames(frames, now)
+            self.core.on_frames(index, frames, now)
         else:
-            asyncio.get_running_loop().call_soon(self._drain)   # more waiting: timers and calls first
+            asyncio.get_running_loop().call_soon(self._drain, index)   # more waiting: timers and calls first
         self._dispatch()
         self._flush()
 
     def _flush(self) -> None:
-        socket = self._socket
         outbox = self.core.take_outbox()
-        if socket is None or not outbox:
-            return
-        for frames in outbox:
+        loop = asyncio.get_running_loop()
+        for index, frames in outbox:
+            socket = self._sockets[index]
+            if socket is None:
+                continue
             try:
                 socket.send_multipart(frames, zmq.NOBLOCK, copy=False)
             except zmq.Again:
                 self.core.metrics["dropped.send_queue_full"] += 1
         # A send can consume the edge-triggered read notification: look again.
-        if has_input(socket):
-            asyncio.get_running_loop().call_soon(self._drain)
+        for index in {index for index, _ in outbox}:
+            socket = self._sockets[index]
+            if socket is not None and has_input(socket):
+                loop.call_soon(self._drain, index)
 
     def _dispatch(self) -> None:
         for event in self.core.take_events():
@@ -271,3 +289,11 @@ class Endpoint:
                 self.log.warning("broker_lost", reason=event.reason)
             else:
                 self.inbox.put(event)
+
+
+def broker_endpoints(value: str | Sequence[str]) -> list[str]:
+    """The brokers of one cluster: a list, or one string of addresses separated by commas."""
+    brokers = [part.strip() for part in value.split(",")] if isinstance(value, str) else [str(v).strip() for v in value]
+    if not brokers or not all(brokers):
+        raise ValueError(f"broker endpoints must be non-empty addresses, got {value!r}")
+    return brokers

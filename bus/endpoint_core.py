@@ -40,6 +40,7 @@ from bus import codec
 from bus import constants as c
 from bus.backlog import Backlog
 from bus.codec import ProtocolError
+from bus.endpoint_replies import ServingReplies
 from bus.liveness import Backoff, HeartbeatConfig, LinkTimers
 from bus.messages import (
     Cancel,
@@ -52,6 +53,7 @@ from bus.messages import (
     Partial,
     Ready,
     Request,
+    Streams,
 )
 
 
@@ -65,7 +67,7 @@ class LinkDown:
     reason: str   # "expired" (broker silent) or the DISCONNECT reason it sent
 
 
-class EndpointCore:
+class EndpointCore(ServingReplies):
     def __init__(self, role: str, node_id: str, capacity: Mapping[str, float] | None = None,
                  data_endpoint: str = "", heartbeat: HeartbeatConfig | None = None,
                  rng: random.Random | None = None, max_backlog: int = 100_000) -> None:
@@ -79,6 +81,7 @@ class EndpointCore:
         self.registered = False
         self.retry_at = 0.0
         self.serving: dict[str, int] = {}    # request id -> next seq of our reply stream
+        self.clients: dict[str, str] = {}    # request id we serve -> its client's node id
         self.streams: dict[str, int] = {}    # request id we sent -> next seq we expect
         self.backlog = Backlog(max_backlog)
         self.sent_replies: deque[tuple[float, str | None, list]] = deque()   # (sent at, request id or None for a DIRECT, frames)
@@ -96,7 +99,7 @@ class EndpointCore:
         # and delivers the queued READY the moment a broker appears.
         self.retry_at = now + max(self.heartbeat.expiry_s, self.backoff.next_delay())
         self.metrics["link.attempts"] += 1
-        self._send_now(codec.encode(self.ready_message()), now)
+        self.send_now(codec.encode(self.ready_message()), now)
 
     def ready_message(self) -> Ready:
         inflight = dict.fromkeys([*self.serving, *(request_id for request_id, _ in self.replay if request_id)])
@@ -112,13 +115,13 @@ class EndpointCore:
             self._link_down("expired", self.timers.last_seen)
             return True
         if self.timers.heartbeat_due(now, self.heartbeat):
-            self._send_now(codec.encode(Heartbeat()), now)
+            self.send_now(codec.encode(Heartbeat()), now)
         return False
 
     def close(self, now: float) -> None:
         """Say goodbye (the shell flushes, then closes the socket)."""
         if self.registered:
-            self._send_now(codec.encode(Disconnect(c.DisconnectReason.SHUTDOWN, "node stopping")), now)
+            self.send_now(codec.encode(Disconnect(c.DisconnectReason.SHUTDOWN, "node stopping")), now)
         self.registered = False
 
     def _link_down(self, reason: str, last_heard: float) -> None:
@@ -179,6 +182,7 @@ class EndpointCore:
             self.metrics["dropped.not_served"] += 1
             return
         self.serving[message.request_id] = 0
+        self.clients[message.request_id] = message.peer
         self.events.append(message)
 
     def _on_direct(self, message: Direct) -> None:
@@ -188,6 +192,7 @@ class EndpointCore:
         self.events.append(message)
 
     def _on_cancel(self, message: Cancel) -> None:
+        self.clients.pop(message.request_id, None)
         if self.serving.pop(message.request_id, None) is not None:
             self.events.append(message)
 
@@ -195,7 +200,7 @@ class EndpointCore:
         expected = self.streams.get(message.request_id)
         if expected is None:
             if isinstance(message, Error) and self.role in c.SERVING_ROLES and (
-                    not message.request_id or self.serving.pop(message.request_id, None) is not None):
+                    not message.request_id or self._stop_serving(message.request_id)):
                 # Not tied to a stream of ours: about a DIRECT (unknown_node) or about a reply
                 # we sent that the broker refused; node code gets it with the requests.
                 self.events.append(message)
@@ -216,6 +221,14 @@ class EndpointCore:
             del self.streams[message.request_id]
         self.events.append(message)
 
+    def _stop_serving(self, request_id: str) -> bool:
+        self.clients.pop(request_id, None)
+        return self.serving.pop(request_id, None) is not None
+
+    def _on_streams(self, message: Streams) -> None:
+        for entry in message.entries:
+            self._on_reply(entry)
+
     # -- app calls -----------------------------------------------------------------------
 
     def request(self, message: Request, now: float) -> None:
@@ -224,69 +237,27 @@ class EndpointCore:
     def request_encoded(self, request_id: str, frames: list, now: float) -> None:
         """`request` with the frames encoded by the caller (so an unencodable request fails there)."""
         self.streams[request_id] = 0
-        self._send_app(frames, now, request_id)
-
-    def reply(self, request_id: str, body: Any, payload: tuple, final: bool, now: float) -> bool:
-        """Queue the next PARTIAL (or the FINAL); False if the request is not ours any more."""
-        seq = self.serving.get(request_id)
-        if seq is None:
-            self.metrics["dropped.reply_to_unknown_request"] += 1
-            return False
-        try:
-            frames = codec.encode((Final if final else Partial)(request_id, seq, body, payload))
-        except ProtocolError as exc:   # node code's bug: the client gets an ERROR, not silence
-            self.metrics["failed.unencodable_reply"] += 1
-            return self.reply_error(request_id, c.ErrorCode.INTERNAL, f"reply not encodable: {exc.detail}", {}, now)
-        if final:
-            del self.serving[request_id]
-        else:
-            self.serving[request_id] = seq + 1
-        self._send_replayable(request_id, frames, now)
-        return True
-
-    def reply_error(self, request_id: str, code: str, message: str, details: Mapping, now: float) -> bool:
-        if self.serving.pop(request_id, None) is None:
-            self.metrics["dropped.reply_to_unknown_request"] += 1
-            return False
-        self._send_replayable(request_id, codec.encode(Error(request_id, code, message, dict(details))), now)
-        return True
-
-    def direct(self, message: Direct, now: float) -> None:
-        self.direct_encoded(codec.encode(message), now)
-
-    def direct_encoded(self, frames: list, now: float) -> None:
-        # Kept in the replay window like a reply: a DIRECT the old broker never forwarded (a
-        # prefill node's kv_ready) goes out again after re-registering; receivers ignore copies.
-        self._send_replayable(None, frames, now)
+        self.send_app(frames, now, request_id)
 
     def cancel(self, request_id: str, now: float) -> None:
         if self.streams.pop(request_id, None) is None or self.backlog.withdraw(request_id):
             return   # not ours, or it never left: taken back, no CANCEL needed
-        self._send_app(codec.encode(Cancel(request_id, c.CancelReason.CLIENT)), now)
+        self.send_app(codec.encode(Cancel(request_id, c.CancelReason.CLIENT)), now)
 
     def update_capacity(self, capacity: Mapping[str, float], now: float) -> None:
         self.capacity = dict(capacity)
         if self.registered:   # otherwise the next READY carries it
-            self._send_now(codec.encode(CapacityUpdate(self.capacity)), now)
+            self.send_now(codec.encode(CapacityUpdate(self.capacity)), now)
 
     # -- output --------------------------------------------------------------------------
 
-    def _send_now(self, frames: list, now: float) -> None:
+    def send_now(self, frames: list, now: float) -> None:
         self.timers.last_sent = now
         self.outbox.append(frames)
 
-    def _send_replayable(self, request_id: str | None, frames: list, now: float) -> None:
-        """Send (or backlog) a reply or DIRECT, keeping it in the window replayed after a broker loss."""
-        if self.registered:   # the backlog keeps the rest until it is sent
-            window = self.sent_replies
-            while window and window[0][0] < now - self.heartbeat.expiry_s - self.heartbeat.interval_s:
-                window.popleft()
-            window.append((now, request_id, frames))
-        self._send_app(frames, now)
-
-    def _send_app(self, frames: list, now: float, request_id: str | None = None) -> None:
+    def send_app(self, frames: list, now: float, request_id: str | None = None) -> None:
         if self.registered:
-            self._send_now(frames, now)
+            self.send_now(frames, now)
             return
         before = self.backlog.num_dropped
         dropped = self.backlog.push(frames, request_id)
@@ -308,4 +279,5 @@ _HANDLERS: dict[type, Callable[[EndpointCore, Any], None]] = {
     Request: EndpointCore._on_request, Cancel: EndpointCore._on_cancel,
     Direct: EndpointCore._on_direct,
     Partial: EndpointCore._on_reply, Final: EndpointCore._on_reply, Error: EndpointCore._on_reply,
+    Streams: EndpointCore._on_streams,
 }

@@ -80,6 +80,15 @@ class Final:
 
 
 @dataclass(frozen=True, slots=True)
+class Streams:
+    """Serving node -> broker -> client: the next PARTIAL of several streams at once (one engine
+    step's tokens for one client), delivered to node code as the `Partial`s it carries. Entries
+    carry no payload frames."""
+
+    entries: tuple[Partial, ...]
+
+
+@dataclass(frozen=True, slots=True)
 class Error:
     """Request-scoped failure, from the serving node or the broker; ends the reply stream."""
 
@@ -106,5 +115,14 @@ class Cancel:
     reason: str = ""
 
 
-Message = (Ready | Heartbeat | Disconnect | CapacityUpdate | Request | Partial | Final | Error
-           | Direct | Cancel)
+@dataclass(frozen=True, slots=True)
+class Adopt:
+    """Node -> broker: requests this registered node moved here from a broker it lost: those it
+    serves (`inflight`) and those it awaits replies for (`pending`), as READY announces them."""
+
+    inflight: tuple[str, ...] = ()
+    pending: tuple[str, ...] = ()
+
+
+Message = (Ready | Heartbeat | Disconnect | CapacityUpdate | Request | Partial | Final | Streams
+           | Error | Direct | Cancel | Adopt)

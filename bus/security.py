@@ -201,7 +201,10 @@ def split_server_key(endpoint: str) -> tuple[str, bytes | None]:
 
 
 def is_loopback(endpoint: str) -> bool:
-    """True for ipc://, inproc:// and tcp:// on 127.0.0.0/8, ::1 or localhost."""
+    """True for ipc://, inproc:// and tcp:// on 127.0.0.0/8, ::1 or localhost (every one of a
+    comma-separated list of brokers)."""
+    if "," in endpoint:
+        return all(is_loopback(part.strip()) for part in endpoint.split(","))
     if not endpoint.startswith("tcp://"):
         return True
     host = endpoint[len("tcp://"):].rsplit(":", 1)[0].strip("[]")

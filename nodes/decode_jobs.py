@@ -26,6 +26,7 @@ ERROR code of an engine's refusal, `plan_job` the plan. nodes/decode_node.py own
 
 from __future__ import annotations
 
+import bisect
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -113,6 +114,7 @@ class DecodeJob:
     ready_peer: str | None = None      # the node whose kv_ready was accepted (DIRECT peer)
     ready_transfer: str = ""           # ...naming this transfer
     tokens: list[wire.TokenBody] = field(default_factory=list)
+    token_sent_at: list[float] = field(default_factory=list)   # when each of `tokens` left
     cache_salt: str = ""
     num_cached_tokens: int = 0         # leading prompt tokens whose KV this node has (the plan says so)
     num_held_tokens: int = 0           # ...of them, held by the engine for this request (Engine.hold_prefix)
@@ -214,10 +216,19 @@ def refusal_code(admission: Admission) -> wire.Code:
     return wire.Code.REJECTED if admission.status == "rejected" else wire.Code.FULL
 
 
+def unconfirmed_tokens(job: DecodeJob, confirmed_before: float) -> tuple[wire.TokenBody, ...]:
+    """The tokens sent at or after `confirmed_before`: those a broker lost now may not have
+    forwarded (older ones were, or the endpoint replayed them: bus.endpoint_core), so the FINAL
+    repeats only these for the client's gap repair."""
+    first = bisect.bisect_left(job.token_sent_at, confirmed_before)
+    return tuple(job.tokens[first:])
+
+
 def done_body(job: DecodeJob, event: TokenEvent, node_id: str, stats: EngineStats,
-              num_kv_bytes_received: int) -> wire.DecodeDoneBody:
-    """The FINAL `done`: every token streamed, usage, stage timings, the request's and the node's
-    counters (`stats`: the engine's)."""
+              num_kv_bytes_received: int, confirmed_before: float) -> wire.DecodeDoneBody:
+    """The FINAL `done`: the tokens streamed since `confirmed_before` (`unconfirmed_tokens`),
+    usage (every token of the request), stage timings, the request's and the node's counters
+    (`stats`: the engine's)."""
     num_output = event.index + (1 if event.token_id is not None else 0)
     timings = wire.DecodeTimings(kv_wait_s=job.clock.seconds("planned", "kv_arrived"),
                                  decode_queue_s=job.clock.seconds("admitted", "first_token"),
@@ -228,5 +239,5 @@ def done_body(job: DecodeJob, event: TokenEvent, node_id: str, stats: EngineStat
         "node_prefilled_tokens": stats.num_prefilled_tokens,
         "node_imported_tokens": stats.num_imported_tokens, "node_reused_tokens": stats.num_reused_tokens,
         "node_prefix_reused_tokens": stats.num_prefix_reused_tokens}
-    return wire.DecodeDoneBody(node_id, event.finish_reason, tuple(job.tokens), job.plan,
+    return wire.DecodeDoneBody(node_id, event.finish_reason, unconfirmed_tokens(job, confirmed_before), job.plan,
                                wire.Usage(len(job.prompt), num_output), timings, counters)

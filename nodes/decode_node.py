@@ -65,6 +65,8 @@ class DecodeWork(GuardedWork):
         # retrying here until its retries run out.
         self.num_blocks_wanted = 0
         self._mib_per_block: float | None = None
+        self._step_tokens: list[tuple[str, Any]] = []          # this step's (request id, token body)
+        self._step_finals: list[tuple[str, Any]] = []          # ...and FINALs, sent after them
 
     # -- Work ------------------------------------------------------------------------------
     def prepare(self) -> str:
@@ -102,7 +104,22 @@ class DecodeWork(GuardedWork):
             return self._fail_step()
         for event in events:
             self._guard(event.request_id, self._on_token, event)
+        self._send_step()
         return True
+
+    def _send_step(self) -> None:
+        """The step's tokens as one batch (one bus message per client), then the FINALs, which
+        must follow their requests' last tokens."""
+        tokens, finals = self._step_tokens, self._step_finals
+        self._step_tokens, self._step_finals = [], []
+        try:
+            if tokens:
+                self.endpoint.reply_batch(tokens)
+        except Exception:   # the hand-over failed before sending anything: one request at a time
+            for request_id, body in tokens:
+                self._guard(request_id, self.endpoint.reply_batch, [(request_id, body)], ours=True)
+        for request_id, done in finals:
+            self._guard(request_id, self.endpoint.reply_final, request_id, done, ours=True)
 
     def on_idle(self) -> None:
         self.kv.on_idle()   # the node went quiet (nodes.heap trims next)
@@ -285,13 +302,16 @@ class DecodeWork(GuardedWork):
             job.clock.mark("first_token")
             token = wire.TokenBody(event.index, event.token_id, event.text)
             job.tokens.append(token)
-            self.endpoint.reply(job.request_id, wire.to_wire(token))
+            job.token_sent_at.append(time.monotonic())
+            self._step_tokens.append((job.request_id, wire.to_wire(token)))
         if event.finished:
             del self.jobs[job.request_id]
             job.finish()
             job.clock.mark("finished")
-            done = done_body(job, event, self.endpoint.node_id, self.engine.stats, self.num_kv_bytes_received)
-            self.endpoint.reply_final(job.request_id, wire.to_wire(done))
+            heartbeat = self.endpoint.heartbeat
+            done = done_body(job, event, self.endpoint.node_id, self.engine.stats, self.num_kv_bytes_received,
+                             time.monotonic() - heartbeat.expiry_s - heartbeat.interval_s)
+            self._step_finals.append((job.request_id, wire.to_wire(done)))
             self.log.info("request_done", request_id=job.request_id, session_id=job.session_id, plan=job.plan,
                           finish_reason=event.finish_reason, usage=asdict(done.usage), timings=done.timings.measured())
 

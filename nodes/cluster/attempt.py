@@ -11,8 +11,9 @@ why, which node, whether to fall back to local prefill, whether it spends a retr
   the `trace` it records into, `spend_retry(...)` and `open_stream(...)` on the bus.
 Token indices from the nodes are relative to the attempt; `deliver` maps them onto the stream
 (`spec.base`), drops duplicates and holds tokens that arrive ahead of a gap until it is filled —
-by the stream itself or by the `tokens` list of the decode node's FINAL (or the prefill node's
-FINAL for index 0). A gap left at the end is a `Retry` from the delivered offset. Prefill
+by the stream itself or by the `tokens` list of the decode node's FINAL (its most recent tokens:
+those a lost broker may not have forwarded), or the prefill node's FINAL for index 0. A gap left
+at the end, or fewer tokens than the FINAL's usage counts, is a `Retry` from the delivered offset. Prefill
 failures are retried here with a new transfer id for the same decode request, spending the
 generation's retry budget (`owner.spend_retry`). A request the bus endpoint refuses to encode (a
 ValueError — `bus.codec.ProtocolError` — from `open_stream()`) is `Retry` `malformed`, which the
@@ -93,6 +94,7 @@ class Attempt:
         # What its nodes may send: indices below what is left to generate.
         self.bounds = wire.Bounds(max_tokens=spec.sampling.max_tokens)
         self.pending: dict[int, StreamToken] = {}
+        self.num_finished = 0   # stream index past the decode FINAL's last token (its usage says)
         self.streams: list[ReplyStream] = []
         self.decode_node_id = ""
         self.decoding = False   # the decode node streams: it has its KV, prefill failures no longer matter
@@ -170,13 +172,18 @@ class Attempt:
             if decode_task not in done:
                 prefill_task.result()   # a failed prefill ends the attempt (Retry / ClusterError)
         finish_reason = await decode_task
-        if self.pending and prefill_task is not None:   # index 0 may still be on its way
+        if self._missing() and prefill_task is not None:   # index 0 may still be on its way
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(prefill_task, PREFILL_GRACE_S)
         if self.pending:
             raise Retry(Code.GAP, f"tokens {sorted(self.pending)[:3]}... arrived without their predecessors",
                         self.decode_node_id)
+        if self._missing():   # the FINAL repeats only recent tokens: an older one was lost for good
+            raise Retry(Code.GAP, f"{self._missing()} tokens before the FINAL never arrived", self.decode_node_id)
         return finish_reason
+
+    def _missing(self) -> int:
+        return len(self.pending) + max(0, self.num_finished - self.owner.num_delivered - len(self.pending))
 
     async def _plan(self, decode: ReplyStream) -> wire.PlanBody:
         # The broker may hold the request in its queue while every decode node is full: wait for
@@ -228,8 +235,12 @@ class Attempt:
         raise retry
 
     def _on_decode_final(self, done: wire.DecodeDoneBody) -> str:
+        if done.usage.completion_tokens > self.spec.sampling.max_tokens:
+            raise wire.Refused(f"the FINAL counts {done.usage.completion_tokens} tokens of at most "
+                               f"{self.spec.sampling.max_tokens}")
         for token in done.tokens:
             self.deliver(token.index, token.token_id, token.text)
+        self.num_finished = self.spec.base + done.usage.completion_tokens
         trace = self.trace
         trace.decode_final = wire.to_wire(done)
         trace.timings.update(done.timings.measured())

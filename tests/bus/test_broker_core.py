@@ -375,7 +375,7 @@ def test_unregistered_peer_gets_disconnect_not_registered(broker):
 
 
 def test_wrong_version_is_dropped_counted_and_disconnected(pair):
-    pair.send_raw(W, [b"PDB\x02\x02"])
+    pair.send_raw(W, [b"PDB" + bytes((c.VERSION + 1, Command.HEARTBEAT))])
     assert [m.reason for m in pair.to(W)] == [c.DisconnectReason.BAD_VERSION]
     assert "d1" not in pair.core.nodes_by_id and "g1" in pair.core.nodes_by_id
     assert pair.core.metrics["dropped.bad_version"] == 1

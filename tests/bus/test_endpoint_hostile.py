@@ -119,21 +119,21 @@ def test_replies_racing_a_cancel_reach_no_inbox(clock):
     endpoint = Endpoint("tcp://127.0.0.1:9", "gateway", "g1")
     calls = []
     endpoint._call = lambda method, *args: calls.append((method, args))   # the I/O thread, by hand
-    endpoint.core.on_socket_opened(clock.now)
-    endpoint.core.on_frames(codec.encode(Heartbeat()), clock.now)
+    endpoint.core.on_socket_opened(0, clock.now)
+    endpoint.core.on_frames(0, codec.encode(Heartbeat()), clock.now)
     stream = endpoint.request("decode", None, request_id="r1")
     for method, args in calls:
         method(*args, clock.now)
     calls.clear()
     stream.cancel()                                                     # the caller's thread
-    endpoint.core.on_frames(codec.encode(Partial("r1", 0, {"i": 0})), clock.now)   # on the wire already
+    endpoint.core.on_frames(0, codec.encode(Partial("r1", 0, {"i": 0})), clock.now)   # on the wire already
     endpoint._dispatch()
     for method, args in calls:                                          # the I/O thread catches up
         method(*args, clock.now)
-    endpoint.core.on_frames(codec.encode(Partial("r1", 1, {"i": 1})), clock.now)
+    endpoint.core.on_frames(0, codec.encode(Partial("r1", 1, {"i": 1})), clock.now)
     endpoint._dispatch()
     assert len(endpoint.inbox) == 0 and endpoint._streams == {}
-    assert endpoint.core.metrics["dropped.unknown_request"] == 1
+    assert endpoint.metrics()["dropped.unknown_request"] == 1
 
 
 @pytest.mark.integration

@@ -77,7 +77,8 @@ def test_data_endpoint_carries_the_server_key():
 @pytest.mark.parametrize(("endpoint", "loopback"), [
     ("tcp://127.0.0.1:5555", True), ("tcp://localhost:1", True), ("tcp://[::1]:1", True),
     ("ipc:///tmp/x", True), ("tcp://10.1.2.3:5555", False), ("tcp://*:5555", False),
-    ("tcp://0.0.0.0:5555", False), ("tcp://broker.example:5555", False)])
+    ("tcp://0.0.0.0:5555", False), ("tcp://broker.example:5555", False),
+    ("tcp://127.0.0.1:5555,tcp://127.0.0.1:5556", True), ("tcp://127.0.0.1:5555,tcp://10.1.2.3:5555", False)])
 def test_is_loopback(endpoint, loopback):
     assert is_loopback(endpoint) is loopback
 

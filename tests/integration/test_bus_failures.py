@@ -16,6 +16,7 @@ import zmq
 
 from bus import codec
 from bus.bus_client import BusClient
+from bus.constants import Command
 from bus.liveness import HeartbeatConfig
 from bus.mailbox import BusError
 from tests.bus.processes import free_port, python_process, start_broker, start_node, timestamp
@@ -140,7 +141,7 @@ def test_garbage_at_the_broker_port_does_not_stop_it(port, processes):
             raw.sendall(blob)
     rogue = zmq.Context.instance().socket(zmq.DEALER)
     rogue.connect(f"tcp://127.0.0.1:{port}")
-    rogue.send_multipart([b"PDB\x01\x05", b"truncated"])
+    rogue.send_multipart([codec.HEADERS[Command.REQUEST], b"truncated"])
     rogue.send_multipart([b"PDB\x63\x01", b"future version"])
     assert rogue.poll(10_000) and codec.decode(rogue.recv_multipart()).reason == "malformed"
     rogue.close(linger=0)

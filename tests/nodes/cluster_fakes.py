@@ -9,6 +9,7 @@ from typing import Any
 
 import torch
 
+from bus.liveness import HeartbeatConfig
 from bus.mailbox import Mailbox
 from nodes.engines.base import EngineConfig
 from nodes.engines.llama_engine import LlamaEngine
@@ -28,12 +29,18 @@ class FakeEndpoint:
         self.core = FakeCore()
         self.inbox = Mailbox()
         self.sent: list[tuple[str, Any]] = []   # (kind, (request_id or peer, body...))
+        self.num_batches = 0
+        self.heartbeat = HeartbeatConfig()
 
     def receive(self, timeout: float | None = None) -> Any:
         return self.inbox.get(timeout)
 
     def reply(self, request_id: str, body: Any = None, payload: tuple = ()) -> None:
         self.sent.append(("partial", request_id, body))
+
+    def reply_batch(self, items: list[tuple[str, Any]]) -> None:
+        self.sent.extend(("partial", request_id, body) for request_id, body in items)
+        self.num_batches += 1
 
     def reply_final(self, request_id: str, body: Any = None, payload: tuple = ()) -> None:
         self.sent.append(("final", request_id, body))

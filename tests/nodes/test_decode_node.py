@@ -67,6 +67,29 @@ def test_local_plan_streams_every_token_then_a_final_with_them(kv_thread):
     assert final["finish_reason"] == "length" and final["usage"] == {"prompt_tokens": 8, "completion_tokens": 6}
 
 
+def test_a_step_sends_its_streams_tokens_as_one_batch_then_the_finals(kv_thread):
+    work, endpoint, _ = make_work(kv_thread)
+    for request_id in ("r1", "r2", "r3"):
+        work.on_message(request(request_id, prefill="local"))
+    run_until_idle(work)
+    assert endpoint.num_batches == 6   # 6 steps of 3 streams: one hand-over each, not 18
+    kinds = [(kind, rid) for kind, rid, _ in endpoint.sent if kind != "capacity"]
+    assert kinds[-3:] == [("final", "r1"), ("final", "r2"), ("final", "r3")]   # after their last tokens
+
+
+def test_the_final_repeats_only_the_tokens_a_lost_broker_may_not_have_forwarded(kv_thread, monkeypatch):
+    work, endpoint, _ = make_work(kv_thread)
+    work.on_message(request(prefill="local"))
+    clock = (0.3 * i for i in range(1000))   # 0.3 s a call: early tokens leave the 1 s replay window
+    monkeypatch.setattr("nodes.decode_node.time.monotonic", lambda: float(next(clock)))
+    run_until_idle(work)
+    tokens = endpoint.of("partial", "r1")[1:]
+    (final,) = endpoint.of("final", "r1")
+    assert 0 < len(final["tokens"]) < len(tokens) == 6
+    assert [t[0] for t in final["tokens"]] == [t["index"] for t in tokens[-len(final["tokens"]):]]
+    assert final["usage"]["completion_tokens"] == 6
+
+
 def test_colocated_always_plans_local(kv_thread):
     work, endpoint, _ = make_work(kv_thread, always_local=True)
     work.on_message(request(prefill="auto"))

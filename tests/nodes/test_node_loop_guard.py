@@ -173,7 +173,7 @@ def test_an_engine_step_that_raises_fails_its_requests_frees_their_kv_and_the_no
 
 
 class RefusingEndpoint(FakeEndpoint):
-    """A FakeEndpoint whose `reply` raises for one request's bodies of one type."""
+    """A FakeEndpoint whose `reply` (and `reply_batch`) raises for one request's bodies of one type."""
 
     def __init__(self, request_id: str, body_type: str) -> None:
         super().__init__()
@@ -183,6 +183,11 @@ class RefusingEndpoint(FakeEndpoint):
         if (request_id, (body or {}).get("type")) == self.refused:
             raise RuntimeError("injected failure")
         super().reply(request_id, body, payload)
+
+    def reply_batch(self, items):
+        if any((request_id, (body or {}).get("type")) == self.refused for request_id, body in items):
+            raise RuntimeError("injected failure")
+        super().reply_batch(items)
 
 
 def node_with(endpoint, kv_thread, *, role="decode"):

@@ -61,3 +61,47 @@ def test_tokens_after_a_gap_wait_for_it():
     assert owner.emitted == [] and sorted(attempt.pending) == [1, 2]
     attempt.deliver(0, 10, "a")
     assert [t.token_id for t in owner.emitted] == [10, 11, 12] and not attempt.pending
+
+
+# -- a FINAL that repeats only recent tokens (nodes/decode_jobs.unconfirmed_tokens) -------------
+def lossy_decode(lost: set[int], repeated_from: int):
+    """Plans local, streams every token but those in `lost` (its first request only: a loss is
+    a broker's accident, not the node's habit), then a FINAL repeating only the tokens from
+    `repeated_from` on (as a decode node does for tokens older than its window)."""
+    from bus.messages import Final, Partial
+    from tests.nodes.cluster.scripted_bus import decode_done, first_id, token
+
+    calls = []
+
+    async def node(bus, put, body, rid):
+        prompt, num_tokens = body["prompt_token_ids"], body["sampling"]["max_tokens"]
+        calls.append(rid)
+        put(Partial(rid, 0, {"type": "plan", "plan": "local", "node_id": "decode-lossy"}))
+        for index in range(num_tokens):
+            if index not in lost or len(calls) > 1:
+                put(Partial(rid, index + 1, token(index, first_id(len(prompt) + index))))
+        done = decode_done(prompt, num_tokens, "decode-lossy")
+        done["tokens"] = [t for t in done["tokens"] if t[0] >= repeated_from]
+        put(Final(rid, num_tokens + 1, done))
+    return node
+
+
+async def run_one(bus):
+    client = ClusterClient("tcp://127.0.0.1:1", retry_delay_s=0.001, stall_timeout_s=2.0, plan_timeout_s=2.0)
+    client.bus = bus
+    generation = client.generate([1, 2, 3], SamplingParams(temperature=0.0, max_tokens=6), session_id="s1")
+    return await generation.collect()
+
+
+async def test_a_token_lost_inside_the_finals_window_is_repaired_by_the_final():
+    from tests.nodes.cluster.scripted_bus import ClusterBus, expected, good_decode
+    result = await run_one(ClusterBus(home=lossy_decode({4}, repeated_from=3), spare=good_decode()))
+    assert result.token_ids == expected([1, 2, 3], 6) and result.trace.failures == []
+
+
+async def test_a_token_lost_before_the_finals_window_resumes_exactly_from_the_gap():
+    from tests.nodes.cluster.scripted_bus import ClusterBus, expected, good_decode
+    for lost in ({1}, {5}):   # in the middle (later tokens held), or the last one (nothing held)
+        result = await run_one(ClusterBus(home=lossy_decode(lost, repeated_from=6), spare=good_decode()))
+        assert result.token_ids == expected([1, 2, 3], 6)
+        assert [f.split("@")[0] for f in result.trace.failures] == ["gap"]

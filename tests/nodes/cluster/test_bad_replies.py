@@ -108,6 +108,7 @@ DECODE_CASES = {
     "final-stats-text": ("final", {**GOOD_DONE, "stats": {"kv_raw_bytes": "a"}}),
     "final-stats-negative": ("final", {**GOOD_DONE, "stats": {"kv_raw_bytes": -5}}),
     "final-usage-float": ("final", {**GOOD_DONE, "usage": 2.5}),
+    "final-usage-over-max": ("final", {**GOOD_DONE, "usage": {"prompt_tokens": 3, "completion_tokens": 99}}),
     "final-finish-reason": ("final", {**GOOD_DONE, "finish_reason": {"x": 1}}),
 }
 
