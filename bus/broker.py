@@ -31,7 +31,14 @@ from zmq.utils.monitor import recv_monitor_message
 
 from bus import constants as c
 from bus.broker_core import BrokerCore
-from bus.broker_tables import BrokerEvent, CapacityChanged, NodeJoined, NodeLeft, PeerRejected
+from bus.broker_tables import (
+    BrokerEvent,
+    CapacityChanged,
+    NodeJoined,
+    NodeLeft,
+    PeerRejected,
+    RequestsAdopted,
+)
 from bus.liveness import HeartbeatConfig
 from bus.log import get_logger
 from bus.reactor import RouterReactor
@@ -160,6 +167,9 @@ class Broker:
                              lost_request_ids=list(event.lost_request_ids))
         elif isinstance(event, CapacityChanged):
             self.log.debug("capacity_changed", node_id=event.node_id, capacity=event.capacity)
+        elif isinstance(event, RequestsAdopted):
+            self.log.info("requests_adopted", node_id=event.node_id, num_inflight=event.num_inflight,
+                          num_pending=event.num_pending, num_requests=event.num_inflight + event.num_pending)
         elif isinstance(event, PeerRejected):
             self.log.warning("message_rejected", reason=event.reason, detail=event.detail,
                              node_id=event.node_id, identity=event.identity.hex())

@@ -44,7 +44,7 @@ from bus.broker_tables import BrokerEvent, CapacityChanged, Node, NodeJoined, No
 from bus.codec import HEADERS, ProtocolError
 from bus.constants import Command, DisconnectReason, DropReason, LeaveReason
 from bus.liveness import HeartbeatConfig, LinkTimers
-from bus.messages import Adopt, CapacityUpdate, Disconnect, Error, Ready
+from bus.messages import CapacityUpdate, Disconnect, Error, Ready
 from bus.routing import LeastOutstandingPolicy, RoutingPolicy
 
 _HEARTBEAT = [HEADERS[Command.HEARTBEAT]]
@@ -79,7 +79,7 @@ class BrokerCore(RouteTable):
             Command.REQUEST: self.on_request, Command.PARTIAL: self.on_reply,
             Command.FINAL: self.on_reply, Command.ERROR: self.on_reply,
             Command.DIRECT: self.on_direct, Command.CANCEL: self.on_cancel,
-            Command.STREAMS: self.on_streams, Command.ADOPT: self._on_adopt,
+            Command.STREAMS: self.on_streams, Command.ADOPT: self.on_adopt,
         }
 
     # -- input ---------------------------------------------------------------------------
@@ -220,20 +220,6 @@ class BrokerCore(RouteTable):
 
     def _on_disconnect(self, node: Node, command: Command, frames: list, now: float) -> None:
         self._forget(node, LeaveReason.DISCONNECTED, now)
-
-    def _on_adopt(self, node: Node, command: Command, frames: list, now: float) -> None:
-        """Requests a registered node moved here from a broker it lost: adopted as a READY's."""
-        try:
-            adopt = codec.decode(frames)
-            assert isinstance(adopt, Adopt)   # dispatched on its command byte
-            if adopt.inflight and node.role not in c.SERVING_ROLES:
-                raise ProtocolError(DropReason.MALFORMED, f"role {node.role!r} serves nothing: no inflight")
-        except ProtocolError as exc:
-            self.reject(node.identity, exc, frames)
-            return
-        self.metrics["adopted.requests"] += len(adopt.inflight) + len(adopt.pending)
-        self.adopt_requests(node, Ready(node.role, node.node_id, inflight=adopt.inflight, pending=adopt.pending),
-                            None, now)
 
     def _on_capacity(self, node: Node, command: Command, frames: list, now: float) -> None:
         try:

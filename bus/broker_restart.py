@@ -8,6 +8,8 @@ the sender a route's server, READY.pending its client; a route with one end miss
 orphan. Replies for an orphan whose client is not back are held (at most `MAX_HELD_REPLIES` a
 route, `MAX_HELD_REPLY_BYTES` in all) and released when it re-registers; `expire_orphans(now)`
 fails an orphan older than `orphan_grace_s` (ERROR `request_lost` / CANCEL `client_lost`).
+`on_adopt` takes the same announcements from a registered node's ADOPT (requests it moved
+here from a broker it lost: docs/PROTOCOL.md §1.12).
 `is_placeholder_of(request_id, client)`: a route made from `client`'s READY pending alone, which
 the REQUEST itself replaces when it arrives.
 """
@@ -16,10 +18,11 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
-from bus.broker_tables import Node, Route
-from bus.codec import raw_bytes
-from bus.constants import Command, ErrorCode
-from bus.messages import Ready
+from bus import codec
+from bus.broker_tables import BrokerEvent, Node, RequestsAdopted, Route
+from bus.codec import ProtocolError, raw_bytes
+from bus.constants import SERVING_ROLES, Command, DropReason, ErrorCode
+from bus.messages import Adopt, Ready
 
 if TYPE_CHECKING:
     from collections import Counter
@@ -42,6 +45,8 @@ class RestartRoutes:
     send_error: Callable[..., None]
     finish: Callable[[Route], None]
     _cancel_server: Callable[[Route, float], None]
+    events: list[BrokerEvent]
+    reject: Callable[[bytes, ProtocolError, list], None]
 
     def is_placeholder_of(self, request_id: bytes, node: Node) -> bool:
         route = self.orphans.get(request_id)
@@ -98,6 +103,22 @@ class RestartRoutes:
             self._settle(route)
             if route.held:
                 self._release_held(route, now)
+
+    def on_adopt(self, node: Node, command: Command, frames: list, now: float) -> None:
+        """ADOPT: requests a registered node moved here from a broker it lost (docs/PROTOCOL.md
+        §1.12), adopted as a READY's are; a gateway may not announce requests it serves."""
+        try:
+            adopt = codec.decode(frames)
+            assert isinstance(adopt, Adopt)   # dispatched on its command byte
+            if adopt.inflight and node.role not in SERVING_ROLES:
+                raise ProtocolError(DropReason.MALFORMED, f"role {node.role!r} serves nothing: no inflight")
+        except ProtocolError as exc:
+            self.reject(node.identity, exc, frames)
+            return
+        self.metrics["adopted.requests"] += len(adopt.inflight) + len(adopt.pending)
+        self.events.append(RequestsAdopted(node.node_id, len(adopt.inflight), len(adopt.pending)))
+        self.adopt_requests(node, Ready(node.role, node.node_id, inflight=adopt.inflight, pending=adopt.pending),
+                            None, now)
 
     def _route_for(self, request_id: bytes, service: str, now: float) -> Route:
         route = self.routes.get(request_id)

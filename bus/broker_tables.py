@@ -90,7 +90,16 @@ class PeerRejected:
     identity: bytes
 
 
-BrokerEvent = NodeJoined | NodeLeft | CapacityChanged | PeerRejected
+@dataclass(frozen=True, slots=True)
+class RequestsAdopted:
+    """A registered node moved requests here from a broker it lost (ADOPT)."""
+
+    node_id: str
+    num_inflight: int   # requests it serves
+    num_pending: int    # requests it awaits
+
+
+BrokerEvent = NodeJoined | NodeLeft | CapacityChanged | PeerRejected | RequestsAdopted
 
 
 def node_summary(node: Node) -> dict[str, Any]:

@@ -8,6 +8,9 @@ Contract:
         cluster.nodes["decode-0"]                  # a `Proc` (its JSON log events, signal, stop)
         cluster.kill("decode-0")                   # SIGKILL (or any signal)
         cluster.restart_broker(kill=True)          # same port; nodes re-register
+With `num_brokers=k` the config lists k brokers (`broker_endpoint` is their comma-separated
+addresses, every node registers with each: docs/PROTOCOL.md §1.12); `brokers[i]` is the i-th
+process, `broker` the first, `kill_broker(i)` / `restart_broker(kill, index=i)` act on one.
 Node ids are `prefill-i`, `decode-i`, `both-i`. `start()` returns once the broker logged every
 node joining. Every process pins one torch thread with passive OpenMP waits (two cores shared).
 `extra_args` adds flags per role (e.g. {"prefill": ["--test-prefill-delay-ms", "2000"]});
@@ -173,10 +176,12 @@ def render_config(sections: dict[str, dict[str, Any]]) -> str:
 class ClusterProcs:
     def __init__(self, *, num_prefill: int = 1, num_decode: int = 1, num_both: int = 0, model: str = "tiny",
                  kv_quant: str = "raw", settings: dict[str, dict[str, Any]] | None = None,
-                 extra_args: dict[str, list[str]] | None = None, log_level: str = "info") -> None:
+                 extra_args: dict[str, list[str]] | None = None, log_level: str = "info",
+                 num_brokers: int = 1) -> None:
         self.counts = {"prefill": num_prefill, "decode": num_decode, "both": num_both}
-        self.port = free_port()
-        self.broker_endpoint = f"tcp://127.0.0.1:{self.port}"
+        self.ports = [free_port() for _ in range(num_brokers)]
+        self.port = self.ports[0]
+        self.broker_endpoint = ",".join(f"tcp://127.0.0.1:{port}" for port in self.ports)
         self.extra_args = extra_args or {}
         self.log_level = log_level
         self._dir = tempfile.TemporaryDirectory(prefix="pdbus-cluster-")
@@ -196,16 +201,19 @@ class ClusterProcs:
         self.settings = sections
         self.config_path.write_text(render_config(sections))
         self.broker: Proc | None = None
+        self.brokers: list[Proc | None] = [None] * num_brokers
         self.old_brokers: list[Proc] = []   # killed by restart_broker, kept for their logs
         self.nodes: dict[str, Proc] = {}
 
     def _common(self) -> list[str]:
         return ["--config", str(self.config_path), "--log-level", self.log_level]
 
-    def start_broker(self) -> Proc:
-        self.broker = Proc(pdbus("broker", *self._common()))
-        self.broker.wait_for("broker_started", timeout=30)
-        return self.broker
+    def start_broker(self, index: int = 0) -> Proc:
+        broker = self.brokers[index] = Proc(pdbus("broker", *self._common(), "--index", str(index)))
+        if index == 0:
+            self.broker = broker
+        broker.wait_for("broker_started", timeout=30)
+        return broker
 
     def start_node(self, role: str, node_id: str) -> Proc:
         command = "node" if role == "both" else role
@@ -215,7 +223,8 @@ class ClusterProcs:
         return node
 
     def start(self, timeout: float = 120.0) -> ClusterProcs:
-        self.start_broker()
+        for index in range(len(self.brokers)):
+            self.start_broker(index)
         for role, count in self.counts.items():
             for i in range(count):
                 self.start_node(role, f"{role}-{i}")
@@ -225,9 +234,9 @@ class ClusterProcs:
         return self
 
     def _wait_joined(self, node_id: str, node: Proc, deadline: float) -> None:
-        """The broker's node_joined for `node_id`; a node that exits first fails at once, with its
+        """Every broker's node_joined for `node_id`; a node that exits first fails at once, with its
         own log tail (waiting out the timeout on the broker's log would say nothing of why)."""
-        while not self.broker.find("node_joined", node_id=node_id):
+        while not all(broker is not None and broker.find("node_joined", node_id=node_id) for broker in self.brokers):
             if not node.alive:
                 raise AssertionError(f"{node_id} exited with {node.wait_exit()} before joining; "
                                      "its log tail:\n" + node.log_tail())
@@ -241,20 +250,30 @@ class ClusterProcs:
         if number == signal.SIGKILL:
             self.nodes[node_id].process.wait(5)
 
-    def restart_broker(self, kill: bool = True) -> Proc:
-        old = self.broker
-        old.signal(signal.SIGKILL if kill else signal.SIGTERM)
+    def kill_broker(self, index: int = 0) -> None:
+        old = self.brokers[index]
+        assert old is not None, "that broker was never started"
+        old.signal(signal.SIGKILL)
         old.process.wait(10)
         self.old_brokers.append(old)
-        return self.start_broker()
+
+    def restart_broker(self, kill: bool = True, index: int = 0) -> Proc:
+        old = self.brokers[index]
+        assert old is not None, "that broker was never started"
+        old.signal(signal.SIGKILL if kill else signal.SIGTERM)
+        old.process.wait(10)
+        if old not in self.old_brokers:
+            self.old_brokers.append(old)
+        return self.start_broker(index)
 
     def stop(self) -> None:
         for node in self.nodes.values():
             node.signal(signal.SIGTERM)
         for node in self.nodes.values():
             node.stop()
-        if self.broker is not None:
-            self.broker.stop()
+        for broker in self.brokers:
+            if broker is not None:
+                broker.stop()
         self._dir.cleanup()
 
     def __enter__(self) -> ClusterProcs:

@@ -1,6 +1,6 @@
 """The chaos harness's cluster: `ClusterProcs` whose nodes run with the data-plane hooks
-(`harness.chaos.hooked_node`), one decode node optionally behind two `PartitionProxy`s (its bus
-link to the broker, and its KV data endpoint, which it advertises at the proxy's port so prefill
+(`harness.chaos.hooked_node`), one decode node optionally behind `PartitionProxy`s (its bus
+links to the brokers, and its KV data endpoint, which it advertises at the proxy's port so prefill
 nodes dial through it), and the gateway as one more process.
 
 Contract:
@@ -43,7 +43,7 @@ class ChaosCluster(ClusterProcs):
     def __init__(self, *, proxied: str | None = None, gateway: bool = True, **options: Any) -> None:
         super().__init__(**options)
         self.proxied = proxied
-        self.proxy = None      # the proxied node's bus link
+        self.proxies: list = []   # the proxied node's bus links (one per broker)
         self.kv_proxy = None   # and its KV data endpoint (decode nodes)
         self.with_gateway = gateway
         self.gateway: Proc | None = None
@@ -57,8 +57,8 @@ class ChaosCluster(ClusterProcs):
         broker = []
         if node_id == self.proxied:
             from harness.chaos.proxy import PartitionProxy
-            self.proxy = self.proxy or PartitionProxy(self.port).start()
-            broker = ["--broker", f"tcp://127.0.0.1:{self.proxy.port}"]
+            self.proxies = self.proxies or [PartitionProxy(port).start() for port in self.ports]
+            broker = ["--broker", ",".join(f"tcp://127.0.0.1:{proxy.port}" for proxy in self.proxies)]
             if role != "prefill":   # it receives KV: prefill nodes reach it only through the proxy too
                 self.kv_proxy = self.kv_proxy or PartitionProxy(free_port()).start()
                 broker += ["--kv-bind", f"tcp://127.0.0.1:{self.kv_proxy.target_port}",
@@ -107,7 +107,7 @@ class ChaosCluster(ClusterProcs):
 
     # -- the partition ----------------------------------------------------------------------
     def partition_proxies(self) -> list:
-        return [p for p in (self.proxy, self.kv_proxy) if p is not None]
+        return [p for p in (*self.proxies, self.kv_proxy) if p is not None]
 
     def cut(self) -> None:
         """Swallow every byte between the proxied node and the rest (broker and KV senders)."""
@@ -119,7 +119,7 @@ class ChaosCluster(ClusterProcs):
             proxy.heal()
 
     def bytes_swallowed(self) -> dict[str, int]:
-        return {"bus": self.proxy.num_bytes_swallowed if self.proxy else 0,
+        return {"bus": sum(proxy.num_bytes_swallowed for proxy in self.proxies),
                 "kv": self.kv_proxy.num_bytes_swallowed if self.kv_proxy else 0}
 
     def num_kv_connections(self) -> int:

@@ -95,6 +95,7 @@ def build_cluster(options: ChaosOptions) -> ChaosCluster:
                         # the rest: the held-prefix path is exercised too), so every fault hits.
                         settings={"engine": {"dtype": options.dtype}, "scheduler": {"local_suffix_tokens": 0}},
                         proxied=PARTITIONED_NODE if "partition" in options.scenarios else None,
+                        num_brokers=2 if "kill-broker" in options.scenarios else 1,
                         extra_args={"decode": ["--test-step-delay-ms", str(options.step_delay_ms)]})
 
 

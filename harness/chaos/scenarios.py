@@ -166,6 +166,29 @@ def broker_rejoined(ctx: Ctx, event: FaultEvent) -> None:
             ctx.cluster.broker.wait_for("node_joined", timeout=30, node_id=node_id)
 
 
+# -- kill-broker (two brokers) ------------------------------------------------------------------
+async def kill_broker(ctx: Ctx, progress: Progress) -> FaultEvent:
+    """SIGKILL the second broker mid-stream: the streams through it move to the first."""
+    live = await progress.streaming(3)
+    at = time.monotonic()
+    await asyncio.to_thread(ctx.cluster.kill_broker, 1)
+    return FaultEvent(at, "broker", {"num_live_streams": len(live), "killed": "broker-1"})
+
+
+def broker_back(ctx: Ctx, event: FaultEvent) -> None:
+    """Restart the killed broker on its port; every live process registers with it again."""
+    broker = ctx.cluster.start_broker(1)
+    for node_id, proc in ctx.cluster.nodes.items():
+        if proc.alive:
+            broker.wait_for("node_joined", timeout=30, node_id=node_id)
+
+
+def check_kill_broker(ctx: Ctx, before: dict, after: dict) -> dict:
+    """The survivor adopted the killed broker's requests (both ends announced them)."""
+    adopted = sum(e.get("num_requests", 0) for e in ctx.cluster.broker.find("requests_adopted"))
+    return {"ok": adopted > 0, "requests_adopted": adopted}
+
+
 # -- corrupt-kv / drop-kv --------------------------------------------------------------------
 def kv_fault(kind: str, count: int) -> Callable[[Ctx, Progress], Awaitable[FaultEvent]]:
     async def inject(ctx: Ctx, progress: Progress) -> FaultEvent:
@@ -284,6 +307,8 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              repair=revive),
     Scenario("restart-broker", "SIGKILL the broker and restart it on its port", restart_broker,
              repair=broker_rejoined),
+    Scenario("kill-broker", "SIGKILL one of two brokers mid-stream; its streams move to the other", kill_broker,
+             repair=broker_back, check=check_kill_broker),
     Scenario("corrupt-kv", f"flip a byte in the next {NUM_KV_FLIPS} KV chunks each prefill node sends",
              kv_fault("flip", NUM_KV_FLIPS), repair=calm, check=check_kv, recovery_bound=False),
     Scenario("drop-kv", f"drop the next {NUM_KV_DROPS} KV chunks each prefill node sends",
@@ -299,4 +324,4 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
              "endpoints, and forges replies, cancels and kv_ready for live requests", hostile_scenario.inject,
              repair=hostile_scenario.repair, check=hostile_scenario.check, recovery_bound=False),
 ]}
-SHORT = ("kill-decode", "corrupt-kv", "abort-storm", "partition")   # the `make test` form
+SHORT = ("kill-decode", "kill-broker", "corrupt-kv", "abort-storm", "partition")   # the `make test` form

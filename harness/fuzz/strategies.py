@@ -165,6 +165,12 @@ def control_bodies(known: Known) -> dict[Command, list]:
         Command.ERROR: [id_frame(st.one_of(st.just(""), request_ids)), body(error_body)],
         Command.DIRECT: [id_frame(known_id(known, "node_ids", texts)), body(st.one_of(kv_ready_body(known), values))],
         Command.CANCEL: [id_frame(request_ids), body(mutated({"reason": st.sampled_from(["client", "client_lost"])}))],
+        # STREAMS: a flat [id (bin), seq, ...] index (live ids often, bad pairs sometimes) and bodies.
+        Command.STREAMS: [body(st.lists(st.tuples(mostly(request_ids.map(str.encode), values),
+                                                  mostly(st.integers(0, 8), values)), min_size=1, max_size=8)
+                               .map(lambda pairs: [x for pair in pairs for x in pair])),
+                          body(st.lists(reply_body, max_size=8))],
+        Command.ADOPT: [body(mutated({"inflight": ids, "pending": ids}))],
     }
 
 

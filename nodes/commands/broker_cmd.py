@@ -6,7 +6,8 @@ retry_after_s, min_free_blocks, prefill_tokens_estimate, max_sessions) from the 
 override them. `--policy least-outstanding` runs the bus's default policy instead of the
 scheduler. `[security]` (see nodes.commands.keys_cmd): CURVE with the `broker` key pair, admitting the
 keys listed per role; on by default for a non-loopback endpoint. SIGINT/SIGTERM stop it cleanly
-(nodes get DISCONNECT).
+(nodes get DISCONNECT). With several brokers listed (comma-separated), `--index i` binds the i-th;
+every broker of a cluster runs the same settings.
 """
 
 from __future__ import annotations
@@ -23,7 +24,9 @@ from scheduler.policy import ClusterPolicy, SchedulerSettings
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--endpoint", help=f"ROUTER endpoint to bind (default {c.DEFAULT_ENDPOINT})")
+    parser.add_argument("--endpoint", help=f"ROUTER endpoint to bind (default: [broker] endpoint, {c.DEFAULT_ENDPOINT})")
+    parser.add_argument("--index", type=int, default=0,
+                        help="with several brokers in [broker] endpoint (comma-separated): bind the INDEX-th (from 0)")
     parser.add_argument("--heartbeat-ms", type=int, help="heartbeat interval in milliseconds")
     parser.add_argument("--liveness", type=int, help="missed heartbeats before a node is dead")
     parser.add_argument("--policy", choices=["cluster", "least-outstanding"], default="cluster",
@@ -40,10 +43,18 @@ def routing_policy(settings: dict, name: str = "cluster") -> RoutingPolicy:
         raise SettingsError(f"[scheduler]: {exc}") from exc
 
 
+def own_endpoint(listed: str, index: int) -> str:
+    """This broker's address among the cluster's brokers (docs/PROTOCOL.md §1.12)."""
+    brokers = [part.strip() for part in str(listed).split(",")]
+    if not 0 <= index < len(brokers) or not brokers[index]:
+        raise SettingsError(f"--index {index}: [broker] endpoint lists {len(brokers)} broker(s): {listed!r}")
+    return brokers[index]
+
+
 def main(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     broker = section(settings, "broker")
-    endpoint = args.endpoint or broker.get("endpoint", c.DEFAULT_ENDPOINT)
+    endpoint = args.endpoint or own_endpoint(broker.get("endpoint", c.DEFAULT_ENDPOINT), getattr(args, "index", 0))
     max_bytes = int(broker.get("max_message_bytes", c.DEFAULT_MAX_MESSAGE_BYTES))
     policy = routing_policy(settings, getattr(args, "policy", "cluster"))
     try:

@@ -34,7 +34,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--prompt-tokens", type=int, help="prompt length in tokens (default 64)")
     parser.add_argument("--max-tokens", type=int, help="tokens per stream (default 48)")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--short", action="store_true", help="the short form: kill-decode, corrupt-kv, abort-storm, partition")
+    parser.add_argument("--short", action="store_true", help="the short form: kill-decode, kill-broker (two brokers), corrupt-kv, abort-storm, partition")
     parser.add_argument("--results", default="results", help="folder for the JSON (default: results/)")
 
 

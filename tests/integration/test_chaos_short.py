@@ -1,7 +1,7 @@
 """The short form of the chaos harness (`pdbus chaos --short`), as `make test` runs it: a real
-cluster (broker, 2 prefill, 2 decode nodes, the gateway; tiny model, fp32, raw KV, greedy) and the
-seeded workload streamed through the gateway's WebSocket (token ids), once fault-free and once per
-scenario: kill-decode, corrupt-kv, abort-storm, partition. Fails if any request is lost, any stream's token
+cluster (two brokers, 2 prefill, 2 decode nodes, the gateway; tiny model, fp32, raw KV, greedy)
+and the seeded workload streamed through the gateway's WebSocket (token ids), once fault-free and
+once per scenario: kill-decode, kill-broker, corrupt-kv, abort-storm, partition. Fails if any request is lost, any stream's token
 ids differ from the fault-free pass, any KV block stays taken, or a scenario's evidence is missing
 (the decode kill hit no stream; a flipped KV byte went uncaught). Recovery times are reported by
 the harness, never asserted here."""
@@ -24,7 +24,7 @@ def row(run, name: str) -> dict:
     return next(r for r in run["rows"] if r["scenario"] == name)
 
 
-@pytest.mark.parametrize("name", ["kill-decode", "corrupt-kv", "abort-storm", "partition"])
+@pytest.mark.parametrize("name", ["kill-decode", "kill-broker", "corrupt-kv", "abort-storm", "partition"])
 def test_no_request_is_lost_and_every_token_id_matches_the_fault_free_pass(run, name):
     result = row(run, name)
     assert result["problems"] == [] and result["ok"]
@@ -39,6 +39,11 @@ def test_the_decode_kill_hit_streams_that_then_failed_over(run):
     victim = result["fault"]["target"]
     failed_over = [r for r in result["records"] if f"node_lost@{victim}" in (r["failures"] or [])]
     assert victim.startswith("decode-") and failed_over and result["recovery_s"]
+
+
+def test_the_surviving_broker_adopted_the_killed_ones_streams(run):
+    result = row(run, "kill-broker")
+    assert result["evidence"]["requests_adopted"] > 0 and result["fault"]["details"]["num_live_streams"] >= 1
 
 
 def test_no_flipped_kv_chunk_could_have_been_decoded(run):

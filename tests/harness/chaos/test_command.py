@@ -11,7 +11,7 @@ from nodes import cli
 
 
 def test_every_issue_scenario_exists_and_the_short_form_is_a_subset():
-    assert list(SCENARIOS) == ["kill-decode", "freeze-decode", "kill-prefill", "restart-broker", "corrupt-kv",
+    assert list(SCENARIOS) == ["kill-decode", "freeze-decode", "kill-prefill", "restart-broker", "kill-broker", "corrupt-kv",
                                "drop-kv", "slow-consumer", "abort-storm", "partition", "hostile-peer"]
     assert set(SHORT) <= set(SCENARIOS) and chaos_runner.short_options().scenarios == list(SHORT)
 
