@@ -41,6 +41,13 @@ def decode_is_full(capacity: Mapping[str, float], num_outstanding: int, min_free
     return max_running > 0 and max(capacity.get("num_running", 0), num_outstanding) >= max_running
 
 
+def decode_load(node: NodeView) -> int:
+    """Streams on a decode node, for the ring's load bound: the streams this broker routed there
+    and has not seen finish, or the node's own report (`num_running`) when higher — with several
+    brokers each sees only its own streams, and the report counts all of them."""
+    return max(node.num_outstanding, int(node.capacity.get("num_running", 0)))
+
+
 class PrefillLoads:
     """Outstanding prefill tokens per node: the last reported `queued_tokens` plus the tokens the
     scheduler routed there since that report (so a burst between two reports still spreads)."""

@@ -3,7 +3,8 @@
 Contract (docs/CLUSTER.md "Services, keys and capacity"):
 - `decode` requests, keyed by session id: a session stays on the node that holds it while that
   node lives, is not full and is not over the load bound (sticky: its cached KV is there). Over
-  the bound means (1+epsilon)x the mean number of outstanding streams and more than
+  the bound means (1+epsilon)x the mean number of streams (those this broker routed there, or
+  the node's `num_running` report when higher: other brokers' streams) and more than
   `sticky_slack_streams` above the idlest node: old sessions cannot pile onto one node, and a
   stream or two of imbalance at low load never costs a session its cache. A
   new (or orphaned, or displaced) session goes to the first node clockwise from its key on a
@@ -49,7 +50,7 @@ from typing import Any, TypeVar
 
 from bus.constants import ErrorCode
 from bus.routing import Defer, Refuse
-from scheduler.node_loads import DECODE_ROLES, PREFILL_ROLES, NodeView, PrefillLoads, decode_is_full
+from scheduler.node_loads import DECODE_ROLES, PREFILL_ROLES, NodeView, PrefillLoads, decode_is_full, decode_load
 from scheduler.prefill_keys import parse_prefill_key
 from scheduler.prefix_hashes import reported_hashes
 from scheduler.ring import BoundedLoadRing, HashRing
@@ -174,7 +175,7 @@ class ClusterPolicy:
         self.metrics["decode.skipped_full"] += len(full)
         if len(full) == len(live):
             raise self._all_full(len(live))
-        loads = {node_id: n.num_outstanding for node_id, n in live.items()}
+        loads = {node_id: decode_load(n) for node_id, n in live.items()}
         home = self.sessions.node_of(key) if is_session else None
         if home in live and home not in full:
             if not self._over_bound(home, loads):

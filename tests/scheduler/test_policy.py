@@ -133,6 +133,17 @@ def test_a_session_leaves_a_node_that_is_over_the_load_bound():
     assert (cluster.policy.metrics["sessions.over_bound"], cluster.policy.metrics["sessions.moved"]) == (1, 1)
 
 
+def test_streams_another_broker_placed_count_through_the_nodes_report():
+    """With several brokers each routes only its own streams; the node's `num_running` report
+    counts them all, so a node another broker loaded is over this broker's bound too."""
+    cluster = _cluster(2, epsilon=0.25)
+    home = cluster.request("decode", "chat-1")
+    home.num_outstanding = 0                      # this broker: nothing outstanding there
+    cluster.report(home.node_id, **{**ROOMY_KV, "max_running": 64, "num_running": 6})
+    assert cluster.request("decode", "chat-1") is not home
+    assert cluster.policy.metrics["sessions.over_bound"] == 1
+
+
 def test_a_full_node_is_skipped_and_its_session_moves_until_it_has_room():
     cluster = _cluster(3)
     home = cluster.request("decode", "chat-1")
