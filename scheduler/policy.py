@@ -50,7 +50,14 @@ from typing import Any, TypeVar
 
 from bus.constants import ErrorCode
 from bus.routing import Defer, Refuse
-from scheduler.node_loads import DECODE_ROLES, PREFILL_ROLES, NodeView, PrefillLoads, decode_is_full, decode_load
+from scheduler.node_loads import (
+    DECODE_ROLES,
+    PREFILL_ROLES,
+    NodeView,
+    PrefillLoads,
+    decode_is_full,
+    decode_load,
+)
 from scheduler.prefill_keys import parse_prefill_key
 from scheduler.prefix_hashes import reported_hashes
 from scheduler.ring import BoundedLoadRing, HashRing
