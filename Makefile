@@ -74,8 +74,8 @@ demo: install    ## prepare the real model and stream a completion (see README)
 broker: install  ## run the broker in the foreground (Ctrl-C stops it)
 	$(BIN)/pdbus broker --config $(CONFIG)
 
-gateway: install ## run the OpenAI-compatible gateway on [gateway] host:port (joins the broker in CONFIG)
-	$(BIN)/pdbus gateway --config $(CONFIG)
+gateway: install ## run the OpenAI-compatible gateway on [gateway] host:port (WORKERS=n processes; joins the broker in CONFIG)
+	$(BIN)/pdbus gateway --config $(CONFIG) $(if $(WORKERS),--workers $(WORKERS))
 
 client: install  ## stream a completion over the gateway's WebSocket (PROMPT="..."; CHAT=1 for a chat)
 	$(BIN)/pdbus client --config $(CONFIG) $(if $(CHAT),--chat) $(if $(PROMPT),--prompt "$(PROMPT)")
@@ -89,8 +89,8 @@ prefill: install ## run one prefill node in the foreground (joins the broker in 
 decode: install  ## run one decode node in the foreground (joins the broker in CONFIG)
 	$(BIN)/pdbus decode --config $(CONFIG)
 
-cluster: install ## broker + prefill + decode nodes from CONFIG, foreground (PREFILL=n DECODE=m; Ctrl-C stops all)
-	$(BIN)/pdbus cluster --config $(CONFIG) $(if $(PREFILL),--prefill $(PREFILL)) $(if $(DECODE),--decode $(DECODE))
+cluster: install ## broker + prefill + decode nodes + gateway from CONFIG, foreground (PREFILL=n DECODE=m GATEWAY_WORKERS=k; Ctrl-C stops all)
+	$(BIN)/pdbus cluster --config $(CONFIG) $(if $(PREFILL),--prefill $(PREFILL)) $(if $(DECODE),--decode $(DECODE)) $(if $(GATEWAY_WORKERS),--gateway-workers $(GATEWAY_WORKERS))
 
 colocated: install ## broker + one colocated (prefill+decode) node per core, foreground
 	$(BIN)/pdbus cluster --config $(CONFIG) --colocated

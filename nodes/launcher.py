@@ -3,8 +3,9 @@
 Contract:
 - `cluster_plan(...) -> list[ChildSpec]` (pure): the broker first, then `pdbus prefill` x N and
   `pdbus decode` x M (or `pdbus node --role both` x K when colocated; `pdbus node --idle --role R`
-  for nodes without an engine), then `pdbus gateway --node-id gateway` when the shape asks for
-  it (its bus id is its name, so `cluster_ready` waits for it too). Node ids are stable
+  for nodes without an engine), then `pdbus gateway --node-id gateway --workers N` when the shape
+  asks for it (its bus id is its name, or `gateway-w0`..`gateway-w<N-1>` for N workers: its
+  `bus_ids`, so `cluster_ready` waits for every worker too). Node ids are stable
   (`prefill-0`, `decode-1`, `both-0`), so the scheduler's hash ring places sessions the same way
   on every start.
 - `Supervisor(plan).run(stop) -> exit code`: starts the broker, learns the endpoint it bound
@@ -18,7 +19,7 @@ Contract:
   format in a terminal, JSON otherwise) tagged with the child's name. Each child runs in its
   own process group, so a terminal's Ctrl-C reaches only the supervisor, which then stops the
   nodes before the broker; and each gets PR_SET_PDEATHSIG, so even a SIGKILLed launcher leaves
-  no orphans behind.
+  no orphans behind (`die_with_parent`, which the gateway's own workers use too).
 """
 
 from __future__ import annotations
@@ -48,6 +49,7 @@ class ChildSpec:
     name: str                 # the node id (or "broker")
     argv: tuple[str, ...]     # without --broker: the supervisor adds it once the broker is up
     is_broker: bool = False
+    bus_ids: tuple[str, ...] = ()   # the node ids it registers with the broker, when not just `name`
 
 
 @dataclass(frozen=True)
@@ -59,6 +61,7 @@ class ClusterShape:
     model: str | None = None
     node_args: tuple[str, ...] = field(default_factory=tuple)   # passed to every node
     gateway: bool = False     # also run the OpenAI gateway ([gateway] host:port)
+    gateway_workers: int = 1  # its processes (`pdbus gateway --workers N`)
 
 
 def _pdbus(*args: str) -> tuple[str, ...]:
@@ -77,7 +80,10 @@ def cluster_plan(shape: ClusterShape, broker_endpoint: str, common: tuple[str, .
                                                   *common, *shape.node_args)))
     if shape.gateway:
         model = ("--model", shape.model) if shape.model else ()
-        plan.append(ChildSpec("gateway", _pdbus("gateway", *model, "--node-id", "gateway", *common)))
+        workers = shape.gateway_workers
+        bus_ids = tuple(f"gateway-w{i}" for i in range(workers)) if workers > 1 else ()
+        plan.append(ChildSpec("gateway", _pdbus("gateway", *model, "--node-id", "gateway", "--workers", str(workers),
+                                                *common), bus_ids=bus_ids))
     return plan
 
 
@@ -91,8 +97,8 @@ def _node_command(role: str, shape: ClusterShape) -> tuple[str, ...]:
 _prctl = ctypes.CDLL(None, use_errno=True).prctl   # looked up here: no dlopen after fork
 
 
-def _die_with_parent() -> None:
-    # Runs in the child between fork and exec: SIGTERM it if the launcher dies first.
+def die_with_parent() -> None:
+    # Runs in the child between fork and exec: SIGTERM it if its parent (this process) dies first.
     _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
@@ -102,7 +108,7 @@ class Child:
     def __init__(self, spec: ChildSpec, argv: tuple[str, ...], lines: queue.Queue) -> None:
         self.spec = spec
         self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                        text=True, errors="replace", preexec_fn=_die_with_parent,
+                                        text=True, errors="replace", preexec_fn=die_with_parent,
                                         process_group=0, env={**os.environ, "PYTHONUNBUFFERED": "1"})
         self.reported_exit = False
         self._reader = threading.Thread(target=self._read, args=(lines,), daemon=True)
@@ -271,4 +277,4 @@ class Supervisor:
             self.ready.discard(event["node_id"])
 
     def _node_names(self) -> set[str]:
-        return {spec.name for spec in self.plan if not spec.is_broker}
+        return {node_id for spec in self.plan if not spec.is_broker for node_id in spec.bus_ids or (spec.name,)}

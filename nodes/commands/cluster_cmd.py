@@ -3,7 +3,8 @@
 Reads `[cluster]` (`prefill`, `decode`: node counts; `colocated`: `both` nodes for
 `--colocated`, 0 = one per core; `stop_grace_s`; `start_timeout_s`) and `[broker] endpoint`
 from the config; flags override them. The OpenAI gateway (`pdbus gateway`, on `[gateway]
-host:port`) runs too, unless `--no-gateway` or `--idle` (idle nodes serve no model). Every child
+host:port`) runs too, unless `--no-gateway` or `--idle` (idle nodes serve no model), with
+`--gateway-workers N` processes (default `[gateway] workers`, 1; see `pdbus gateway --workers`). Every child
 gets the same `--config`, so heartbeat, scheduler, engine, KV and gateway settings agree. Ctrl-C / SIGTERM stops the nodes, then the broker
 (SIGKILL after the grace period). Exit code 0 after a requested stop, 1 if the broker dies.
 See `nodes.launcher` for what is logged.
@@ -19,6 +20,7 @@ import threading
 from bus import constants as c
 from bus.log import wants_json
 from nodes.config_file import SettingsError, load_settings, section
+from nodes.gateway.gateway_settings import MAX_WORKERS
 from nodes.launcher import ClusterShape, Supervisor, cluster_plan
 
 
@@ -33,12 +35,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--endpoint", help=f"broker endpoint (default: [broker] endpoint, {c.DEFAULT_ENDPOINT})")
     parser.add_argument("--stop-grace-s", type=float, help="seconds between SIGTERM and SIGKILL")
     parser.add_argument("--no-gateway", action="store_true", help="do not run the OpenAI gateway")
+    parser.add_argument("--gateway-workers", type=int,
+                        help="gateway processes on its one port (default: [gateway] workers, 1)")
 
 
 def _count(flag: int | None, configured: object, name: str) -> int:
     value = flag if flag is not None else configured
     if not isinstance(value, int) or isinstance(value, bool) or value < 0:
         raise SettingsError(f"[cluster] {name} must be a whole number >= 0, got {value!r}")
+    return value
+
+
+def _gateway_workers(flag: int | None, gateway: dict) -> int:
+    value = flag if flag is not None else gateway.get("workers", 1)
+    if not isinstance(value, int) or isinstance(value, bool) or not 1 <= value <= MAX_WORKERS:
+        raise SettingsError(f"[gateway] workers (--gateway-workers) must be a whole number in 1..{MAX_WORKERS}, "
+                            f"got {value!r}")
     return value
 
 
@@ -50,7 +62,8 @@ def cluster_shape(settings: dict, args: argparse.Namespace) -> ClusterShape:
     shape = ClusterShape(num_prefill=_count(args.prefill, cluster.get("prefill", 1), "prefill"),
                          num_decode=_count(args.decode, cluster.get("decode", 1), "decode"),
                          num_colocated=num_colocated, idle=args.idle, model=args.model,
-                         gateway=not (args.idle or args.no_gateway))
+                         gateway=not (args.idle or args.no_gateway),
+                         gateway_workers=_gateway_workers(args.gateway_workers, section(settings, "gateway")))
     if not num_colocated and shape.num_decode == 0:
         raise SettingsError("a cluster needs at least one decode node (or --colocated)")
     return shape

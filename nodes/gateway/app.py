@@ -1,8 +1,10 @@
 """The gateway's aiohttp application and its lifecycle.
 
 Contract:
-- `Gateway(config, backend)` holds what handlers share: config, backend, metrics, rate limiter,
-  the live relays (for the buffered-tokens gauge), start time.
+- `Gateway(config, backend, limiter=None, node_id="")` holds what handlers share: config, backend,
+  metrics, the rate limiter (`protect.RateLimiter` unless given one: a worker of several passes
+  `shared_limits.SharedRateLimiter`), the live relays (for the buffered-tokens gauge), start time,
+  and its bus node id, which every response names in `X-Pdbus-Gateway` (which worker served it).
 - `build_app(gateway) -> web.Application`: routes (docs/API.md) and two middlewares: `errors`
   (ApiError -> OpenAI error JSON with its status and headers; aiohttp's HTTP errors in the same
   shape; anything unexpected -> 500 with no stack trace in the body, logged) and `auth` (Bearer
@@ -13,18 +15,23 @@ Contract:
 - `runner_options(config) -> dict`: the `AppRunner` options: handler cancellation, no access log
   (the gateway writes its own), header limits, and `http_log.server_logger()` (a malformed HTTP
   request is one short throttled line, not a traceback).
-- `run_gateway(config, broker_endpoint, model_info, stop)`: registers with the broker as a bus
-  client, serves until `stop` is set, then closes the HTTP server and the bus client.
+- `listening_socket(config, reuse_port=False)`: the server socket (SO_REUSEPORT for a worker).
+- `run_gateway(config, client, model, seat=None)`: serves with the started bus client until
+  SIGINT/SIGTERM, then closes the HTTP server and the bus client. Alone (`seat` None) it logs
+  `gateway_started`; as worker `seat` of `pdbus gateway --workers N` (nodes/gateway/workers.py) it
+  listens with SO_REUSEPORT beside its siblings, counts limits in the parent's shared table, logs
+  `gateway_worker_started` and tells the parent it serves (the parent logs `gateway_started`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import os
 import socket
 import ssl
 import time
 import weakref
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from aiohttp import web
 
@@ -35,10 +42,13 @@ from nodes.gateway.api_errors import ApiError, error_body
 from nodes.gateway.backend import Backend, ModelInfo
 from nodes.gateway.gateway_metrics import GatewayMetrics
 from nodes.gateway.gateway_settings import GatewayConfig
-from nodes.gateway.protect import RateLimiter, check_api_key
+from nodes.gateway.protect import Limiter, RateLimiter, check_api_key
 from nodes.gateway.served import GATEWAY, IDENTITY, TENANT
 from nodes.gateway.tenants import tenant_of
 from nodes.heap import freeze_startup_objects
+
+if TYPE_CHECKING:   # a worker's seat is handed in, never made here
+    from nodes.gateway.workers import WorkerSeat
 
 log = get_logger("gateway")
 OPEN_PATHS = ("/health", "/ready", "/metrics")
@@ -47,10 +57,12 @@ ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat", "
 
 
 class Gateway:
-    def __init__(self, config: GatewayConfig, backend: Backend) -> None:
-        self.config, self.backend = config, backend
+    def __init__(self, config: GatewayConfig, backend: Backend, limiter: Limiter | None = None,
+                 node_id: str = "") -> None:
+        self.config, self.backend, self.node_id = config, backend, node_id
         self.metrics = GatewayMetrics()
-        self.limiter = RateLimiter(config.rate_limit_rps, config.rate_limit_burst, config.max_streams_per_key)
+        self.limiter: Limiter = limiter or RateLimiter(config.rate_limit_rps, config.rate_limit_burst,
+                                                       config.max_streams_per_key)
         self.relays: weakref.WeakSet = weakref.WeakSet()
         self.created = int(time.time())
         self.metrics.buffered.set_function(lambda: sum(r.queue.qsize() for r in list(self.relays)))
@@ -98,9 +110,17 @@ async def auth(request: web.Request, handler: Any) -> web.StreamResponse:
     return await handler(request)
 
 
+async def name_the_gateway(request: web.Request, response: web.StreamResponse) -> None:
+    # Every response, errors and WebSocket handshakes included: with several workers behind one
+    # port this is how a client (or a test) tells which one answered.
+    response.headers["X-Pdbus-Gateway"] = request.app[GATEWAY].node_id
+
+
 def build_app(gateway: Gateway) -> web.Application:
     app = web.Application(middlewares=[errors, auth], client_max_size=gateway.config.max_body_bytes)
     app[GATEWAY] = gateway
+    if gateway.node_id:
+        app.on_response_prepare.append(name_the_gateway)
     app.add_routes([
         web.post("/v1/completions", http.completions), web.post("/v1/chat/completions", http.chat_completions),
         web.get("/v1/models", http.models), web.get("/v1/stream", websocket.stream),
@@ -108,11 +128,12 @@ def build_app(gateway: Gateway) -> web.Application:
     return app
 
 
-def listening_socket(config: GatewayConfig) -> socket.socket:
+def listening_socket(config: GatewayConfig, reuse_port: bool = False) -> socket.socket:
     """The server socket; accepted connections inherit its send buffer size. A fixed size turns
     off the kernel's send-buffer autotuning (up to tcp_wmem's 4 MiB), which would otherwise let a
-    client that stops reading pin megabytes before the gateway's own stall timer can see it."""
-    sock = socket.create_server((config.host, config.port))
+    client that stops reading pin megabytes before the gateway's own stall timer can see it.
+    `reuse_port`: one of several workers' sockets on one port; the kernel spreads connections."""
+    sock = socket.create_server((config.host, config.port), reuse_port=reuse_port)
     if config.send_buffer_bytes:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, config.send_buffer_bytes)
     return sock
@@ -138,25 +159,30 @@ def runner_options(config: GatewayConfig) -> dict[str, Any]:
             "logger": http_log.server_logger()}
 
 
-async def serve(gateway: Gateway, stop: asyncio.Event) -> None:
+async def serve(gateway: Gateway, stop: asyncio.Event, seat: WorkerSeat | None = None) -> None:
     config = gateway.config
     tls = tls_context(config)
     runner = web.AppRunner(build_app(gateway), **runner_options(config))
     await runner.setup()
-    sock = listening_socket(config)
+    sock = listening_socket(config, reuse_port=seat is not None)
     await web.SockSite(runner, sock, ssl_context=tls).start()
     port = sock.getsockname()[1]
     scheme = "https" if tls else "http"
-    log.info("gateway_started", host=config.host, port=port, url=f"{scheme}://{config.host}:{port}", tls=bool(tls),
-             model=gateway.config.model_name, max_model_len=gateway.backend.max_model_len,
-             auth=bool(gateway.config.api_keys))
+    fields = {"host": config.host, "port": port, "url": f"{scheme}://{config.host}:{port}", "tls": bool(tls),
+              "model": gateway.config.model_name, "max_model_len": gateway.backend.max_model_len,
+              "auth": bool(gateway.config.api_keys)}
+    if seat is None:
+        log.info("gateway_started", **fields)
+    else:
+        log.info("gateway_worker_started", worker=seat.index, node_id=gateway.node_id, pid=os.getpid(), **fields)
+        seat.announce_ready()
     try:
         await stop.wait()
     finally:
         await runner.cleanup()
 
 
-def run_gateway(config: GatewayConfig, client: Any, model: ModelInfo) -> None:
+def run_gateway(config: GatewayConfig, client: Any, model: ModelInfo, seat: WorkerSeat | None = None) -> None:
     """Serve on this thread (uvloop) until SIGINT/SIGTERM; `client` is a started ClusterClient."""
     import signal
 
@@ -167,8 +193,10 @@ def run_gateway(config: GatewayConfig, client: Any, model: ModelInfo) -> None:
         for number in (signal.SIGINT, signal.SIGTERM):
             asyncio.get_running_loop().add_signal_handler(number, stop.set)
         freeze_startup_objects()   # the tokenizer lives as long as the process (nodes.heap)
+        limiter = seat.limiter(config) if seat is not None else None
+        gateway = Gateway(config, Backend(client, model, config), limiter, client.bus.node_id)
         try:
-            await serve(Gateway(config, Backend(client, model, config)), stop)
+            await serve(gateway, stop, seat)
         finally:
             await asyncio.to_thread(client.close)
         log.info("gateway_stopped")

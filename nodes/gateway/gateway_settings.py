@@ -5,6 +5,7 @@ Contract: `GatewayConfig.from_settings(settings, **overrides)` reads `[gateway]`
 `SettingsError`, so a typo in the config never silently disables a limit. 0 turns a limit off.
 `tls_cert` + `tls_key` (PEM paths, both or neither) serve HTTPS/WSS; `max_header_bytes` bounds the
 request line and each header (aiohttp answers 400 past it), `max_headers` their number.
+`workers` (1..MAX_WORKERS): processes serving the port (`pdbus gateway --workers N`, nodes/gateway/workers.py).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from typing import Any
 from nodes.config_file import SettingsError, section
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
+MAX_WORKERS = 64   # gateway processes on one port; also what one shared limits table is laid out for
 
 
 @dataclass(frozen=True)
@@ -40,6 +42,7 @@ class GatewayConfig:
     max_header_bytes: int = 8190            # request line and each header field (400 past it)
     max_headers: int = 64                   # header fields per request (400 past it)
     share_prefix_cache: bool = False        # let API keys share cached prompt prefixes (else per key)
+    workers: int = 1                        # processes on host:port (SO_REUSEPORT), one bus client each
     kv_mode: str = ""                       # what `X-Pdbus-KV-Mode` says for a remote plan (from [kv])
 
     @classmethod
@@ -75,6 +78,8 @@ class GatewayConfig:
         for name in ("rate_limit_rps", "stall_timeout_s", "ready_cache_s"):
             if not isinstance(getattr(self, name), int | float) or getattr(self, name) < 0:
                 raise SettingsError(f"[gateway] {name} must be a number >= 0")
+        if not isinstance(self.workers, int) or isinstance(self.workers, bool) or not 1 <= self.workers <= MAX_WORKERS:
+            raise SettingsError(f"[gateway] workers must be a whole number in 1..{MAX_WORKERS}, got {self.workers!r}")
         if not isinstance(self.share_prefix_cache, bool):
             raise SettingsError(f"[gateway] share_prefix_cache must be true or false, got {self.share_prefix_cache!r}")
         if bool(self.tls_cert) != bool(self.tls_key):

@@ -11,6 +11,9 @@ Contract:
   raises ApiError 429 with a `Retry-After` header (seconds until a token, or 1 s for streams);
   `release(identity)` when the request ends. 0 turns either limit off. Idle identities are
   forgotten so memory stays bounded by the number of active clients.
+- `Limiter`: that pair of methods, the seam `Gateway` holds; `shared_limits.SharedRateLimiter` is
+  the other side (the workers of `pdbus gateway --workers N` count in one table). Both refuse with
+  `streams_exceeded(max_streams)` / `rate_exceeded(rps, tokens)`, so a client cannot tell them apart.
 """
 
 from __future__ import annotations
@@ -19,6 +22,7 @@ import hashlib
 import hmac
 import math
 from dataclasses import dataclass
+from typing import Protocol
 
 from nodes.gateway.api_errors import ApiError
 
@@ -53,6 +57,24 @@ def check_api_key(authorization: str | None, keys: tuple[str, ...]) -> str:
     return token
 
 
+class Limiter(Protocol):
+    def acquire(self, identity: str, now: float) -> None: ...
+
+    def release(self, identity: str) -> None: ...
+
+
+def streams_exceeded(max_streams: int) -> ApiError:
+    return ApiError(429, f"too many concurrent requests for this key (limit {max_streams})",
+                    code="rate_limit_exceeded", headers={"Retry-After": "1"})
+
+
+def rate_exceeded(rps: float, tokens: float) -> ApiError:
+    """The refusal of a bucket holding `tokens` (< 1): Retry-After is when the next one is due."""
+    wait = math.ceil((1.0 - tokens) / rps)
+    return ApiError(429, f"rate limit of {rps:g} requests/s exceeded", code="rate_limit_exceeded",
+                    headers={"Retry-After": str(max(1, wait))})
+
+
 @dataclass
 class _Bucket:
     tokens: float
@@ -68,15 +90,12 @@ class RateLimiter:
     def acquire(self, identity: str, now: float) -> None:
         bucket = self._bucket(identity, now)
         if self.max_streams and bucket.num_streams >= self.max_streams:
-            raise ApiError(429, f"too many concurrent requests for this key (limit {self.max_streams})",
-                           code="rate_limit_exceeded", headers={"Retry-After": "1"})
+            raise streams_exceeded(self.max_streams)
         if self.rps:
             bucket.tokens = min(self.burst, bucket.tokens + (now - bucket.updated) * self.rps)
             bucket.updated = now
             if bucket.tokens < 1.0:
-                wait = math.ceil((1.0 - bucket.tokens) / self.rps)
-                raise ApiError(429, f"rate limit of {self.rps:g} requests/s exceeded", code="rate_limit_exceeded",
-                               headers={"Retry-After": str(max(1, wait))})
+                raise rate_exceeded(self.rps, bucket.tokens)
             bucket.tokens -= 1.0
         bucket.num_streams += 1
 

@@ -85,8 +85,21 @@ def test_the_gateway_comes_last_with_the_model_and_a_stable_bus_id():
     plan = cluster_plan(ClusterShape(num_prefill=1, num_decode=1, model="tiny", gateway=True), "tcp://h:1",
                         ("--config", "c.toml"))
     assert [spec.name for spec in plan] == ["broker", "prefill-0", "decode-0", "gateway"]
-    assert plan[-1].argv[3:] == ("gateway", "--model", "tiny", "--node-id", "gateway", "--config", "c.toml",
-                                 "--log-format", "json")
+    assert plan[-1].argv[3:] == ("gateway", "--model", "tiny", "--node-id", "gateway", "--workers", "1",
+                                 "--config", "c.toml", "--log-format", "json")
+    assert plan[-1].bus_ids == ()   # registers as `gateway`
+
+
+def test_gateway_workers_come_from_the_flag_or_the_config_and_each_is_a_bus_id():
+    assert command.cluster_shape({}, _args()).gateway_workers == 1
+    assert command.cluster_shape({"gateway": {"workers": 3}}, _args()).gateway_workers == 3
+    shape = command.cluster_shape({"gateway": {"workers": 3}}, _args(gateway_workers=2))
+    plan = cluster_plan(shape, "tcp://h:1")
+    assert plan[-1].bus_ids == ("gateway-w0", "gateway-w1")
+    assert plan[-1].argv[plan[-1].argv.index("--workers") + 1] == "2"
+    for bad in (0, 65, True):
+        with pytest.raises(SettingsError, match="gateway-workers"):
+            command.cluster_shape({}, _args(gateway_workers=bad))
 
 
 def test_the_gateway_runs_unless_no_gateway_or_idle():
