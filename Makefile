@@ -89,8 +89,8 @@ prefill: install ## run one prefill node in the foreground (joins the broker in 
 decode: install  ## run one decode node in the foreground (joins the broker in CONFIG)
 	$(BIN)/pdbus decode --config $(CONFIG)
 
-cluster: install ## broker + prefill + decode nodes + gateway from CONFIG, foreground (PREFILL=n DECODE=m GATEWAY_WORKERS=k; Ctrl-C stops all)
-	$(BIN)/pdbus cluster --config $(CONFIG) $(if $(PREFILL),--prefill $(PREFILL)) $(if $(DECODE),--decode $(DECODE)) $(if $(GATEWAY_WORKERS),--gateway-workers $(GATEWAY_WORKERS))
+cluster: install ## broker + prefill + decode nodes + gateway from CONFIG, foreground (PREFILL=n DECODE=m BROKERS=b GATEWAY_WORKERS=k; Ctrl-C stops all)
+	$(BIN)/pdbus cluster --config $(CONFIG) $(if $(PREFILL),--prefill $(PREFILL)) $(if $(DECODE),--decode $(DECODE)) $(if $(BROKERS),--brokers $(BROKERS)) $(if $(GATEWAY_WORKERS),--gateway-workers $(GATEWAY_WORKERS))
 
 colocated: install ## broker + one colocated (prefill+decode) node per core, foreground
 	$(BIN)/pdbus cluster --config $(CONFIG) --colocated

@@ -8,6 +8,10 @@ Contract:
   `bus_ids`, so `cluster_ready` waits for every worker too). Node ids are stable
   (`prefill-0`, `decode-1`, `both-0`), so the scheduler's hash ring places sessions the same way
   on every start.
+- With `num_brokers` k > 1 the plan starts `broker-0`..`broker-<k-1>` on consecutive ports and
+  every node gets all their endpoints; a broker that dies is started again on its address while
+  the others serve (with one broker, its death ends the cluster). Readiness is read from the
+  first broker's log.
 - `Supervisor(plan).run(stop) -> exit code`: starts the broker, learns the endpoint it bound
   from its `broker_started` log event (so `tcp://host:0` works), starts the nodes pointing at it,
   logs `cluster_broker_ready`, `cluster_node_ready` (the broker's `node_joined` for that node)
@@ -62,6 +66,7 @@ class ClusterShape:
     node_args: tuple[str, ...] = field(default_factory=tuple)   # passed to every node
     gateway: bool = False     # also run the OpenAI gateway ([gateway] host:port)
     gateway_workers: int = 1  # its processes (`pdbus gateway --workers N`)
+    num_brokers: int = 1      # brokers of the one cluster (docs/CLUSTER.md "Several brokers")
 
 
 def _pdbus(*args: str) -> tuple[str, ...]:
@@ -70,7 +75,8 @@ def _pdbus(*args: str) -> tuple[str, ...]:
 
 def cluster_plan(shape: ClusterShape, broker_endpoint: str, common: tuple[str, ...] = ()) -> list[ChildSpec]:
     """What to start, in order; `common` (e.g. --config, --log-level) goes to every child."""
-    plan = [ChildSpec("broker", _pdbus("broker", "--endpoint", broker_endpoint, *common), True)]
+    plan = [ChildSpec(name, _pdbus("broker", "--endpoint", endpoint, *common), True)
+            for name, endpoint in broker_endpoints(broker_endpoint, shape.num_brokers)]
     roles = ([("both", shape.num_colocated)] if shape.num_colocated > 0
              else [("prefill", shape.num_prefill), ("decode", shape.num_decode)])
     for role, count in roles:
@@ -85,6 +91,17 @@ def cluster_plan(shape: ClusterShape, broker_endpoint: str, common: tuple[str, .
         plan.append(ChildSpec("gateway", _pdbus("gateway", *model, "--node-id", "gateway", "--workers", str(workers),
                                                 *common), bus_ids=bus_ids))
     return plan
+
+
+def broker_endpoints(first: str, num_brokers: int) -> list[tuple[str, str]]:
+    """(name, endpoint) of each broker: `broker` alone, else `broker-i` on the port after the
+    previous one (port 0: each picks its own)."""
+    if num_brokers == 1:
+        return [("broker", first)]
+    base, _, port = first.rpartition(":")
+    if not port.isdigit():
+        raise ValueError(f"several brokers need a tcp://host:port endpoint, got {first!r}")
+    return [(f"broker-{i}", f"{base}:{int(port) + i if int(port) else 0}") for i in range(num_brokers)]
 
 
 def _node_command(role: str, shape: ClusterShape) -> tuple[str, ...]:
@@ -150,7 +167,8 @@ class Supervisor:
         self.plan, self.grace_s, self.start_timeout_s = plan, grace_s, start_timeout_s
         self.json_output = json_output
         self.children: list[Child] = []
-        self.broker_endpoint: str | None = None
+        self.broker_endpoint: str | None = None   # every broker's, comma-separated, once all are up
+        self.bound: dict[str, str] = {}           # broker name -> the endpoint it bound
         self.ready: set[str] = set()
         self.log = get_logger("cluster")
         self._lines: queue.Queue = queue.Queue()
@@ -160,23 +178,25 @@ class Supervisor:
     # -- the foreground loop -------------------------------------------------------------
 
     def run(self, stop: threading.Event) -> int:
-        broker_spec, node_specs = self.plan[0], self.plan[1:]
-        broker = self._spawn(broker_spec, broker_spec.argv)
-        code = self._wait_for_broker(broker, stop)
+        broker_specs = [spec for spec in self.plan if spec.is_broker]
+        brokers = [self._spawn(spec, spec.argv) for spec in broker_specs]
+        code = self._wait_for_brokers(brokers, stop)
         if code is None:
-            endpoint = self.broker_endpoint
-            assert endpoint is not None   # known once _wait_for_broker returns None
-            for spec in node_specs:
-                self._spawn(spec, (*spec.argv, "--broker", endpoint))
-            code = self._serve(broker, stop)
+            self.broker_endpoint = ",".join(self.bound[spec.name] for spec in broker_specs)
+            self.log.info("cluster_broker_ready", endpoint=self.broker_endpoint)
+            for spec in self.plan:
+                if not spec.is_broker:
+                    self._spawn(spec, (*spec.argv, "--broker", self.broker_endpoint))
+            code = self._serve(brokers, stop)
         self.stop_all()
         return code
 
-    def _wait_for_broker(self, broker: Child, stop: threading.Event) -> int | None:
+    def _wait_for_brokers(self, brokers: list[Child], stop: threading.Event) -> int | None:
         deadline = time.monotonic() + self.start_timeout_s
-        while self.broker_endpoint is None:
+        while len(self.bound) < len(brokers):
             if stop.is_set():
                 return 0
+            broker = next((b for b in brokers if not b.alive()), None) or brokers[0]
             if not broker.alive() or time.monotonic() > deadline:
                 self._drain()
                 self.log.error("cluster_broker_failed", returncode=broker.process.poll(),
@@ -185,15 +205,22 @@ class Supervisor:
             self._drain(_POLL_S)
         return None
 
-    def _serve(self, broker: Child, stop: threading.Event) -> int:
+    def _serve(self, brokers: list[Child], stop: threading.Event) -> int:
+        """Until `stop`. One broker dying ends the cluster (exit 1); one of several is started
+        again on its address while the others serve (docs/CLUSTER.md "Several brokers")."""
         while not stop.is_set():
             self._drain(_POLL_S)
             for child in self.children:
                 if not child.alive() and not child.reported_exit:
                     self._report_exit(child)
-            if not broker.alive():
-                self.log.error("cluster_broker_died", returncode=broker.process.returncode)
-                return 1
+            for index, broker in enumerate(brokers):
+                if broker.alive():
+                    continue
+                self.log.error("cluster_broker_died", child=broker.spec.name, returncode=broker.process.returncode)
+                if len(brokers) == 1:
+                    return 1
+                argv = _with_endpoint(broker.spec.argv, self.bound[broker.spec.name])
+                brokers[index] = self._spawn(broker.spec, argv)
         return 0
 
     # -- children ------------------------------------------------------------------------
@@ -259,22 +286,30 @@ class Supervisor:
         else:
             print(self._console(None, event.get("level", "info"), dict(event)), file=sys.stderr, flush=True)
         if child.spec.is_broker:
-            self._on_broker_event(event)
+            self._on_broker_event(child, event)
 
-    def _on_broker_event(self, event: dict) -> None:
+    def _on_broker_event(self, child: Child, event: dict) -> None:
         name = event.get("event")
-        if name == "broker_started" and self.broker_endpoint is None:
-            self.broker_endpoint = event["endpoint"]
-            self.log.info("cluster_broker_ready", endpoint=self.broker_endpoint)
-        elif name == "node_joined" and event.get("node_id") in self._node_names():
+        if name == "broker_started" and child.spec.name not in self.bound:
+            self.bound[child.spec.name] = event["endpoint"]
+        elif name == "node_joined" and event.get("node_id") in self._node_names() and child is self._first_broker():
             self.ready.add(event["node_id"])
             self.log.info("cluster_node_ready", node_id=event["node_id"], role=event.get("role"),
                           num_ready=len(self.ready), num_nodes=len(self._node_names()))
             if self.ready == self._node_names():
                 self.log.info("cluster_ready", endpoint=self.broker_endpoint, num_nodes=len(self.ready),
                               elapsed_s=round(time.monotonic() - self._started_at, 2))
-        elif name == "node_left" and event.get("node_id") in self._node_names():
+        elif name == "node_left" and event.get("node_id") in self._node_names() and child is self._first_broker():
             self.ready.discard(event["node_id"])
+
+    def _first_broker(self) -> Child | None:
+        return next((c for c in reversed(self.children) if c.spec is self.plan[0]), None)
 
     def _node_names(self) -> set[str]:
         return {node_id for spec in self.plan if not spec.is_broker for node_id in spec.bus_ids or (spec.name,)}
+
+
+def _with_endpoint(argv: tuple[str, ...], endpoint: str) -> tuple[str, ...]:
+    """A broker's argv binding `endpoint` (the address it bound the first time: port 0 resolved)."""
+    at = argv.index("--endpoint")
+    return (*argv[:at + 1], endpoint, *argv[at + 2:])

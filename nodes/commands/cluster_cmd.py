@@ -1,6 +1,7 @@
 """`pdbus cluster`: a broker and its nodes as child processes, in the foreground.
 
-Reads `[cluster]` (`prefill`, `decode`: node counts; `colocated`: `both` nodes for
+Reads `[cluster]` (`prefill`, `decode`: node counts; `brokers` (1; several share the load and
+survive one another's loss, docs/CLUSTER.md); `colocated`: `both` nodes for
 `--colocated`, 0 = one per core; `stop_grace_s`; `start_timeout_s`) and `[broker] endpoint`
 from the config; flags override them. The OpenAI gateway (`pdbus gateway`, on `[gateway]
 host:port`) runs too, unless `--no-gateway` or `--idle` (idle nodes serve no model), with
@@ -35,6 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--endpoint", help=f"broker endpoint (default: [broker] endpoint, {c.DEFAULT_ENDPOINT})")
     parser.add_argument("--stop-grace-s", type=float, help="seconds between SIGTERM and SIGKILL")
     parser.add_argument("--no-gateway", action="store_true", help="do not run the OpenAI gateway")
+    parser.add_argument("--brokers", type=int, help="brokers of the cluster, on consecutive ports (default: [cluster] brokers, 1)")
     parser.add_argument("--gateway-workers", type=int,
                         help="gateway processes on its one port (default: [gateway] workers, 1)")
 
@@ -63,7 +65,10 @@ def cluster_shape(settings: dict, args: argparse.Namespace) -> ClusterShape:
                          num_decode=_count(args.decode, cluster.get("decode", 1), "decode"),
                          num_colocated=num_colocated, idle=args.idle, model=args.model,
                          gateway=not (args.idle or args.no_gateway),
-                         gateway_workers=_gateway_workers(args.gateway_workers, section(settings, "gateway")))
+                         gateway_workers=_gateway_workers(args.gateway_workers, section(settings, "gateway")),
+                         num_brokers=_count(getattr(args, "brokers", None), cluster.get("brokers", 1), "brokers"))
+    if shape.num_brokers < 1:
+        raise SettingsError("a cluster needs at least one broker")
     if not num_colocated and shape.num_decode == 0:
         raise SettingsError("a cluster needs at least one decode node (or --colocated)")
     return shape

@@ -106,3 +106,19 @@ def test_the_gateway_runs_unless_no_gateway_or_idle():
     assert command.cluster_shape({}, _args()).gateway
     assert not command.cluster_shape({}, _args(no_gateway=True)).gateway
     assert not command.cluster_shape({}, _args(idle=True)).gateway
+
+
+def test_several_brokers_take_consecutive_ports_and_every_node_is_told_of_all():
+    shape = command.cluster_shape({"cluster": {"brokers": 2}}, _args(no_gateway=True))
+    plan = cluster_plan(shape, "tcp://127.0.0.1:5555")
+    brokers = [spec for spec in plan if spec.is_broker]
+    assert [(b.name, b.argv[b.argv.index("--endpoint") + 1]) for b in brokers] == [
+        ("broker-0", "tcp://127.0.0.1:5555"), ("broker-1", "tcp://127.0.0.1:5556")]
+    assert [b.argv[b.argv.index("--endpoint") + 1] for b in cluster_plan(shape, "tcp://127.0.0.1:0")
+            if b.is_broker] == ["tcp://127.0.0.1:0", "tcp://127.0.0.1:0"]   # each picks a free port
+    assert command.cluster_shape({}, _args(brokers=3)).num_brokers == 3
+    for bad in ({"cluster": {"brokers": 0}}, {"cluster": {"brokers": "two"}}):
+        with pytest.raises(SettingsError, match="broker"):
+            command.cluster_shape(bad, _args())
+    with pytest.raises(ValueError, match="host:port"):
+        cluster_plan(shape, "ipc:///tmp/pdbus")
