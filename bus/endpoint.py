@@ -41,7 +41,7 @@ from bus.endpoint_core import LinkDown, LinkUp
 from bus.endpoint_set import EndpointSet
 from bus.liveness import HeartbeatConfig
 from bus.log import get_logger
-from bus.mailbox import Mailbox, ReplyStream
+from bus.mailbox import Mailbox, ReplyStream, Wakeups
 from bus.messages import Direct, Error, Final, Partial, Request
 from bus.reactor import has_input
 from bus.security import SecurityConfig, apply_client
@@ -272,13 +272,14 @@ class Endpoint:
                 loop.call_soon(self._drain, index)
 
     def _dispatch(self) -> None:
+        wakeups = Wakeups()   # one cross-thread wake-up per loop for a burst (a STREAMS message)
         for event in self.core.take_events():
             stream = (self._streams.get(event.request_id)
                       if isinstance(event, Partial | Final | Error) else None)
             if stream is not None:   # (node code may cancel it concurrently: no KeyError here)
                 if not isinstance(event, Partial):
                     self._streams.pop(event.request_id, None)
-                stream.mailbox.put(event)
+                stream.mailbox.put(event, wakeups)
             elif isinstance(event, Partial | Final):   # its stream was cancelled: nobody reads it
                 self.core.metrics["dropped.late_reply"] += 1
             elif isinstance(event, LinkUp):
@@ -289,6 +290,7 @@ class Endpoint:
                 self.log.warning("broker_lost", reason=event.reason)
             else:
                 self.inbox.put(event)
+        wakeups.send()
 
 
 def broker_endpoints(value: str | Sequence[str]) -> list[str]:

@@ -2,7 +2,9 @@
 threads and by coroutines on any event loop, and the reply stream of one request.
 
 Contract:
-- `Mailbox.put(item)` is called from any thread (the I/O thread in practice) and never blocks.
+- `Mailbox.put(item, wakeups=None)` is called from any thread (the I/O thread in practice) and
+  never blocks; with a `Wakeups`, hand-overs to waiting coroutines are batched per event loop
+  until `wakeups.send()` (the I/O thread sends after each burst it dispatched).
   `get(timeout)` blocks a thread; `await get_async()` suspends a coroutine on whatever loop it
   runs on. Items come out in order, each exactly once, even when an awaiting task is cancelled.
 - `ReplyStream` yields a request's PARTIAL messages then its FINAL, and raises `BusError` for an
@@ -33,6 +35,33 @@ class BusError(Exception):
         self.details = dict(details or {})
 
 
+EMPTY = object()   # Mailbox.get_nowait: nothing waiting
+
+
+class Wakeups:
+    """Hand-overs to coroutines waiting on mailboxes, grouped by event loop, sent by `send()`."""
+
+    def __init__(self) -> None:
+        self._by_loop: dict[asyncio.AbstractEventLoop, list[tuple[Mailbox, asyncio.Future, Any]]] = {}
+
+    def add(self, loop: asyncio.AbstractEventLoop, mailbox: Mailbox, future: asyncio.Future, item: Any) -> None:
+        self._by_loop.setdefault(loop, []).append((mailbox, future, item))
+
+    def send(self) -> None:
+        by_loop, self._by_loop = self._by_loop, {}
+        for loop, handovers in by_loop.items():
+            try:
+                loop.call_soon_threadsafe(_resolve_all, handovers)
+            except RuntimeError:   # that loop is closed: the items wait for another reader
+                for mailbox, _, item in handovers:
+                    mailbox.put(item)
+
+
+def _resolve_all(handovers: list[tuple[Mailbox, asyncio.Future, Any]]) -> None:
+    for mailbox, future, item in handovers:
+        mailbox._resolve(future, item)
+
+
 class Mailbox:
     def __init__(self) -> None:
         self._items: deque[Any] = deque()
@@ -40,18 +69,29 @@ class Mailbox:
         self._ready = threading.Condition(self._lock)
         self._waiters: deque[tuple[asyncio.AbstractEventLoop, asyncio.Future]] = deque()
 
-    def put(self, item: Any) -> None:
+    def put(self, item: Any, wakeups: Wakeups | None = None) -> None:
+        """`wakeups`: collect the hand-overs to waiting coroutines and make them in one call per
+        event loop (`Wakeups.send`): a burst of replies costs one cross-thread wake-up, not one each."""
         with self._lock:
             while self._waiters:
                 loop, future = self._waiters.popleft()
-                if not future.done():
-                    try:
-                        loop.call_soon_threadsafe(self._resolve, future, item)
-                        return
-                    except RuntimeError:   # that loop is closed; try the next waiter
-                        continue
+                if future.done():
+                    continue
+                if wakeups is not None:
+                    wakeups.add(loop, self, future, item)
+                    return
+                try:
+                    loop.call_soon_threadsafe(self._resolve, future, item)
+                    return
+                except RuntimeError:   # that loop is closed; try the next waiter
+                    continue
             self._items.append(item)
             self._ready.notify()
+
+    def get_nowait(self) -> Any:
+        """The next item, or `EMPTY`."""
+        with self._lock:
+            return self._items.popleft() if self._items else EMPTY
 
     def _resolve(self, future: asyncio.Future, item: Any) -> None:
         if future.done():   # cancelled meanwhile: keep the item for the next reader
@@ -116,7 +156,11 @@ class ReplyStream:
     async def __anext__(self) -> Partial | Final:
         if self.done:
             raise StopAsyncIteration
-        return self._unwrap(await asyncio.wait_for(self.mailbox.get_async(), self.timeout))
+        item = self.mailbox.get_nowait()   # a burst arrived: no timer, no task
+        if item is EMPTY:
+            async with asyncio.timeout(self.timeout):   # cheaper than wait_for: no task per reply
+                item = await self.mailbox.get_async()
+        return self._unwrap(item)
 
     def collect(self) -> list[Partial | Final]:
         """Block until the stream ends; every reply, FINAL last."""

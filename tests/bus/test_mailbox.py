@@ -7,7 +7,7 @@ import threading
 
 import pytest
 
-from bus.mailbox import BusError, Mailbox, ReplyStream
+from bus.mailbox import BusError, Mailbox, ReplyStream, Wakeups, _resolve_all
 from bus.messages import Error, Final, Partial
 
 
@@ -72,3 +72,37 @@ def test_stream_timeout_and_cancel():
         next(stream)
     stream.cancel()
     assert stream.cancelled == ["r1"] and list(stream) == []
+
+
+async def test_a_burst_reaches_every_waiting_stream_in_order_with_one_wakeup_per_loop():
+    streams = [ReplyStream(f"r{i}", lambda r: None, timeout=5) for i in range(8)]
+    readers = [asyncio.ensure_future(s.collect_async()) for s in streams]
+    await asyncio.sleep(0.01)   # every reader waits
+    loop = asyncio.get_running_loop()
+    wakeups, calls = Wakeups(), []
+    original = loop.call_soon_threadsafe
+    loop.call_soon_threadsafe = lambda *a: (calls.append(a), original(*a))[1]   # count cross-thread wake-ups
+
+    def burst():
+        for seq in range(3):
+            for s in streams:
+                s.mailbox.put(Final(s.request_id, seq) if seq == 2 else Partial(s.request_id, seq), wakeups)
+        wakeups.send()
+
+    try:
+        await asyncio.to_thread(burst)
+        results = await asyncio.gather(*readers)
+    finally:
+        del loop.call_soon_threadsafe
+    assert [[r.seq for r in result] for result in results] == [[0, 1, 2]] * 8
+    assert len([c for c in calls if c[0] is _resolve_all]) == 1   # (to_thread adds its own)
+
+
+async def test_a_batched_item_for_a_reader_that_timed_out_waits_for_the_next_read():
+    stream = ReplyStream("r", lambda r: None, timeout=0.01)
+    with pytest.raises(TimeoutError):
+        await stream.__anext__()
+    wakeups = Wakeups()
+    stream.mailbox.put(Partial("r", 0), wakeups)   # no waiter left: queued at once
+    wakeups.send()
+    assert (await stream.__anext__()).seq == 0
