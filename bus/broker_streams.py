@@ -4,8 +4,9 @@ Contract: a base of `bus.broker_routes.RouteTable` sharing its tables (`routes`)
 `on_streams(node, command, frames, now)` handles one STREAMS from a serving node:
 - fast path (every entry of a well-behaved node's message): each request id has a route served
   by the sender whose client is registered, and all entries share that client. The message is
-  forwarded to it whole and untouched (zero copy); the broker reads only the index frame, never
-  the bodies. Each entry counts as one reply of its route.
+  forwarded to it whole and untouched (zero copy); the broker reads only the index frame's shape
+  and ids (seqs and bodies are the client's to check, as for a PARTIAL). Each entry counts as
+  one reply of its route.
 - otherwise (a route gone, a client not back after a broker restart, entries for several
   clients): the message is split into one PARTIAL per entry and each takes the PARTIAL path
   (`on_reply`): forwarded, held for a returning client, or dropped as `unknown_request`.
@@ -40,18 +41,18 @@ class StreamRoutes:
 
     def on_streams(self, node: Node, command: Command, frames: list, now: float) -> None:
         try:
-            index = codec.stream_index(frames[1])
+            index = codec.stream_index_shape(frames[1])
         except ProtocolError as exc:
             self.reject(node.identity, exc, frames)
             return
         routes = self.routes
-        first = routes.get(index[0])
+        first = routes.get(index[0]) if type(index[0]) is bytes else None
         client = first.client if first is not None else None
         served = []
         for request_id in index[::2]:
-            route = routes.get(request_id)
+            route = routes.get(request_id) if type(request_id) is bytes else None
             if route is None or route.server is not node or route.client is not client or client is None:
-                self._split(node, index, frames, now)
+                self._split(node, frames, now)
                 return
             served.append(route)
         for route in served:
@@ -62,8 +63,9 @@ class StreamRoutes:
         self.metrics["routed.streams"] += 1
         self.metrics["routed.stream_entries"] += len(served)
 
-    def _split(self, node: Node, index: list, frames: list, now: float) -> None:
+    def _split(self, node: Node, frames: list, now: float) -> None:
         try:
+            index = codec.stream_index(frames[1])   # every id and seq checked: each becomes a PARTIAL
             bodies = codec.unpack(frames[2])
             if type(bodies) is not list or 2 * len(bodies) != len(index):
                 raise ProtocolError(DropReason.MALFORMED, "STREAMS bodies must be a list, one per index entry")

@@ -152,6 +152,21 @@ def decode(frames: list[Any]) -> Message:
     return _DECODERS[command](frames)
 
 
+def stream_index_shape(frame: Any) -> list[Any]:
+    """The broker's cheap read of a STREAMS index: a flat list of 2..2*MAX_STREAM_ENTRIES items, or
+    ProtocolError. Its items are not checked here: the broker routes only entries whose id is a
+    routed request id (bytes found in its table) and splits the message otherwise, where
+    `stream_index` checks everything; the client decodes every entry in full."""
+    try:
+        index = msgpack.unpackb(frame, raw=False, use_list=True)
+    except Exception as exc:  # msgpack raises several unrelated types on bad input
+        raise ProtocolError(c.DropReason.MALFORMED, f"STREAMS index is not msgpack: {type(exc).__name__}") from None
+    if type(index) is not list or not 2 <= len(index) <= 2 * c.MAX_STREAM_ENTRIES or len(index) % 2:
+        raise ProtocolError(c.DropReason.MALFORMED, f"STREAMS index must pair 1..{c.MAX_STREAM_ENTRIES} "
+                                                    "request ids with seqs")
+    return index
+
+
 def stream_index(frame: Any) -> list[Any]:
     """A STREAMS index frame, validated: a flat list `[request_id, seq, request_id, seq, ...]` of
     1..MAX_STREAM_ENTRIES pairs, each id 1..MAX_ID_BYTES bytes (msgpack bin), each seq a uint.

@@ -203,3 +203,19 @@ def test_a_client_receives_a_batch_as_partials_with_the_usual_checks(clock):
         client.on_frames(codec.encode(message), clock.now)
     assert [(e.request_id, e.seq) for e in client.take_events()] == [("a", 0), ("b", 0), ("b", 1)]
     assert client.metrics["dropped.duplicate"] == 1 and client.metrics["dropped.unknown_request"] == 1
+
+
+def test_ids_of_another_type_take_the_split_path_and_disconnect_the_sender(pair):
+    pair.send_raw(W, [codec.HEADERS[Command.STREAMS], msgpack.packb(["r1", 0, "r2", 0]), codec.pack([1, 2])])
+    assert "d1" not in pair.core.nodes_by_id and pair.core.metrics["dropped.malformed"] == 1
+
+
+def test_a_bad_seq_from_the_serving_node_reaches_only_its_client_which_drops_it(pair, clock):
+    frames = [codec.HEADERS[Command.STREAMS], msgpack.packb([b"r1", -1, b"r2", 0]), codec.pack([1, 2])]
+    pair.send_raw(W, frames)   # routed as is: the broker reads ids, not seqs (the node harms its own streams)
+    (out,) = pair.core.take_outbox()
+    client = EndpointCore("gateway", "g1", {}, "", HB, random.Random(1))
+    client.on_socket_opened(clock.now)
+    client.on_frames(codec.encode(Heartbeat()), clock.now)
+    client.on_frames([bytes(f) for f in out[1:]], clock.now)
+    assert client.metrics["dropped.malformed"] == 1
