@@ -57,7 +57,7 @@ def write_ids(path: Path, ids: dict[str, list[str]]) -> None:
 def start_hostile(cluster: Any, folder: Path, seed: int) -> Proc:
     joined = {e["node_id"]: e.get("data_endpoint") for e in cluster.broker.find("node_joined")}
     decode_ids = [n for n in cluster.decode_ids() if cluster.nodes[n].alive]
-    args = [sys.executable, "-m", "harness.chaos.hostile", "--broker", cluster.broker_endpoint,
+    args = [sys.executable, "-m", "harness.chaos.hostile", "--broker", cluster.broker_endpoint.split(",")[0],
             "--ids", str(folder / "ids.json"), "--summary", str(folder / "summary.json"), "--seed", str(seed),
             "--seconds", str(HOSTILE_MAX_S + 15)]
     for node_id in decode_ids:
