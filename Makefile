@@ -15,7 +15,7 @@ FUZZ_SECONDS ?= 600
 .PHONY: help install test test-no-amx test-gpu test-all lint demo broker node prefill decode cluster colocated \
         gateway client model model-info \
         install-vllm test-vllm \
-        bench-bus bench-scheduler bench-kv bench-kv-quality bench-engine bench-kernels bench-engine-cuda bench-kv-memory bench-gateway bench bench-prefix bench-quick chaos fuzz clean
+        bench-bus bench-scale bench-scheduler bench-kv bench-kv-quality bench-engine bench-kernels bench-engine-cuda bench-kv-memory bench-gateway bench bench-prefix bench-quick chaos fuzz clean
 
 help:            ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -126,6 +126,10 @@ bench-kv-memory: install ## decode KV memory reserved at node start vs on demand
 bench-scheduler: install ## hash-ring balance, sessions moved on join/leave, prefill prefix routing at 1,000 nodes (~35 s)
 	$(PY) -m scheduler.simulation
 	$(PY) -m scheduler.prefix_simulation
+
+bench-scale: install ## token plane (batched vs per-token, 1-256 load-generator nodes, HTTP) and fleet (1,000-10,000 nodes); long: run alone
+	$(BENCH) -m harness.bench.scale_bench $(ARGS)
+	$(BENCH) -m harness.bench.fleet_bench
 
 bench-gateway: install ## HTTP/SSE/WebSocket stack overhead: starlette+uvicorn beside aiohttp
 	$(BENCH) -m harness.bench.gateway_stack

@@ -2,17 +2,26 @@
 
 Contract: `SimCluster` stands in for the broker (it calls the policy's hooks and keeps each
 node's outstanding count as the broker would); `balance(...)` and `remap_on_join(...)` /
-`remap_on_leave(...)` return the figures the tests assert on and docs report.
-`python -m scheduler.simulation` prints them (deterministic: no randomness, no clock).
+`remap_on_leave(...)` return the figures the tests assert on and docs report. At fleet sizes
+(harness/bench/fleet_bench.py: 1,000 and 10,000 nodes) `ring_figures(n)` gives the ring's balance
+and the key space moved by one join and one leave exactly, from the ring's arcs (sampled sessions
+would need many more than n sessions to see one node's share), `decision_seconds(n)` what one
+decode placement costs the broker among n nodes and `membership_seconds(n)` what a join and a
+leave cost it.
+`python -m scheduler.simulation` prints them (deterministic: no randomness, no clock; only
+`decision_seconds` reads a clock).
 """
 
 from __future__ import annotations
 
 import statistics
+import time
 from dataclasses import dataclass, field
 
 from bus.constants import SERVICES_BY_ROLE
+from scheduler.node_loads import DECODE_ROLES, PREFILL_ROLES
 from scheduler.policy import ClusterPolicy, SchedulerSettings
+from scheduler.ring import HashRing
 
 PLAIN_EPSILON = 1e9   # a bound no node reaches: plain consistent hashing
 
@@ -31,6 +40,12 @@ class SimCluster:
         self.policy = policy
         self.nodes: dict[str, SimNode] = {}
         self._num_requests = 0
+        node_ids = list(node_ids)
+        # The ring in one sort (a fleet of 10,000 in ~1 s); `on_join` then finds each node on it.
+        if role in DECODE_ROLES:
+            policy.ring.add_nodes(node_ids)
+        if role in PREFILL_ROLES:
+            policy.prefill_ring.add_nodes(node_ids)
         for node_id in node_ids:
             self.join(node_id, role)
 
@@ -140,6 +155,60 @@ def remap_on_join_busy(num_nodes: int, num_sessions: int, epsilon: float) -> tup
         moved += after is not before[session_id]
     loads = [n.num_outstanding for n in cluster.nodes.values()]
     return moved / num_sessions, max(loads) / statistics.mean(loads)
+
+
+@dataclass(frozen=True)
+class RingFigures:
+    """Exact key-space figures of the decode ring (no sampling: what unlimited sessions converge to)."""
+
+    num_nodes: int
+    max_share: float     # the most loaded node's share of the key space / the mean share
+    min_share: float     # the least loaded node's, likewise
+    join_moved: float    # one node joins: the key space that changes owner (all of it goes to the new node)
+    leave_moved: float   # one node leaves: its key space, spread over the others
+
+    @property
+    def join_ideal(self) -> float:
+        return 1 / (self.num_nodes + 1)
+
+    @property
+    def leave_ideal(self) -> float:
+        return 1 / self.num_nodes
+
+
+def ring_figures(num_nodes: int, vnodes: int = 64) -> RingFigures:
+    ring = HashRing(vnodes)
+    ring.add_nodes(node_ids(num_nodes))
+    shares = ring.shares()
+    mean = 1 / num_nodes
+    leave_moved = shares[node_ids(num_nodes)[-1]]
+    ring.add_node("decode-new")
+    return RingFigures(num_nodes, max(shares.values()) / mean, min(shares.values()) / mean,
+                       ring.shares()["decode-new"], leave_moved)
+
+
+def decision_seconds(num_nodes: int, num_decisions: int = 200) -> float:
+    """Mean time of `ClusterPolicy.choose` for a new decode session among `num_nodes` idle nodes."""
+    cluster = SimCluster(ClusterPolicy(), node_ids(num_nodes))
+    candidates = list(cluster.nodes.values())
+    start = time.perf_counter()
+    for i in range(num_decisions):
+        cluster.policy.choose("decode", f"session-{i}", f"request-{i}", candidates)
+    return (time.perf_counter() - start) / num_decisions
+
+
+def membership_seconds(num_nodes: int, num_changes: int = 5) -> tuple[float, float]:
+    """Mean time of `ClusterPolicy.on_join` and of `on_leave` for a decode node among `num_nodes`
+    (what the broker spends on a READY and on a node's departure, besides the messages)."""
+    cluster = SimCluster(ClusterPolicy(), node_ids(num_nodes))
+    extra = [f"decode-extra-{i}" for i in range(num_changes)]
+    start = time.perf_counter()
+    for node_id in extra:
+        cluster.join(node_id)
+    middle = time.perf_counter()
+    for node_id in extra:
+        cluster.leave(node_id)
+    return (middle - start) / num_changes, (time.perf_counter() - middle) / num_changes
 
 
 def _fraction_moved(before: dict[str, str], after: dict[str, str]) -> float:

@@ -104,3 +104,24 @@ def test_invalid_parameters_are_refused():
         HashRing(0)
     with pytest.raises(ValueError):
         BoundedLoadRing(epsilon=0)
+
+
+def test_adding_nodes_in_bulk_builds_the_same_ring_as_one_by_one():
+    node_ids = [f"n{i}" for i in range(120)]
+    bulk = HashRing(16)
+    bulk.add_nodes(node_ids[:70])
+    bulk.add_nodes(node_ids[40:])   # overlapping: nodes already on the ring are not added twice
+    one_by_one = _ring(node_ids, 16)
+    assert bulk.nodes == one_by_one.nodes
+    assert _mapping(bulk) == _mapping(one_by_one)
+    assert list(bulk.candidates("k")) == list(one_by_one.candidates("k"))
+
+
+def test_shares_are_the_key_space_each_node_owns():
+    ring = _ring([f"n{i}" for i in range(8)])
+    shares = ring.shares()
+    assert sum(shares.values()) == pytest.approx(1.0)
+    homes = Counter(_mapping(ring).values())
+    for node_id, share in shares.items():   # 20,000 keys: within a few standard deviations
+        assert homes[node_id] / len(KEYS) == pytest.approx(share, abs=0.012)
+    assert HashRing().shares() == {}
