@@ -129,6 +129,7 @@ bench-scheduler: install ## hash-ring balance, sessions moved on join/leave, pre
 
 bench-scale: install ## token plane (batched vs per-token, 1-256 load-generator nodes, HTTP) and fleet (1,000-10,000 nodes); long: run alone
 	$(BENCH) -m harness.bench.scale_bench $(ARGS)
+	$(BENCH) -m harness.bench.scale_brokers
 	$(BENCH) -m harness.bench.fleet_bench
 
 bench-gateway: install ## HTTP/SSE/WebSocket stack overhead: starlette+uvicorn beside aiohttp

@@ -191,7 +191,7 @@ def heartbeat_load(num_nodes: int, seconds: float, capacity_hz: float = 0.0, *, 
         time.sleep(seconds)
         after = _snapshot(server, swarms)
         stats = server.stats(context)
-        left = server.proc.find("node_left")
+        left = server.proc.find("node_left", role="decode")   # not the stats reader's own goodbye
     finally:
         server.stop()
         for swarm in swarms:

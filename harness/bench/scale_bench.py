@@ -162,9 +162,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
     runner = run(args)
     summary = summarize(runner.rows)
-    print_table(runner.rows, summary)
-    paths = write_results(Path(args.out_dir), args.tag, runner.rows, summary, vars(args))
+    paths = write_results(Path(args.out_dir), args.tag, runner.rows, summary, vars(args))   # first: the rows are the run
     paths.append(plot(runner.rows, paths[0].with_suffix(".png")))
+    print_table(runner.rows, summary)
     print("\nwrote " + ", ".join(str(p) for p in paths))
     return 0
 

@@ -53,9 +53,9 @@ class Point:
         return self.streams_per_node + max(1, self.streams_per_node // 4)
 
 
-def run_point(point: Point, settle_s: float = 1.0) -> dict:
+def run_point(point: Point, settle_s: float = 1.0, brokers: int = 1) -> dict:
     with Fleet() as fleet:
-        fleet.broker()
+        fleet.broker(brokers)
         http = point.transport == "http"
         loadgens = fleet.loadgens(point.nodes, point.nodes_per_process, point.step_s, point.max_batch,
                                   per_token=point.path == "per-token", stamp="text" if http else "field")

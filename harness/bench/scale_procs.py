@@ -85,13 +85,22 @@ class Fleet:
         self.children: list[Child] = []
         self.pids: dict[str, list[int]] = defaultdict(list)
         self._broker: subprocess.Popen | None = None
+        self._brokers: list[subprocess.Popen] = []
         self._gateway: Proc | None = None
         self.endpoint = ""
         self.broker_stop_timeouts = 0
 
-    def broker(self) -> str:
-        self._broker, self.endpoint = start_server("broker")
-        self.pids["broker"].append(self._broker.pid)
+    def broker(self, count: int = 1) -> str:
+        """`count` brokers of one cluster (docs/PROTOCOL.md §1.12): every node and client gets all
+        their endpoints; their CPU is summed under "broker"."""
+        endpoints = []
+        for _ in range(count):
+            process, endpoint = start_server("broker")
+            self._brokers.append(process)
+            self.pids["broker"].append(process.pid)
+            endpoints.append(endpoint)
+        self._broker = self._brokers[0]
+        self.endpoint = ",".join(endpoints)
         return self.endpoint
 
     def loadgens(self, num_nodes: int, per_process: int, step_s: float, max_batch: int, *,
@@ -139,14 +148,14 @@ class Fleet:
             child.stop()
         if self._gateway is not None:
             self._gateway.stop()
-        if self._broker is not None:
-            self._broker.terminate()
+        for broker in self._brokers:
+            broker.terminate()
             try:
-                self._broker.wait(5)
+                broker.wait(5)
             except subprocess.TimeoutExpired:   # a broker that does not end on SIGTERM: ours to end anyway
                 self.broker_stop_timeouts += 1
-                self._broker.kill()
-                self._broker.wait(5)
+                broker.kill()
+                broker.wait(5)
 
     def __enter__(self) -> Fleet:
         return self

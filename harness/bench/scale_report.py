@@ -89,19 +89,25 @@ def _median_p99(rows: list[dict]) -> dict | None:
     return ranked[(len(ranked) - 1) // 2] if ranked else None
 
 
+def _usable(row: dict, key: str) -> bool:
+    """A figure a ratio can use: measured (tokens flowed), finite and above zero."""
+    value = row.get(key)
+    return isinstance(value, int | float) and 0 < value < math.inf
+
+
 def _ratios(rows: list[dict], key: str) -> dict[str, float]:
     """Broker CPU per token, batched / per-token: at each node count of the nodes sweep, at each
     path's saturation point, and with the broker alone (the ceiling section)."""
     ratios = {}
     for batched in _pick(rows, "nodes", "batched"):
         old = next((r for r in _pick(rows, "nodes", "per-token") if r["nodes"] == batched["nodes"]), None)
-        if old is not None and batched.get(key) and old.get(key):
+        if old is not None and _usable(batched, key) and _usable(old, key):
             ratios[f"{batched['nodes']} nodes"] = batched[key] / old[key]
     pairs = {"saturation": [max(_pick(rows, "rate", p), key=lambda r: r["tokens_per_s"], default=None)
                             for p in ("batched", "per-token")],
              "broker alone": [_alone(rows, p) for p in ("batched", "per-token")]}
     for where, (new, per_token) in pairs.items():
-        if new and per_token and new.get(key) and per_token.get(key):
+        if new and per_token and _usable(new, key) and _usable(per_token, key):
             ratios[where] = new[key] / per_token[key]
     return ratios
 
@@ -149,7 +155,8 @@ def print_table(rows: list[dict], summary: dict) -> None:
     net = summary["broker_net_us_per_token_ratio_batched_over_per_token"]
     for where, ratio in summary["broker_us_per_token_ratio_batched_over_per_token"].items():
         idle = f"; net of idle {net[where]:.3f}" if where in net else ""
-        print(f"broker CPU per token, batched / per-token ({where}): {ratio:.3f} (1/{1 / ratio:.0f}){idle}")
+        print(f"broker CPU per token, batched / per-token ({where}): {ratio:.3f} (1/{1 / ratio:.0f}){idle}"
+              if ratio > 0 else f"broker CPU per token, batched / per-token ({where}): -")
     ceiling = summary["broker_ceiling_tokens_per_s_batched"]
     if ceiling["derived_at_saturation"]:
         print(f"broker ceiling, batched: {ceiling['derived_at_saturation']:,.0f} tokens/s derived at saturation "

@@ -86,14 +86,15 @@ def _at(timeline: list[list[float]], t: float) -> float:
     return n0 + (n1 - n0) * (t - t0) / (t1 - t0) if t1 > t0 else n1
 
 
-def derive(num_tokens: int, num_offered: float, seconds: float, cpu_s: dict[str, float]) -> dict[str, float]:
+def derive(num_tokens: int, num_offered: float, seconds: float, cpu_s: dict[str, float]) -> dict[str, float | None]:
     """Figures of one measured point: `cpu_s` is CPU seconds per role (`broker`, `loadgen`,
-    `client`, `gateway`) over the window."""
+    `client`, `gateway`) over the window. A figure that cannot be had (no token came, no CPU
+    time counted) is None."""
     tokens_per_s = num_tokens / seconds
-    out = {"tokens_per_s": tokens_per_s, "offered_per_s": num_offered / seconds}
+    out: dict[str, float | None] = {"tokens_per_s": tokens_per_s, "offered_per_s": num_offered / seconds}
     for role, used in cpu_s.items():
         out[f"{role}_cpu_frac"] = used / seconds
-        out[f"{role}_us_per_token"] = used / num_tokens * 1e6 if num_tokens else math.inf
-    broker_frac = out.get("broker_cpu_frac", 0.0)
-    out["broker_ceiling_tokens_per_s"] = tokens_per_s / broker_frac if broker_frac > 0 else math.inf
+        out[f"{role}_us_per_token"] = used / num_tokens * 1e6 if num_tokens else None
+    broker_cpu = cpu_s.get("broker", 0.0)
+    out["broker_ceiling_tokens_per_s"] = tokens_per_s / (broker_cpu / seconds) if broker_cpu > 0 else None
     return out

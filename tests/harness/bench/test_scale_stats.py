@@ -35,6 +35,7 @@ def test_sent_between_interpolates_the_timeline():
 
 
 def test_derive_states_cpu_per_token_and_the_broker_ceiling():
+    assert derive(0, 0, 1.0, {"broker": 0.0})["broker_us_per_token"] is None
     out = derive(100_000, 110_000, 2.0, {"broker": 0.5, "client": 1.0})
     assert out["tokens_per_s"] == 50_000 and out["offered_per_s"] == 55_000
     assert out["broker_cpu_frac"] == 0.25 and out["broker_us_per_token"] == pytest.approx(5.0)
@@ -56,7 +57,8 @@ def test_the_summary_judges_each_target(tmp_path, capsys):
             row("half", "batched", 30_000, 3.0, p99=4.0), row("half", "per-token", 7_000, 30.0, p99=7.0),
             row("nodes", "batched", 3_200, 9.0, nodes=1), row("nodes", "per-token", 3_200, 40.0, nodes=1),
             row("nodes", "batched", 50_000, 3.0), row("nodes", "per-token", 15_000, 42.0),
-            {"section": "nodes", "path": "batched", "transport": "bus", "nodes": 64, "failed": "no ready"}]
+            {"section": "nodes", "path": "batched", "transport": "bus", "nodes": 64, "failed": "no ready"},
+            row("nodes", "batched", 1_900, 110.0, nodes=256), row("nodes", "per-token", 0, None, nodes=256)]
     summary = summarize(rows)
     assert summary["saturation_tokens_per_s"] == {"batched": 60_000, "per-token": 14_000}
     targets = summary["targets"]
@@ -69,4 +71,4 @@ def test_the_summary_judges_each_target(tmp_path, capsys):
     print_table(rows, summary)
     assert "FAILED" in capsys.readouterr().out
     full, brief = write_results(tmp_path, "scale-test", rows, summary, {"skip": {"http"}})
-    assert json.loads(brief.read_text())["args"]["skip"] == ["http"] and len(json.loads(full.read_text())["rows"]) == 13
+    assert json.loads(brief.read_text())["args"]["skip"] == ["http"] and len(json.loads(full.read_text())["rows"]) == 15
