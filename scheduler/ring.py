@@ -89,9 +89,15 @@ class HashRing:
         if node_id not in self._nodes:
             return
         self._nodes.discard(node_id)
-        keep = [i for i, owner in enumerate(self._owners) if owner != node_id]
-        self._points = [self._points[i] for i in keep]
-        self._owners = [self._owners[i] for i in keep]
+        # Each of its points is found by bisection and deleted where it is (64 deletions), not by
+        # rebuilding both lists: a leave at 10,000 nodes took ~100 ms that way, stalling the broker.
+        for i in range(self.num_vnodes):
+            point = _point(f"{node_id}#{i}")
+            index = bisect.bisect_left(self._points, point)
+            while self._owners[index] != node_id:   # ties: other nodes' equal points first
+                index += 1
+            del self._points[index]
+            del self._owners[index]
 
     def candidates(self, key: str) -> Iterator[str]:
         """Distinct node ids clockwise from `key`'s point: home first, then fallbacks."""

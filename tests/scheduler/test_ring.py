@@ -125,3 +125,14 @@ def test_shares_are_the_key_space_each_node_owns():
     for node_id, share in shares.items():   # 20,000 keys: within a few standard deviations
         assert homes[node_id] / len(KEYS) == pytest.approx(share, abs=0.012)
     assert HashRing().shares() == {}
+
+
+def test_a_leave_gives_the_ring_it_would_have_had_without_the_node():
+    from scheduler.ring import HashRing
+    ids = [f"decode-{i}" for i in range(200)]
+    ring, rebuilt = HashRing(num_vnodes=16), HashRing(num_vnodes=16)
+    ring.add_nodes(ids)
+    rebuilt.add_nodes(ids[:50] + ids[51:])
+    ring.remove_node("decode-50")
+    ring.remove_node("decode-50")   # twice: no-op
+    assert (ring._points, ring._owners) == (rebuilt._points, rebuilt._owners)
