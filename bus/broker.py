@@ -65,6 +65,7 @@ class Broker:
         self.gatekeeper: Gatekeeper | None = None
         self._listeners: list[Callable[[BrokerEvent], None]] = []
         self._reactor: RouterReactor | None = None
+        self._monitor_timer: asyncio.TimerHandle | None = None
         self._bound = asyncio.Event()
 
     def add_listener(self, callback: Callable[[BrokerEvent], None]) -> None:
@@ -82,6 +83,7 @@ class Broker:
         monitor = socket.get_monitor_socket(zmq.EVENT_DISCONNECTED)
         loop = asyncio.get_running_loop()
         loop.add_reader(monitor.fileno(), self._on_monitor, monitor)
+        self._poll_monitor(monitor, loop)
         self.log.info("broker_started", endpoint=self.bound_endpoint,
                       heartbeat_ms=self.core.heartbeat.interval_s * 1000,
                       liveness=self.core.heartbeat.liveness)
@@ -90,6 +92,8 @@ class Broker:
             await self._reactor.run()
         finally:
             loop.remove_reader(monitor.fileno())
+            if self._monitor_timer is not None:
+                self._monitor_timer.cancel()
             socket.disable_monitor()
             monitor.close(linger=0)
             self.core.shutdown(time.monotonic())
@@ -104,6 +108,12 @@ class Broker:
     def stop(self) -> None:
         if self._reactor is not None:
             self._reactor.stop()
+
+    def _poll_monitor(self, monitor: zmq.Socket, loop: asyncio.AbstractEventLoop) -> None:
+        """Drain the monitor every tick too: its FD is edge-triggered, and a missed edge would leave
+        events queued until libzmq's I/O thread blocks on the full monitor pipe (all I/O stops)."""
+        self._on_monitor(monitor)
+        self._monitor_timer = loop.call_later(self.core.heartbeat.tick_s, self._poll_monitor, monitor, loop)
 
     def _on_monitor(self, monitor: zmq.Socket) -> None:
         """Drain the monitor (its FD is edge-triggered); probe once for all the closes seen."""

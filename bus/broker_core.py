@@ -302,7 +302,10 @@ class BrokerCore(RouteTable):
     def on_connection_closed(self, now: float) -> None:
         """Some peer's connection closed: find out whose by probing everyone (see the contract)."""
         self.metrics["connections.closed"] += 1
+        probing = now < self.probe_until
         self.probe_until = now + self.heartbeat.interval_s
+        if probing:   # every tick probes already: under churn, no burst to every node per close
+            return
         for node in list(self.nodes_by_identity.values()):
             self.send(node, list(_HEARTBEAT), now)
 

@@ -74,6 +74,16 @@ def test_a_closed_connection_makes_the_broker_probe_every_node_for_one_interval(
     assert pair.outgoing() == []   # probing over: heartbeats only on idle links again
 
 
+def test_closes_during_a_probe_extend_it_without_a_burst_to_every_node(pair):
+    pair.core.on_connection_closed(pair.clock.now)
+    pair.outgoing()
+    pair.clock.advance(0.2)
+    pair.core.on_connection_closed(pair.clock.now)   # churn: another close while probing
+    assert pair.outgoing() == []                     # the ticks probe; no second burst
+    pair.tick(0.2)                                   # past the first probe's end: still probing
+    assert {dest for dest, m in pair.outgoing() if m == Heartbeat()} == {W, G}
+
+
 def test_a_node_whose_connection_is_gone_leaves_one_interval_later(pair):
     pair.send(G, Request("decode", "r1", {}, (), "k"))
     pair.outgoing()
