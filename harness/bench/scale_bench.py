@@ -17,11 +17,11 @@ Sections, per path:
 - half:    the same at half the saturation rate, three times (the summary takes the median p99):
            the latency target (p99 <= 5 ms);
 - nodes:   `--nodes` x `--streams-per-node`, each node stepping every `--step-s` — but never
-           offering more than half the per-token path's saturation rate in all (the step is
-           stretched), both paths at that one rate: what more nodes (peers, routes) cost the
-           broker, apart from what more tokens cost. (256 nodes at 20 ms steps offer 819,200
-           tokens/s, 15x what two cores generate and consume, and 256 idle endpoints alone
-           take about one core here: such rows would measure only the overload.)
+           offering more than `--nodes-rate` (6,400 tokens/s) in all (the step is stretched),
+           both paths at that one rate: what more nodes (peers, routes) cost the broker, apart
+           from what more tokens cost. (256 nodes at 20 ms steps offer 819,200 tokens/s, 15x
+           what two cores generate and consume, and 256 idle endpoints alone take about one
+           core here: such rows would measure only the overload.)
 - streams: (batched) 16 nodes at half the batched saturation rate with 16, 64, 256 streams per
            node: the batch size;
 - http:    through the gateway (4 nodes x 16 streams), rising rates on the batched path.
@@ -48,7 +48,9 @@ PATHS = ("batched", "per-token")
 RATE_NODES, RATE_STREAMS = 16, 64
 LATENCY_BLOWN_MS = 100.0
 HALF_REPEATS = 3
-DEFAULT_COMMON_RATE = 6_400   # tokens/s, when the rate section did not run
+# The nodes sweep's offered rate: 256 idle endpoints take about one of the two cores here; at this
+# rate the broker, the client and the tokens fit in the other (past it, heartbeats go missing).
+NODES_RATE = 6_400
 SECTIONS = ("ceiling", "rate", "half", "nodes", "streams", "http")
 
 
@@ -61,9 +63,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-tokens", type=int, default=256,
                         help="mean tokens per stream (each asks for 1/2..3/2 of it)")
     parser.add_argument("--seconds", type=float, default=None, help="measured window per point (5; quick 2)")
-    parser.add_argument("--nodes-rate", type=float, default=None,
-                        help="offered tokens/s cap of the nodes sweep (default: half the per-token path's "
-                             "saturation rate)")
+    parser.add_argument("--nodes-rate", type=float, default=NODES_RATE,
+                        help="offered tokens/s cap of the nodes sweep, both paths")
     parser.add_argument("--nodes-per-process", type=int, default=32)
     parser.add_argument("--skip", default="", help=f"sections to leave out: {','.join(SECTIONS)}")
     parser.add_argument("--tag", default=None, help="results file prefix (default scale / scale-quick)")
@@ -140,13 +141,13 @@ def run(args: argparse.Namespace) -> Runner:
             for _ in range(1 if args.quick else HALF_REPEATS):   # a tail is one stall: the median of three
                 runner.point("half", path, RATE_NODES, RATE_STREAMS, RATE_NODES * RATE_STREAMS / (saturation[path] / 2))
     # Both paths at one offered rate, one both relay comfortably: the rows of a node count compare.
-    common_rate = args.nodes_rate or min(saturation.values(), default=2 * DEFAULT_COMMON_RATE) / 2
+    common_rate = args.nodes_rate
     if wanted("nodes"):
         for nodes in args.nodes:
             streams = nodes * args.streams_per_node
             for path in PATHS:
                 runner.point("nodes", path, nodes, args.streams_per_node, max(args.step_s, streams / common_rate))
-    half_rate = saturation.get("batched", 2 * DEFAULT_COMMON_RATE) / 2
+    half_rate = saturation.get("batched", 2 * NODES_RATE) / 2
     if wanted("streams") and not args.quick:
         for streams_per_node in (16, 64, 256):
             runner.point("streams", "batched", RATE_NODES, streams_per_node, RATE_NODES * streams_per_node / half_rate)

@@ -3,7 +3,8 @@ bare DEALER peers (a registered `decode` node and a `gateway` client, plain pyzm
 cheaper per token than the broker, so the broker, not its peers, sets the rate.
 
 Contract: `measure_ceiling(path, num_streams, seconds, churn_tokens) -> dict` (tokens/s, broker
-CPU fraction and CPU per token, the ceiling = tokens/s / CPU fraction, streams churned). The
+CPU fraction and CPU per token, the ceiling = tokens/s / CPU fraction, streams churned, and
+`other_cpu_frac`: what the rest of the machine used meanwhile, the peers' driver apart). The
 client opens `num_streams` routes; the node then streams, as fast as a window of messages in
 flight allows, either one STREAMS message per step carrying the next PARTIAL of every stream
 (`batched`: what `Endpoint.reply_batch` sends) or one PARTIAL per token (`per-token`). Token
@@ -16,6 +17,7 @@ three messages a stream costs the broker besides its tokens.
 
 from __future__ import annotations
 
+import os
 import time
 import uuid
 
@@ -25,6 +27,7 @@ from bus import codec
 from bus.constants import Command
 from bus.messages import Final, Partial, Ready, Request, Streams
 from harness.bench.bus_bench import cpu_seconds, start_server
+from harness.bench.scale_procs import machine_busy_s
 from nodes import wire
 
 WINDOW = 2000   # messages in flight at most: deep enough to keep the broker busy, far below its queues' 100,000
@@ -135,9 +138,11 @@ def measure_ceiling(path: str, num_streams: int = 64, seconds: float = 3.0, chur
         messages, per_message = _messages(path, _open_routes(client, node, num_streams))
         drive = _Drive(node, client, messages, per_message, churn_tokens)
         drive.run(0.5)   # warm-up
-        churned_before, cpu_before, started = drive.num_churned, cpu_seconds(process.pid), time.monotonic()
+        churned_before, started = drive.num_churned, time.monotonic()
+        cpu_before, own_before, busy_before = cpu_seconds(process.pid), cpu_seconds(os.getpid()), machine_busy_s()
         num_messages = drive.run(seconds)
         elapsed, cpu = time.monotonic() - started, cpu_seconds(process.pid) - cpu_before
+        others = machine_busy_s() - busy_before - cpu - (cpu_seconds(os.getpid()) - own_before)
         node.close()
         client.close()
     finally:
@@ -149,4 +154,5 @@ def measure_ceiling(path: str, num_streams: int = 64, seconds: float = 3.0, chur
             "tokens_per_message": per_message, "tokens_per_s": tokens_per_s, "broker_cpu_frac": cpu / elapsed,
             "broker_us_per_token": cpu / (num_messages * per_message) * 1e6,
             "broker_ceiling_tokens_per_s": tokens_per_s / (cpu / elapsed) if cpu else None,
-            "churn_tokens": churn_tokens, "streams_churned_per_s": (drive.num_churned - churned_before) / elapsed}
+            "churn_tokens": churn_tokens, "streams_churned_per_s": (drive.num_churned - churned_before) / elapsed,
+            "other_cpu_frac": max(0.0, others) / elapsed}

@@ -5,7 +5,8 @@ Contract: `run_point(Point, settle_s) -> dict` (one row: the point's settings, t
 and offered, latency p50/p99/p99.9 in ms, CPU per token and CPU fraction per role from /proc,
 the broker's ceiling, tokens per bus message, and the counters that say what went wrong: client
 errors, tokens out of order, late steps, dropped sends, `tail` (when the tokens slower than 5 ms
-came), `broker_stop_timeouts` (a broker that ignored SIGTERM)). Before any stream opens, the
+came), `broker_stop_timeouts` (a broker that ignored SIGTERM), `other_cpu_frac` (the CPU the rest
+of the machine used in the window: other people's work on a shared machine)). Before any stream opens, the
 broker's CPU with every node registered is measured for a second (`broker_idle_cpu_frac`:
 heartbeats and timers); `broker_net_us_per_token` is its CPU per token above that. Every
 process is new per point, so no point inherits another's queues; all are stopped before it returns.
@@ -71,12 +72,16 @@ def run_point(point: Point, settle_s: float = 1.0, brokers: int = 1) -> dict:
         cpu_before = fleet.cpu_by_role()
         time.sleep(max(0.0, end - time.monotonic()))
         cpu_used = {role: used - cpu_before.get(role, 0.0) for role, used in fleet.cpu_by_role().items()}
+        machine_busy = cpu_used.pop("machine")
         results = [client.expect("result", 60) for client in clients]
         for loadgen in loadgens:
             loadgen.terminate()
         stats = [loadgen.expect("stats", 60) for loadgen in loadgens]
     row = _row(point, start, end, cpu_used, results, stats)
     row["broker_idle_cpu_frac"] = idle
+    # Everything else the machine ran meanwhile (this bench's own driver included): on a shared
+    # 2-core machine, the reason one run's figures differ from another's.
+    row["other_cpu_frac"] = max(0.0, machine_busy - sum(cpu_used.values())) / point.seconds
     row["broker_stop_timeouts"] = fleet.broker_stop_timeouts   # killed after SIGTERM + 5 s
     net = max(0.0, row["broker_cpu_frac"] - idle)
     row["broker_net_us_per_token"] = net / row["tokens_per_s"] * 1e6 if row["tokens_per_s"] else None

@@ -6,8 +6,9 @@ Contract:
   `expect(event, timeout) -> dict` reads lines until that event (RuntimeError with the child's
   stderr tail if it exits or the time runs out); `send(line)` writes its stdin; `cpu_s()`;
   `stop()` (SIGTERM, then SIGKILL after 5 s).
+- `machine_busy_s()`: CPU seconds the whole machine was busy (so what other work took is known).
 - `Fleet` starts and owns them all: `broker()`, `loadgens(...)`, `clients(...)`, `gateway()`;
-  `cpu_by_role() -> {role: CPU seconds so far}`; `close()` stops every process it started, in
+  `cpu_by_role() -> {role: CPU seconds so far, "machine": machine_busy_s()}`; `close()` stops every process it started, in
   reverse order, by its own handle. Usable as a context manager.
 Children read `time.monotonic()`: one clock for every process on Linux (CLOCK_MONOTONIC).
 """
@@ -141,7 +142,9 @@ class Fleet:
         return child
 
     def cpu_by_role(self) -> dict[str, float]:
-        return {role: sum(_cpu_or_zero(pid) for pid in pids) for role, pids in self.pids.items()}
+        """CPU seconds so far of each role's processes, and `machine`: of every process on it."""
+        used = {role: sum(_cpu_or_zero(pid) for pid in pids) for role, pids in self.pids.items()}
+        return used | {"machine": machine_busy_s()}
 
     def close(self) -> None:
         for child in reversed(self.children):
@@ -169,6 +172,13 @@ def _cpu_or_zero(pid: int) -> float:
         return cpu_seconds(pid)
     except (FileNotFoundError, ProcessLookupError):
         return 0.0
+
+
+def machine_busy_s() -> float:
+    """CPU seconds the whole machine spent busy since boot (/proc/stat: all but idle and iowait)."""
+    with open("/proc/stat") as stat:
+        fields = [int(x) for x in stat.readline().split()[1:]]
+    return (sum(fields[:8]) - fields[3] - fields[4]) / os.sysconf("SC_CLK_TCK")
 
 
 def machine() -> str:

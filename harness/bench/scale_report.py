@@ -41,9 +41,9 @@ _COLUMNS = (("section", "{}", 8), ("path", "{}", 9), ("transport", "{}", 4), ("n
             ("broker_us_per_token", "{:.2f}", 7), ("broker_cpu_frac", "{:.2f}", 5),
             ("loadgen_cpu_frac", "{:.2f}", 5), ("client_cpu_frac", "{:.2f}", 5),
             ("gateway_cpu_frac", "{:.2f}", 5), ("tokens_per_message", "{:.1f}", 5),
-            ("broker_ceiling_tokens_per_s", "{:,.0f}", 10))
+            ("broker_ceiling_tokens_per_s", "{:,.0f}", 10), ("other_cpu_frac", "{:.2f}", 5))
 _HEADERS = ("section", "path", "via", "nodes", "strms", "step_s", "offered", "tok/s", "p50ms", "p99ms",
-            "brk_us", "brkCPU", "lgCPU", "cliCPU", "gwCPU", "tok/msg", "brk_ceiling")
+            "brk_us", "brkCPU", "lgCPU", "cliCPU", "gwCPU", "tok/msg", "brk_ceiling", "other")
 
 
 def _cell(row: dict, key: str, fmt: str) -> str:
@@ -75,7 +75,7 @@ def _brief(row: dict | None) -> dict | None:
         return None
     keys = ("nodes", "streams", "step_s", "churn_tokens", "broker_net_us_per_token", "broker_idle_cpu_frac", "nominal_per_s", "tokens_per_s", "p50_ms", "p99_ms", "p999_ms",
             "broker_us_per_token", "broker_cpu_frac", "loadgen_cpu_frac", "client_cpu_frac", "gateway_cpu_frac",
-            "gateway_us_per_token", "broker_ceiling_tokens_per_s", "tokens_per_message", "saturated")
+            "gateway_us_per_token", "broker_ceiling_tokens_per_s", "tokens_per_message", "other_cpu_frac", "saturated")
     return {k: row[k] for k in keys if k in row}
 
 
