@@ -4,16 +4,16 @@ figures with their targets, the results files and the plots.
 Contract:
 - `print_row(row)`; `print_table(rows, summary)`.
 - `summarize(rows) -> dict`: per path the saturation rate and the row at half of it (of several,
-  the one with the median p99; target p99 <= 5 ms); the broker CPU per token, batched / per-token, at each node count of the nodes
-  sweep, at saturation and with the broker alone (target <= 1/10; also net of the broker's idle
-  CPU, heartbeats and timers that no token causes); the batched broker's ceiling, derived at the
-  saturation point (tokens/s / broker CPU fraction: the broker is loaded most there) and measured
-  with the broker alone, streams starting and ending (target >= 1,000,000 tokens/s at 64 streams
-  per node); the gateway's.
+  the one with the median p99; target p99 <= 5 ms); the broker CPU per token, batched /
+  per-token, at each node count of the nodes sweep, at saturation and with the broker alone
+  (target <= 1/10); the batched broker's ceiling, derived at the saturation point (tokens/s /
+  broker CPU fraction: the broker is loaded most there) and measured with the broker alone,
+  streams starting and ending (target >= 1,000,000 tokens/s at 64 streams per node); the
+  gateway's figures.
 - `write_results(out_dir, tag, rows, summary, args) -> [json path, summary path]`:
   <out_dir>/<tag>-<date>.json and <out_dir>/<tag>-summary.json (out_dir: results/ by default).
 - `plot(rows, path) -> path`: against nodes (the nodes sweep, one offered rate): tokens/s relayed
-  and the broker's ceiling; broker us/token, and net of its idle CPU; a colour per path.
+  and the broker's ceiling; broker us/token; a colour per path.
 """
 
 from __future__ import annotations
@@ -127,9 +127,11 @@ def summarize(rows: list[dict]) -> dict:
         "saturation_tokens_per_s": {p: (r["tokens_per_s"] if r else None) for p, r in saturation.items()},
         "at_saturation": {p: _brief(r) for p, r in saturation.items()},
         "at_half_saturation": {p: _brief(r) for p, r in half.items()},
+        "half_saturation_p99_ms_each_run": {p: [r["p99_ms"] for r in _pick(rows, "half", p)] for p in paths},
         "broker_alone": alone,
+        "broker_alone_no_churn": {p: next((r for r in _pick(rows, "ceiling", p, "raw") if not r.get("churn_tokens")),
+                                          None) for p in paths},
         "broker_us_per_token_ratio_batched_over_per_token": ratios,
-        "broker_net_us_per_token_ratio_batched_over_per_token": _ratios(rows, "broker_net_us_per_token"),
         "broker_ceiling_tokens_per_s_batched": {"derived_at_saturation": derived, "measured_alone": measured},
         "http": {p: [_brief(r) for r in http if r["path"] == p] for p in paths},
         "targets": {
@@ -152,11 +154,8 @@ def print_table(rows: list[dict], summary: dict) -> None:
         half = summary["at_half_saturation"][path]
         at_half = f"p50 {half['p50_ms']:.2f} ms, p99 {half['p99_ms']:.2f} ms" if half and half["p99_ms"] else "-"
         print(f"{path:10} saturation {rate or 0:,.0f} tokens/s; at half of it: {at_half}")
-    net = summary["broker_net_us_per_token_ratio_batched_over_per_token"]
     for where, ratio in summary["broker_us_per_token_ratio_batched_over_per_token"].items():
-        idle = f"; net of idle {net[where]:.3f}" if where in net else ""
-        print(f"broker CPU per token, batched / per-token ({where}): {ratio:.3f} (1/{1 / ratio:.0f}){idle}"
-              if ratio > 0 else f"broker CPU per token, batched / per-token ({where}): -")
+        print(f"broker CPU per token, batched / per-token ({where}): {ratio:.3f} (1/{1 / ratio:.0f})")
     ceiling = summary["broker_ceiling_tokens_per_s_batched"]
     if ceiling["derived_at_saturation"]:
         print(f"broker ceiling, batched: {ceiling['derived_at_saturation']:,.0f} tokens/s derived at saturation "
@@ -182,8 +181,7 @@ def plot(rows: list[dict], path: Path) -> Path:
     figure, axes = plt.subplots(1, 2, figsize=(10, 3.8))
     panels = ((axes[0], (("tokens_per_s", "relayed", "-"), ("broker_ceiling_tokens_per_s", "broker ceiling", "--")),
                "tokens/s"),
-              (axes[1], (("broker_us_per_token", "", "-"), ("broker_net_us_per_token", "net of idle", "--")),
-               "broker CPU per token (us)"))
+              (axes[1], (("broker_us_per_token", "", "-"),), "broker CPU per token (us)"))
     for axis, series, label in panels:
         for name, color in (("batched", "tab:blue"), ("per-token", "tab:orange")):
             for key, what, style in series:
