@@ -19,6 +19,7 @@ Contract:
   and is offered again on every join, CAPACITY and tick (see `bus.broker_routes`).
 - Routed messages (REQUEST, PARTIAL, FINAL, ERROR, DIRECT, CANCEL) are forwarded on their
   header and routing frames only; body and payload frames pass through untouched (zero copy).
+  CONTROL (rare, small) is decoded and checked first, and passes only from a `control` peer.
 - `authorize(header_frame, role) -> reason | None` and `identify(header_frame) -> owner | None`
   (optional, from the shell: CURVE keys -> roles, and the sender's key): a READY for a role the
   sender may not take, or for a node id bound to another key, is dropped (`dropped.forbidden`)
@@ -80,6 +81,7 @@ class BrokerCore(RouteTable):
             Command.FINAL: self.on_reply, Command.ERROR: self.on_reply,
             Command.DIRECT: self.on_direct, Command.CANCEL: self.on_cancel,
             Command.STREAMS: self.on_streams, Command.ADOPT: self.on_adopt,
+            Command.CONTROL: self.on_control,
         }
 
     # -- input ---------------------------------------------------------------------------

@@ -16,6 +16,9 @@ with ERROR `unknown_node` as it did before (the sender learns the peer is gone).
 sharing its tables and output: `on_direct`, `release_directs(node, now)` on a registration,
 `expire_directs(now)` on a tick. DIRECTs pass only between serving nodes (prefill, decode,
 both): a gateway neither sends nor receives one (ERROR `forbidden`, request id "").
+`on_control`: a CONTROL passes only from a `control` peer to a registered serving node, its body
+decoded and bounded first (malformed: the sender is refused as for any bad body); it is not held
+for an absent node (ERROR `unknown_node`: the sender decides again on fresh stats).
 """
 
 from __future__ import annotations
@@ -25,9 +28,11 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
+from bus import codec
 from bus import constants as c
-from bus.codec import raw_bytes
+from bus.codec import ProtocolError, raw_bytes
 from bus.constants import Command, ErrorCode
+from bus.messages import Control
 
 MAX_HELD_BYTES = 64 << 20   # what DIRECTs waiting for their peer may hold in all
 
@@ -85,6 +90,7 @@ class DirectRoutes:
     metrics: Counter[str]
     nodes_by_id: dict[str, Node]
     send_error: Callable[..., None]
+    reject: Callable[..., None]
     held_directs: HeldDirects
 
     def on_direct(self, node: Node, command: Command, frames: list, now: float) -> None:
@@ -111,6 +117,26 @@ class DirectRoutes:
         else:
             self.metrics["rejected.unknown_node"] += 1
             self.send_error(node.identity, "", ErrorCode.UNKNOWN_NODE, f"no node {peer!r}", peer=peer)
+
+    def on_control(self, node: Node, command: Command, frames: list, now: float) -> None:
+        try:
+            control = codec.decode(frames)
+        except ProtocolError as exc:
+            self.reject(node.identity, exc, frames)
+            return
+        assert isinstance(control, Control)   # dispatched on its command byte
+        target = self.nodes_by_id.get(control.peer)
+        if node.role not in c.CONTROL_ROLES or (target is not None and target.role not in c.SERVING_ROLES):
+            self.metrics["rejected.forbidden_control"] += 1
+            self.send_error(node.identity, "", ErrorCode.FORBIDDEN, "CONTROL passes only from a control peer to a serving node")
+            return
+        if target is None:
+            self.metrics["rejected.unknown_node"] += 1
+            self.send_error(node.identity, "", ErrorCode.UNKNOWN_NODE, f"no node {control.peer!r}", peer=control.peer)
+            return
+        target.timers.last_sent = now
+        self.outbox.append([target.identity, frames[0], node.node_id_frame, frames[2]])
+        self.metrics["routed.control"] += 1
 
     def release_directs(self, node: Node, now: float) -> None:
         """DIRECTs held for `node`'s id go to it now that it is registered."""

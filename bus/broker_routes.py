@@ -85,7 +85,7 @@ class RouteTable(DirectRoutes, RestartRoutes, StreamRoutes):
 
     def stats(self) -> dict:
         """What `BROKER_STATS_SERVICE` answers: live nodes by role, waiting requests by service, and
-        the last capacity report of each serving node (at most c.MAX_STATS_NODES, by node id)."""
+        the last capacity report and the role of each serving node (at most c.MAX_STATS_NODES, by node id)."""
         roles: dict[str, int] = {}
         for live in self.nodes_by_id.values():
             roles[live.role] = roles.get(live.role, 0) + 1
@@ -93,7 +93,8 @@ class RouteTable(DirectRoutes, RestartRoutes, StreamRoutes):
         serving = sorted(node_id for node_id, n in self.nodes_by_id.items() if n.services)[:c.MAX_STATS_NODES]
         capacities = {node_id: dict(self.nodes_by_id[node_id].capacity) for node_id in serving}
         return {"nodes_by_role": roles, "queued_by_service": queued, "num_routes": len(self.routes),
-                "capacity_by_node": capacities}
+                "capacity_by_node": capacities,
+                "role_by_node": {node_id: self.nodes_by_id[node_id].role for node_id in serving}}
 
     def dispatch(self, node: Node, request_id: bytes, service: bytes, frames: list, now: float,
                  queued: Deferred | None) -> bool:

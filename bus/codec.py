@@ -29,6 +29,7 @@ from bus.messages import (
     Adopt,
     Cancel,
     CapacityUpdate,
+    Control,
     Direct,
     Disconnect,
     Error,
@@ -49,7 +50,7 @@ _SEQ = struct.Struct(">Q")
 MIN_FRAMES = {Command.READY: 2, Command.HEARTBEAT: 1, Command.DISCONNECT: 2, Command.CAPACITY: 2,
               Command.REQUEST: 6, Command.PARTIAL: 4, Command.FINAL: 4, Command.ERROR: 3,
               Command.DIRECT: 3, Command.CANCEL: 3, Command.STREAMS: 3,
-              Command.ADOPT: 2}
+              Command.ADOPT: 2, Command.CONTROL: 3}
 _HAS_PAYLOAD = {Command.REQUEST, Command.PARTIAL, Command.FINAL, Command.DIRECT}
 
 
@@ -121,7 +122,7 @@ def encode(message: Message) -> list[Any]:
     return _ENCODERS[type(message)](message)
 
 
-def encode_checked(message: Request | Direct) -> list[Any]:
+def encode_checked(message: Request | Direct | Control) -> list[Any]:
     """`encode`, after checking the routing frames a broker would refuse (ids, service, key,
     peer of 1..MAX_ID_BYTES UTF-8 bytes; key may be empty): a message that cannot travel fails
     here, in the sender, with ProtocolError, instead of on the bus."""
@@ -131,7 +132,10 @@ def encode_checked(message: Request | Direct) -> list[Any]:
         _check_routing(value, what, allow_empty=False)
     if isinstance(message, Request):
         _check_routing(message.key, "key", allow_empty=True)
-    return encode(message)
+    frames = encode(message)
+    if isinstance(message, Control) and len(frames[2]) > c.MAX_CONTROL_BYTES:
+        raise ProtocolError(c.DropReason.MALFORMED, f"CONTROL body over {c.MAX_CONTROL_BYTES} bytes")
+    return frames
 
 
 def _check_routing(value: str, what: str, *, allow_empty: bool) -> None:
@@ -228,6 +232,7 @@ _ENCODERS = {
         "code": m.code, "message": m.message, "details": dict(m.details)})],
     Direct: lambda m: [HEADERS[Command.DIRECT], m.peer.encode(), pack(m.body), *m.payload],
     Cancel: lambda m: [HEADERS[Command.CANCEL], m.request_id.encode(), pack({"reason": m.reason})],
+    Control: lambda m: [HEADERS[Command.CONTROL], m.peer.encode(), pack(dict(m.body))],
 }
 
 
@@ -316,6 +321,13 @@ def _decode_cancel(frames: list[Any]) -> Cancel:
     return Cancel(request_id=request_id, reason=reason)
 
 
+def _decode_control(frames: list[Any]) -> Control:
+    peer = text(frames[1], "peer")
+    if len(frames[2]) > c.MAX_CONTROL_BYTES:
+        raise ProtocolError(c.DropReason.MALFORMED, f"CONTROL body over {c.MAX_CONTROL_BYTES} bytes")
+    return Control(peer=peer, body=_map(frames[2], "CONTROL"))
+
+
 _DECODERS: dict[Command, Callable[[list[Any]], Message]] = {
     Command.READY: _decode_ready,
     Command.HEARTBEAT: lambda f: Heartbeat(),
@@ -329,4 +341,5 @@ _DECODERS: dict[Command, Callable[[list[Any]], Message]] = {
     Command.ERROR: _decode_error,
     Command.CANCEL: _decode_cancel,
     Command.DIRECT: lambda f: Direct(peer=text(f[1], "peer"), body=unpack(f[2]), payload=tuple(f[3:])),
+    Command.CONTROL: _decode_control,
 }

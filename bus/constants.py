@@ -11,7 +11,7 @@ from enum import IntEnum, StrEnum
 # Header frame: 3-byte signature, 1-byte version, 1-byte command (5 bytes, fixed size, so a
 # peer validates it with one length check and two byte comparisons before reading anything else).
 SIGNATURE = b"PDB"
-VERSION = 2   # 2: STREAMS (0x0B); a decode FINAL repeats only recent tokens
+VERSION = 3   # 2: STREAMS (0x0B), a decode FINAL repeats only recent tokens; 3: role `control`, CONTROL (0x0D)
 HEADER_SIZE = 5
 
 
@@ -30,19 +30,24 @@ class Command(IntEnum):
     CANCEL = 0x0A
     STREAMS = 0x0B   # several streams' next PARTIALs in one message (one engine step, one client)
     ADOPT = 0x0C     # requests moved here from a lost broker (served, or awaited)
+    CONTROL = 0x0D   # an operator's command (drain, switch role) from a `control` peer to a serving node
 
 
 # Roles a node announces in READY, and the services (request targets) each role serves.
-# A colocated `both` node serves prefill and decode; a gateway serves nothing by default.
-ROLES = ("prefill", "decode", "both", "gateway")
+# A colocated `both` node serves prefill and decode; a gateway serves nothing by default; a
+# `control` peer (the planner, an operator's tool) serves nothing and may send CONTROL.
+ROLES = ("prefill", "decode", "both", "gateway", "control")
 SERVICES_BY_ROLE: dict[str, tuple[str, ...]] = {
     "prefill": ("prefill",),
     "decode": ("decode",),
     "both": ("prefill", "decode", "both"),
     "gateway": (),   # a gateway only asks: no REQUEST or DIRECT is ever routed to one
+    "control": (),   # asks (the broker's stats) and commands nodes (CONTROL); serves nothing
 }
 # Roles that serve work: only these may send or receive DIRECTs, or announce `inflight` requests.
 SERVING_ROLES = frozenset({"prefill", "decode", "both"})
+# Roles that may send CONTROL (to a serving node). Under CURVE only keys admitted as `control` take it.
+CONTROL_ROLES = frozenset({"control"})
 
 # Capacity keys, by role (values are numbers; unknown keys are kept and passed to the policy).
 DECODE_CAPACITY_KEYS = ("kv_blocks_total", "kv_blocks_free", "max_running")
@@ -84,7 +89,7 @@ class ErrorCode(StrEnum):
     MALFORMED = "malformed"
     OVERSIZED = "oversized"
     CANCELLED = "cancelled"
-    FORBIDDEN = "forbidden"              # the sender's role may not send that (a gateway's DIRECT)
+    FORBIDDEN = "forbidden"              # the sender's role may not send that (a gateway's DIRECT, a node's CONTROL)
     INTERNAL = "internal"                # the broker's routing policy failed on this request
     OVERLOADED = "overloaded"            # every node full and the broker's wait queue full or timed out
     BACKLOG_FULL = "backlog_full"        # the request never left its client: the backlog overflowed
@@ -119,6 +124,7 @@ DEFAULT_MAX_MESSAGE_BYTES = 64 * 1024 * 1024
 BROKER_STATS_SERVICE = "pdbus.broker.stats"
 MAX_ID_BYTES = 128          # request ids, node ids, service names, routing keys
 MAX_STREAM_ENTRIES = 4096   # PARTIALs in one STREAMS message (an engine step's running streams)
+MAX_CONTROL_BYTES = 4096    # a CONTROL body: a command and its few arguments
 # Bounds on what peers send, checked when a body is decoded (docs/PROTOCOL.md §1.7). Bodies nest
 # at most 4 deep today (a FINAL's token list); 32 leaves room, while Python's repr() and str()
 # of a value fail at about 1,000 levels, inside the very handlers that log a bad message.

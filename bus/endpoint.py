@@ -6,7 +6,7 @@ Contract (every method is thread-safe and returns at once unless it says it wait
 - lifecycle: `start()`, `wait_registered(timeout) -> bool`, `stop()`; usable as a context
   manager. `registered` tells whether the broker has acknowledged us right now.
 - serving side: `receive(timeout)` / `await receive_async()` return the next `Request`,
-  `Direct`, `Cancel` or un-scoped `Error`; answer a Request with `reply(...)` (PARTIAL),
+  `Direct`, `Control`, `Cancel` or un-scoped `Error`; answer a Request with `reply(...)` (PARTIAL),
   `reply_batch([(request_id, body), ...])` (the next PARTIAL of several streams, one message
   per client: how an engine step's tokens go out), `reply_final(...)` (FINAL) or
   `reply_error(...)` (ERROR). Sequence numbers are ours to keep.
@@ -16,6 +16,9 @@ Contract (every method is thread-safe and returns at once unless it says it wait
   or key over 128 bytes, a body `bus.codec.pack` refuses); `cancel(request_id)`: replies that
   were already on their way are dropped, never queued anywhere.
 - `send_direct(node_id, body, payload)` (raises ProtocolError likewise), `update_capacity(mapping)`.
+- `send_control(node_id, body)` (a `control` endpoint: a command map to a serving node; raises
+  ProtocolError likewise, or for a body over MAX_CONTROL_BYTES); `change_role(role)`: register
+  again in another role on the same links (a node switching between prefill and decode).
 `security=SecurityConfig` (optional): the DEALER speaks CURVE to the broker (`server_key`).
 Payload items are sent zero-copy (bytes, memoryview, numpy buffers, zmq.Frame); received
 payload items are zmq.Frame objects (use `memoryview(frame)` or `frame.bytes`).
@@ -42,7 +45,7 @@ from bus.endpoint_set import EndpointSet
 from bus.liveness import HeartbeatConfig
 from bus.log import get_logger
 from bus.mailbox import Mailbox, ReplyStream, Wakeups
-from bus.messages import Direct, Error, Final, Partial, Request
+from bus.messages import Control, Direct, Error, Final, Partial, Request
 from bus.reactor import has_input
 from bus.security import SecurityConfig, apply_client
 
@@ -60,6 +63,7 @@ class Endpoint:
         self.broker_endpoint = ",".join(self.brokers)
         self.security = security
         self.node_id = node_id or f"{role}-{uuid.uuid4().hex[:8]}"
+        self.role = role
         self.core = EndpointSet(role, self.node_id, len(self.brokers), capacity, data_endpoint, heartbeat)
         self.heartbeat = self.core.heartbeat
         self.max_message_bytes = max_message_bytes
@@ -156,6 +160,15 @@ class Endpoint:
 
     def send_direct(self, node_id: str, body: Any = None, payload: tuple = ()) -> None:
         self._call(self.core.direct_encoded, encode_checked(Direct(node_id, body, tuple(payload))))
+
+    def send_control(self, node_id: str, body: Mapping[str, Any]) -> None:
+        self._call(self.core.control_encoded, encode_checked(Control(node_id, dict(body))))
+
+    def change_role(self, role: str) -> None:
+        if role not in c.ROLES:
+            raise ValueError(f"role must be one of {c.ROLES}, got {role!r}")
+        self.role = role
+        self._call(self.core.change_role, role)
 
     def update_capacity(self, capacity: Mapping[str, float]) -> None:
         self._call(self.core.update_capacity, dict(capacity))

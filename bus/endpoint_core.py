@@ -6,15 +6,17 @@ Contract for the shell (bus.endpoint):
   `on_frames(frames, now)` per message received; `tick(now) -> bool` every tick, True meaning
   "close the socket and open a new one now" (broker lost, or registration not acknowledged in
   time); then send everything `take_outbox()` returns and dispatch `take_events()`.
-- Events: the received `Request`, `Direct`, `Cancel` (for node code), `Partial`/`Final`/`Error`
+- Events: the received `Request`, `Direct`, `Control`, `Cancel` (for node code), `Partial`/`Final`/`Error`
   (for the reply stream of a request this node sent), and `LinkUp` / `LinkDown`.
-- App calls (`request`, `reply`, `reply_error`, `direct`, `cancel`, `update_capacity`) queue
-  frames; while unregistered they wait in a bounded backlog that is flushed on registration.
+- App calls (`request`, `reply`, `reply_error`, `direct`, `control_encoded`, `cancel`,
+  `update_capacity`, `change_role`) queue frames; while unregistered they wait in a bounded backlog that is flushed on registration.
   READY's `pending` names only requests that left the backlog (a new broker would otherwise make
   a placeholder route for a request it has not seen); a request pushed out of a full backlog
   ends its stream with ERROR `backlog_full`. A reply whose body cannot be encoded is sent as
   ERROR `internal` instead, so the client's stream still ends.
-- A `gateway` endpoint serves nothing: a REQUEST, DIRECT or un-scoped ERROR reaching it is
+- `change_role(role, now)`: READY again, on the same link, in the new role (a node switching
+  between prefill and decode; the broker keeps the requests it names, PROTOCOL.md §1.3).
+- A `gateway` endpoint serves nothing: a REQUEST, DIRECT, CONTROL or un-scoped ERROR reaching it is
   dropped and counted (`dropped.not_served`), never queued for code that does not read it.
 Liveness (6/PPP, improved): any message from the broker counts as life; HEARTBEAT only after an
 idle interval; broker silent for interval*liveness -> LinkDown, new socket, READY again (with the
@@ -45,6 +47,7 @@ from bus.liveness import Backoff, HeartbeatConfig, LinkTimers
 from bus.messages import (
     Cancel,
     CapacityUpdate,
+    Control,
     Direct,
     Disconnect,
     Error,
@@ -191,6 +194,12 @@ class EndpointCore(ServingReplies):
             return
         self.events.append(message)
 
+    def _on_control(self, message: Control) -> None:
+        if self.role not in c.SERVING_ROLES:
+            self.metrics["dropped.not_served"] += 1
+            return
+        self.events.append(message)
+
     def _on_cancel(self, message: Cancel) -> None:
         self.clients.pop(message.request_id, None)
         if self.serving.pop(message.request_id, None) is not None:
@@ -244,6 +253,17 @@ class EndpointCore(ServingReplies):
             return   # not ours, or it never left: taken back, no CANCEL needed
         self.send_app(codec.encode(Cancel(request_id, c.CancelReason.CLIENT)), now)
 
+    def control_encoded(self, frames: list, now: float) -> None:
+        # Not replayed after a broker loss: a controller decides again on fresh stats.
+        self.send_app(frames, now)
+
+    def change_role(self, role: str, now: float) -> None:
+        if role not in c.ROLES:
+            raise ValueError(f"role must be one of {c.ROLES}, got {role!r}")
+        self.role = role
+        if self.registered:   # otherwise the next READY carries it
+            self.send_now(codec.encode(self.ready_message()), now)
+
     def update_capacity(self, capacity: Mapping[str, float], now: float) -> None:
         self.capacity = dict(capacity)
         if self.registered:   # otherwise the next READY carries it
@@ -277,7 +297,7 @@ class EndpointCore(ServingReplies):
 
 _HANDLERS: dict[type, Callable[[EndpointCore, Any], None]] = {
     Request: EndpointCore._on_request, Cancel: EndpointCore._on_cancel,
-    Direct: EndpointCore._on_direct,
+    Direct: EndpointCore._on_direct, Control: EndpointCore._on_control,
     Partial: EndpointCore._on_reply, Final: EndpointCore._on_reply, Error: EndpointCore._on_reply,
     Streams: EndpointCore._on_streams,
 }

@@ -8,8 +8,8 @@ and dispatch `take_events()`. `LinkUp` is reported when the first broker acknowl
 `LinkDown` when the last one is lost; node code sees one bus.
 App calls: `request_encoded` goes through the registered brokers in turn (the broker a request
 went through carries its replies and its CANCEL); `reply`, `reply_batch`, `reply_error` go
-through the broker the request came from; `direct_encoded` through a registered broker;
-`update_capacity` and `close` to all.
+through the broker the request came from; `direct_encoded` and `control_encoded` through a
+registered broker; `update_capacity`, `change_role` and `close` to all.
 Failover: when a broker's link is lost (its `LinkDown`), whatever its core held — the requests
 it serves (with their replay window), the streams it awaits, its backlog — moves to a
 registered broker's core, which announces the requests with ADOPT and sends the replayed
@@ -132,6 +132,14 @@ class EndpointSet:
 
     def direct_encoded(self, frames: list, now: float) -> None:
         self.cores[self._first_registered()].direct_encoded(frames, now)
+
+    def control_encoded(self, frames: list, now: float) -> None:
+        self.cores[self._first_registered()].control_encoded(frames, now)
+
+    def change_role(self, role: str, now: float) -> None:
+        for core in self.cores:
+            core.change_role(role, now)
+        self.role = role
 
     def update_capacity(self, capacity: Mapping[str, float], now: float) -> None:
         for core in self.cores:

@@ -108,6 +108,15 @@ class Direct:
 
 
 @dataclass(frozen=True, slots=True)
+class Control:
+    """`control` peer -> broker -> serving node `peer`; delivered with `peer` set to the sender's
+    node id. `body` is a map (a command: bounded by MAX_CONTROL_BYTES; nodes/wire reads it)."""
+
+    peer: str
+    body: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True, slots=True)
 class Cancel:
     """Client -> broker -> serving node (or broker -> serving node when the client died)."""
 
@@ -125,4 +134,4 @@ class Adopt:
 
 
 Message = (Ready | Heartbeat | Disconnect | CapacityUpdate | Request | Partial | Final | Streams
-           | Error | Direct | Cancel | Adopt)
+           | Error | Direct | Control | Cancel | Adopt)

@@ -1,7 +1,9 @@
 """The colocated node (`pdbus node --role both`): one engine serving both phases.
 
-Contract: `node_works(role, settings, engine, kv_thread) -> list[Work]` for `prefill`, `decode` and
-`both`. A `both` node answers every `decode` request with plan `local`: the prompt is prefilled in
+Contract: `node_works(role, settings, engine, kv_thread) -> list[Work]` for `prefill`, `decode`,
+`both` and `switchable` (a prefill or decode node that may switch role: both works on one engine,
+the decode one binding its KV data endpoint; the node loop lets only the current role's take
+requests, nodes/node_control.py). A `both` node answers every `decode` request with plan `local`: the prompt is prefilled in
 chunks by the same engine, interleaved with running decode steps (`step()` batches decode tokens
 first, then prefill chunks up to `prefill_chunk_tokens`, the vLLM policy), so no KV moves. It also
 serves `prefill` requests from clients that chose it as a prefill node, sending the KV like a
@@ -24,4 +26,6 @@ def node_works(role: str, settings: NodeSettings, engine: Engine, kv_thread: Loo
         return [DecodeWork(settings, engine, kv_thread)]
     if role == "both":
         return [DecodeWork(settings, engine, kv_thread, always_local=True), PrefillWork(settings, engine, kv_thread)]
+    if role == "switchable":
+        return [DecodeWork(settings, engine, kv_thread), PrefillWork(settings, engine, kv_thread)]
     raise ValueError(f"no engine node for role {role!r}")

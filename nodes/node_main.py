@@ -8,12 +8,13 @@ the settings are unusable, the KV budget included: a decode side reserves its me
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 
 from bus.log import get_logger
 from nodes.engines.base import Engine
-from nodes.runtime import prefer_passive_openmp
+from nodes.node_settings import NodeSettings
 
 
 def serve_role(args: argparse.Namespace, role: str) -> int:
@@ -21,12 +22,12 @@ def serve_role(args: argparse.Namespace, role: str) -> int:
     from nodes.engines.model_loader import ModelLoadError
     from nodes.engines.vllm_args import VllmUnavailable
     from nodes.node_settings import node_settings
-    from nodes.runtime import build_engine, run_node
+    from nodes.runtime import run_node
 
     settings = node_settings(args, role)
     try:
         engine = build_engine(settings)
-        if role != "prefill":
+        if role != "prefill" or settings.switchable:
             _reserve_kv(engine, role)   # here, to fail with one line (DecodeWork.prepare() finds it done)
     except (ModelLoadError, VllmUnavailable, ValueError) as exc:
         print(f"pdbus {role}: {exc}", file=sys.stderr)
@@ -34,7 +35,8 @@ def serve_role(args: argparse.Namespace, role: str) -> int:
     # Imported only now: vLLM's start-up rebinds kernels across every loaded module and trips over
     # some (numba's llvmlite, which the KV codec may load), so the engine starts first.
     from nodes.colocated_node import node_works
-    return run_node(settings, lambda kv_thread: node_works(role, settings, engine, kv_thread))
+    works_of = "switchable" if settings.switchable else role
+    return run_node(settings, lambda kv_thread: node_works(works_of, settings, engine, kv_thread))
 
 
 def _reserve_kv(engine: Engine, role: str) -> None:
@@ -45,3 +47,23 @@ def _reserve_kv(engine: Engine, role: str) -> None:
     get_logger("node", role=role).info("kv_memory_reserved", mib=round(usage.num_slot_cache_bytes / 2**20, 1),
                                        seconds=round(time.monotonic() - started, 2),
                                        preallocate_kv=engine.config.preallocate_kv)
+
+
+def prefer_passive_openmp() -> None:
+    """Two engine processes sharing cores must not spin-wait on each other (call before torch)."""
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
+
+
+def build_engine(settings: NodeSettings) -> Engine:
+    """Load the model and build the engine (torch threads are pinned by the engine)."""
+    if settings.engine_kind == "vllm":
+        from nodes.engines.model_loader import open_model_folder
+        from nodes.engines.vllm_engine import VllmEngine
+
+        folder = open_model_folder(settings.model, model_dir=settings.model_dir)
+        return VllmEngine(folder, settings.engine_config(), role=settings.role)
+    from nodes.engines.llama_engine import LlamaEngine
+    from nodes.engines.model_loader import load_model
+
+    model = load_model(settings.model, model_dir=settings.model_dir)
+    return LlamaEngine(model, settings.engine_config())

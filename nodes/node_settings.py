@@ -1,7 +1,7 @@
 """Settings of an engine node process: the config file's sections, then CLI flags, as one value.
 
 Contract: `node_settings(args, role) -> NodeSettings`, reading `[broker]`, `[heartbeat]`, `[engine]`,
-`[prefill]`, `[decode]`, `[kv]`, `[scheduler]`, `[security]` through `nodes.config_file` (file < env < flags).
+`[prefill]`, `[decode]`, `[kv]`, `[scheduler]`, `[security]`, `[node]` through `nodes.config_file` (file < env < flags).
 `NodeSettings.engine_config()` is the `EngineConfig` the engine is built with. No torch here.
 """
 
@@ -45,6 +45,8 @@ class NodeSettings:
     step_delay_s: float = 0.0                      # test-only: sleep before each decode step
     kv_faults: int = 0                             # test-only: corrupt the first N KV chunks sent
     security: SecurityConfig | None = None         # CURVE on the bus and the KV plane ([security])
+    switchable: bool = False                       # [node] switchable / --switchable: may flip prefill <-> decode
+    drain_timeout_s: float = 30.0                  # [node] drain_timeout_s: running work past it is handed over
 
     def engine_config(self) -> EngineConfig:
         return EngineConfig.from_dict(self.engine)
@@ -67,6 +69,10 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--key", help="CURVE key pair name in [security] key_dir (default: the role)")
     parser.add_argument("--heartbeat-ms", type=int, help="heartbeat interval in milliseconds")
     parser.add_argument("--liveness", type=int, help="missed heartbeats before the broker is dead")
+    parser.add_argument("--switchable", action="store_true", default=None,
+                        help="load both works so a CONTROL can switch prefill <-> decode (default: [node] switchable)")
+    parser.add_argument("--drain-timeout-s", type=float,
+                        help="a drain hands running requests over after this long (default: [node] drain_timeout_s, 30)")
     parser.add_argument("--test-prefill-delay-ms", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--test-step-delay-ms", type=int, default=0, help=argparse.SUPPRESS)
     parser.add_argument("--test-kv-faults", type=int, default=0, help=argparse.SUPPRESS)
@@ -131,9 +137,25 @@ def _kv_size(kv: dict, key: str, unit: str, default: float | None) -> float | No
     return float(value)
 
 
+def _lifecycle_values(settings: dict, args: argparse.Namespace, role: str, engine_kind: str) -> dict:
+    """`switchable` and `drain_timeout_s` ([node], then flags), checked."""
+    node = section(settings, "node")
+    switchable = bool(getattr(args, "switchable", None) or node.get("switchable", False))
+    timeout = getattr(args, "drain_timeout_s", None) or node.get("drain_timeout_s", 30.0)
+    if isinstance(timeout, bool) or not isinstance(timeout, int | float) or not 0 <= timeout <= 86_400:
+        raise SettingsError(f"[node] drain_timeout_s must be a number of seconds in [0, 86400], got {timeout!r}")
+    if switchable and role not in ("prefill", "decode"):
+        raise SettingsError(f"only a prefill or decode node can be switchable, not {role!r}")
+    if switchable and engine_kind != "torch":
+        raise SettingsError("a switchable node needs the built-in engine ([engine] kind = \"torch\")")
+    return {"switchable": switchable, "drain_timeout_s": float(timeout)}
+
+
 def node_settings(args: argparse.Namespace, role: str) -> NodeSettings:
     settings = load_settings(args.config)
     engine, kv = section(settings, "engine"), section(settings, "kv")
+    engine_kind = _engine_kind(engine, args)
+    lifecycle = _lifecycle_values(settings, args, role, engine_kind)
     broker = args.broker or section(settings, "broker").get("endpoint", c.DEFAULT_ENDPOINT)
     kv_bind = args.kv_bind or kv.get("data_bind", "tcp://127.0.0.1:0")
     kv_advertise = args.kv_advertise or kv.get("data_advertise", "")
@@ -144,8 +166,9 @@ def node_settings(args: argparse.Namespace, role: str) -> NodeSettings:
         heartbeat=heartbeat_config(settings, args),
         model=args.model or engine.get("model", DEFAULT_MODEL),
         model_dir=args.model_dir or engine.get("model_dir"),
-        engine=_engine_values(settings, args, role),
-        engine_kind=_engine_kind(engine, args),
+        # A switchable node's engine is sized for both roles: it may serve either.
+        engine=_engine_values(settings, args, "both" if lifecycle["switchable"] else role),
+        engine_kind=engine_kind,
         kv_quant=args.kv_quant or kv.get("quant", "int8"),
         kv_compression=args.kv_compression or kv.get("compression", "auto"),
         kv_bind=kv_bind,
@@ -160,4 +183,5 @@ def node_settings(args: argparse.Namespace, role: str) -> NodeSettings:
         step_delay_s=args.test_step_delay_ms / 1000,
         kv_faults=args.test_kv_faults,
         security=node_security(settings, args, role, broker, kv_bind, kv_advertise),
+        **lifecycle,
     )

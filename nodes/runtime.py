@@ -8,13 +8,17 @@ three threads, queues between them, and the engine's busy loop never touching a 
   posted into the same inbox as a plain event (`KvSendDone`, `KvArrived`).
 - engine thread (the process's main thread): `NodeLoop.run()` takes inputs, gives each `Work`
   (prefill side, decode side) its turn, then publishes capacity when it changed; once idle it
-  hands freed heap back to the OS (`nodes.heap`).
+  hands freed heap back to the OS (`nodes.heap`). Its `NodeControl` (nodes/node_control.py) sees
+  every message first (CONTROL commands; requests refused while draining) and each turn (drains,
+  hand-overs, role switches).
 
 Contract for a `Work` (nodes/prefill_node.py, nodes/decode_node.py): `prepare() -> data endpoint | ""`
 (before the endpoint exists), `attach(endpoint)`, `on_message(message) -> bool` (True: mine),
 `work(now) -> bool` (True: did something, poll again at once), `next_deadline() -> float | None`,
-`capacity() -> dict`, `close()`. `run_node(settings, make_works)` wires it all and serves until
-SIGINT/SIGTERM. `engine_bounds(engine)` is what a work checks peer bodies against (nodes/wire/).
+`capacity() -> dict`, `close()`; for drains, `service`, `num_in_flight()`, `hand_over(reason)`.
+`run_node(settings, make_works)` wires it all and serves until SIGINT (at once) or drained
+(SIGTERM or a CONTROL `drain`: new work refused, running work finished or handed over within
+`[node] drain_timeout_s`; a second SIGTERM stops at once). `engine_bounds(engine)` is what a work checks peer bodies against (nodes/wire/).
 Nothing one request does ends the loop: works guard each handler (`GuardedWork`: the request
 ends with ERROR `internal`, what it held is freed), and the loop itself catches what a work's turn
 or a message's dispatch still raises (`work_failed`, `message_failed`, counted in `counters`).
@@ -25,7 +29,6 @@ from __future__ import annotations
 
 import asyncio
 import concurrent.futures
-import os
 import signal
 import threading
 import time
@@ -42,6 +45,8 @@ from bus.messages import Cancel, Direct, Error, Request
 from nodes import wire
 from nodes.engines.base import Engine
 from nodes.heap import HeapTrimmer, configure_decode_heap, freeze_startup_objects
+from nodes.node_control import NodeControl
+from nodes.node_lifecycle import Lifecycle
 from nodes.node_settings import NodeSettings
 
 IDLE_POLL_S = 0.1
@@ -156,8 +161,9 @@ class StageClock:
 
 
 class NodeLoop:
-    def __init__(self, endpoint: Endpoint, works: list[Work], stop: threading.Event) -> None:
-        self.endpoint, self.works, self.stop = endpoint, works, stop
+    def __init__(self, endpoint: Endpoint, works: list[Work], stop: threading.Event,
+                 control: NodeControl | None = None) -> None:
+        self.endpoint, self.works, self.stop, self.control = endpoint, works, stop, control
         self.log = get_logger("node", node_id=endpoint.node_id)
         self._capacity: dict[str, float] = {}
         self._capacity_sent_at = 0.0
@@ -175,6 +181,9 @@ class NodeLoop:
 
     def _turn(self, now: float) -> float:
         """Give each work its turn; how long to wait for input next."""
+        if self.control is not None and self.control.turn(now):
+            self.stop.set()   # drained: leave
+            return 0.0
         busy = False
         for work in self.works:
             try:
@@ -215,6 +224,8 @@ class NodeLoop:
                 self.endpoint.reply_error(message.request_id, wire.Code.INTERNAL, "the node failed to handle this request")
 
     def _offer(self, message: Any) -> None:
+        if self.control is not None and self.control.offer(message, time.monotonic()):
+            return
         for work in self.works:
             if work.on_message(message):
                 return
@@ -225,10 +236,12 @@ class NodeLoop:
             self.log.info("unhandled_message", **message_summary(message))
 
     def current_capacity(self) -> dict[str, float]:
+        """The works' reports (a switchable node's: the current role's), and the lifecycle's keys."""
         capacity: dict[str, float] = {}
         for work in self.works:
-            capacity.update(work.capacity())
-        return capacity
+            if self.control is None or self.control.active(work):
+                capacity.update(work.capacity())
+        return capacity | (self.control.capacity() if self.control is not None else {})
 
     def publish_now(self) -> None:
         self._publish_capacity(time.monotonic(), force=True)
@@ -244,26 +257,6 @@ class NodeLoop:
 def engine_bounds(engine: Engine) -> wire.Bounds:
     """The engine's vocabulary and context: what a node checks token ids and prompts against."""
     return wire.Bounds(vocab_size=engine.vocab_size, max_model_len=engine.max_model_len)
-
-
-def prefer_passive_openmp() -> None:
-    """Two engine processes sharing cores must not spin-wait on each other (call before torch)."""
-    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
-
-
-def build_engine(settings: NodeSettings) -> Engine:
-    """Load the model and build the engine (torch threads are pinned by the engine)."""
-    if settings.engine_kind == "vllm":
-        from nodes.engines.model_loader import open_model_folder
-        from nodes.engines.vllm_engine import VllmEngine
-
-        folder = open_model_folder(settings.model, model_dir=settings.model_dir)
-        return VllmEngine(folder, settings.engine_config(), role=settings.role)
-    from nodes.engines.llama_engine import LlamaEngine
-    from nodes.engines.model_loader import load_model
-
-    model = load_model(settings.model, model_dir=settings.model_dir)
-    return LlamaEngine(model, settings.engine_config())
 
 
 def kernel_report(works: list[Work]) -> dict[str, object]:
@@ -285,10 +278,9 @@ def engine_dtype(works: list[Work]) -> str | None:
 
 
 def run_node(settings: NodeSettings, make_works: Callable[[LoopThread], list[Work]]) -> int:
-    """Serve as one node process until SIGINT/SIGTERM; the exit code."""
+    """Serve as one node process until SIGINT, or drained (SIGTERM, a CONTROL `drain`); the exit code."""
     stop = threading.Event()
-    for sig in (signal.SIGINT, signal.SIGTERM):
-        signal.signal(sig, lambda *_: stop.set())
+    signal.signal(signal.SIGINT, lambda *_: stop.set())
     kv_thread = LoopThread("kv")
     works = make_works(kv_thread)
     data_endpoint = next((e for e in (w.prepare() for w in works) if e), "")
@@ -296,7 +288,11 @@ def run_node(settings: NodeSettings, make_works: Callable[[LoopThread], list[Wor
                         data_endpoint=data_endpoint, security=settings.security)
     for work in works:
         work.attach(endpoint)
-    loop = NodeLoop(endpoint, works, stop)
+    control = NodeControl(endpoint, works, Lifecycle(settings.role, switchable=settings.switchable,
+                                                     drain_timeout_s=settings.drain_timeout_s))
+    signal.signal(signal.SIGTERM, lambda *_: control.terminate())   # drain, then leave; twice: now
+    loop = NodeLoop(endpoint, works, stop, control)
+    control.publish_now = loop.publish_now
     for work in works:
         if hasattr(work, "publish_capacity"):
             work.publish_capacity = loop.publish_now

@@ -11,6 +11,8 @@ when blocks free), when it reports a KV budget (`kv_blocks_total` > 0) with fewe
 `min_free_blocks` free, or when it reports `max_running` > 0 and runs (by its report or by the
 streams the broker has routed to it and not seen finish, whichever is higher) that many. A node
 that reports no budget (0 or missing, e.g. an idle test node) is never full.
+A node is **draining** (`is_draining`) while it reports `draining` > 0: it is leaving or switching
+role, finishing what it runs; the policy routes nothing new to it.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ class NodeView(Protocol):
 
     @property
     def num_outstanding(self) -> int: ...
+
+
+def is_draining(capacity: Mapping[str, float]) -> bool:
+    return capacity.get("draining", 0) > 0
 
 
 def decode_is_full(capacity: Mapping[str, float], num_outstanding: int, min_free_blocks: int = 1) -> bool:

@@ -28,6 +28,11 @@ Contract (docs/CLUSTER.md "Services, keys and capacity"):
   `MAX_REPORTED_PREFIXES` hashes a node, so a choice reads only the request's hashes' holders.
   No prefill node at all never reaches the policy: the broker answers `no_node` and counts it
   as `rejected.no_node.prefill` (clients then fall back to decode-local prefill).
+- A draining node (`draining` in its capacity: leaving or switching role) is never chosen; its
+  sessions move as from a full node (`skipped_draining` counts the nodes passed over). Every
+  decode candidate draining -> `Defer`, as when all are full (a replacement or the switched node
+  will take it); every prefill candidate draining -> no node (`no_node`: the client prefills on
+  its decode node).
 - Any other service: fewest outstanding requests (the bus default).
 - Deterministic: placements depend only on the node ids, their loads and capacity, and the
   sessions seen, never on join order or the process (xxh3 positions), so a restarted broker
@@ -57,6 +62,7 @@ from scheduler.node_loads import (
     PrefillLoads,
     decode_is_full,
     decode_load,
+    is_draining,
 )
 from scheduler.prefill_keys import parse_prefill_key
 from scheduler.prefix_hashes import reported_hashes
@@ -164,6 +170,13 @@ class ClusterPolicy:
     # -- placement -----------------------------------------------------------------------
 
     def choose(self, service: str, key: str, request_id: str, candidates: Sequence[N]) -> N | None:
+        serving = [n for n in candidates if not is_draining(n.capacity)]
+        self.metrics["skipped_draining"] += len(candidates) - len(serving)
+        if not serving and service == "decode" and candidates:
+            raise self._all_full(len(candidates))
+        if not serving:
+            return None
+        candidates = serving
         if service == "decode":
             node = self._choose_decode(key or request_id, bool(key), candidates)
         elif service == "prefill":

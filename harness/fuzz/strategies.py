@@ -171,6 +171,11 @@ def control_bodies(known: Known) -> dict[Command, list]:
                                .map(lambda pairs: [x for pair in pairs for x in pair])),
                           body(st.lists(reply_body, max_size=8))],
         Command.ADOPT: [body(mutated({"inflight": ids, "pending": ids}))],
+        # CONTROL: never a well-formed `drain` (an admitted controller may end a node: that is its
+        # job, not a fault); bad actions and roles, and switches the fuzz cluster's nodes refuse.
+        Command.CONTROL: [id_frame(known_id(known, "node_ids", texts)), body(mutated({
+            "action": st.sampled_from(["role", "x", "", "undrain"]),
+            "role": st.sampled_from(["prefill", "decode", "gateway", "king"])}))],
     }
 
 

@@ -69,6 +69,9 @@ class AttemptOwner(Protocol):
     def spend_retry(self, code: str, message: str, node_id: str = "") -> None:
         """Spend one retry of the request's budget; `ClusterError` past it."""
 
+    def bounce_off_drain(self) -> bool:
+        """Whether one more `draining` answer may go out again without spending a retry."""
+
     def open_stream(self, service: str, body: dict, key: str = "") -> ReplyStream:
         """Send a request on the bus; ValueError when the endpoint cannot encode it."""
 
@@ -271,7 +274,10 @@ class Attempt:
             if self.decoding:   # e.g. the prefill node died after its kv_ready: nothing to redo
                 return
             self.trace.num_prefill_retries += 1
-            self.owner.spend_retry(f"{wire.PREFILL_FAILURE}{retry.code}", retry.message, retry.node_id)
+            if retry.code == Code.DRAINING and self.owner.bounce_off_drain():
+                self.trace.failures.append(f"{wire.PREFILL_FAILURE}{retry.code}@{retry.node_id}")
+            else:
+                self.owner.spend_retry(f"{wire.PREFILL_FAILURE}{retry.code}", retry.message, retry.node_id)
             transfer_id = uuid.uuid4().hex
             await asyncio.sleep(retry_delay(retry, self.spec.retry_delay_s))
 

@@ -22,7 +22,7 @@ from bus.mailbox import ReplyStream
 from nodes import wire
 from nodes.cluster.attempt import Attempt, AttemptSpec
 from nodes.cluster.results import ClusterError, GenerationResult, RequestTrace, StreamToken
-from nodes.cluster.retries import FATAL_CODES, Retry, retry_delay
+from nodes.cluster.retries import FATAL_CODES, MAX_DRAIN_BOUNCES, Retry, retry_delay
 
 if TYPE_CHECKING:
     from nodes.cluster.client import ClusterClient
@@ -43,6 +43,7 @@ class Generation:
         self.finish_reason: str | None = None
         self.num_retries = 0
         self.num_full = 0   # consecutive `full` answers: backpressure, not failures
+        self.num_drain_bounces = 0   # `draining` answers: a node left or switched role under the request
         self.result: GenerationResult | None = None
         self._queue: asyncio.Queue = asyncio.Queue()
         self._task: asyncio.Task | None = None
@@ -140,11 +141,16 @@ class Generation:
                     await asyncio.sleep(self.wait_for_room(retry))
                     continue
                 self.num_full = 0
-                if retry.counts:
+                if retry.counts or (retry.code == wire.Code.DRAINING and not self.bounce_off_drain()):
                     self.spend_retry(retry.code, retry.message, retry.node_id)
                 else:
                     self.trace.failures.append(f"{retry.code}@{retry.node_id}")
                 await asyncio.sleep(retry_delay(retry, self.client.retry_delay_s))
+
+    def bounce_off_drain(self) -> bool:
+        """Whether one more `draining` answer may go out again without spending a retry."""
+        self.num_drain_bounces += 1
+        return self.num_drain_bounces <= MAX_DRAIN_BOUNCES
 
     def wait_for_room(self, retry: Retry) -> float:
         """The pause before offering a request that found its decode node full again; `overloaded`

@@ -10,6 +10,9 @@ Contract:
   at least 0.5 s (a broker restart may be mid re-registration); a node's `retry_after_s` is read
   through `wire.error_details` (capped, a malformed `node_id` ignored).
 - `retry_delay(retry, default_s)`: its own delay when it has one, else the default.
+- `draining` (a node leaving or switching role handed the request back, or refused it before the
+  broker saw its drain) goes out again after DRAIN_RETRY_S without spending a retry: the broker
+  routes nothing new to a draining node, and the generation bounds the bounces (MAX_DRAIN_BOUNCES).
 - `FATAL_CODES` end the request at once; `NODE_LOSS` codes count as a decode failover.
 """
 
@@ -20,7 +23,9 @@ from nodes import wire
 from nodes.wire import Code
 
 FATAL_CODES = {Code.OVERLOADED, Code.REJECTED, Code.BAD_REQUEST, Code.MALFORMED, Code.OVERSIZED}
-NODE_LOSS = {Code.NODE_LOST, Code.REQUEST_LOST, Code.KV_TIMEOUT, Code.STALLED, Code.GAP}
+NODE_LOSS = {Code.NODE_LOST, Code.REQUEST_LOST, Code.KV_TIMEOUT, Code.STALLED, Code.GAP, Code.DRAINING}
+DRAIN_RETRY_S = 0.05     # the drain's CAPACITY reaches every broker within about a message's time
+MAX_DRAIN_BOUNCES = 16   # past these, a `draining` spends a retry like any failure
 # The broker reports these once the node is out of its registry: nothing to wait for.
 IMMEDIATE = {Code.NODE_LOST, Code.REQUEST_LOST}
 
@@ -40,8 +45,11 @@ def retry_from(error: BusError, node_id: str = "") -> Retry:
         delay = max(delay or 0.0, 0.5)   # maybe mid re-registration after a broker restart
     elif error.code in IMMEDIATE:
         delay = 0.0
+    elif error.code == Code.DRAINING:
+        delay = DRAIN_RETRY_S
     details = {} if retry_after is None else {"retry_after_s": retry_after}
-    return Retry(error.code, error.message, node_id, delay_s=delay, details=details)
+    return Retry(error.code, error.message, node_id, counts=error.code != Code.DRAINING, delay_s=delay,
+                 details=details)
 
 
 def retry_delay(retry: Retry, default_s: float) -> float:

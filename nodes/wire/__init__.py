@@ -13,9 +13,12 @@ Import the names from here: `from nodes import wire`, then `wire.to_wire(wire.Pl
 """
 
 from nodes.wire.bodies import (
+    CONTROL_ACTIONS,
     DECODE,
     FINISH_REASONS,
     PREFILL,
+    SWITCH_ROLES,
+    ControlBody,
     DecodeDoneBody,
     DecodeRequestBody,
     DecodeTimings,
@@ -36,7 +39,7 @@ from nodes.wire.carriable import MAX_DEPTH, Uncarriable, check_carriable, check_
 from nodes.wire.codes import PREFILL_FAILURE, Code, code_label
 from nodes.wire.field_readers import Bounds, Refused, summary
 
-__all__ = ["DECODE", "FINISH_REASONS", "MAX_DEPTH", "PREFILL", "PREFILL_FAILURE", "Bounds", "Code",
+__all__ = ["CONTROL_ACTIONS", "DECODE", "FINISH_REASONS", "SWITCH_ROLES", "ControlBody", "MAX_DEPTH", "PREFILL", "PREFILL_FAILURE", "Bounds", "Code",
            "DecodeDoneBody", "DecodeRequestBody", "DecodeTimings", "KvReadyBody", "PlanBody", "PlanKind",
            "PrefillDoneBody", "PrefillMode", "PrefillRequestBody", "PrefillTimings", "Refused", "SamplingParams",
            "TokenBody", "TransferReport", "Uncarriable", "Usage", "check_carriable", "check_request",

@@ -11,6 +11,7 @@ Services: `decode` (decode and both nodes), `prefill` (prefill and both nodes).
 - prefill PARTIAL       `TokenBody`           index 0
 - prefill FINAL         `PrefillDoneBody`     its token again, the `TransferReport`, timings, stats
 - DIRECT                `KvReadyBody`         prefill node -> decode node: the KV is verified there
+- CONTROL               `ControlBody`         control peer (the planner) -> node: drain, switch role
 - inside both requests  `SamplingParams`      (nodes/engines/base.py)
 Field values are plain Python values (tuples for lists); a timing a node did not measure is None.
 `stats` is a map of numbers whose names a newer node may extend.
@@ -23,12 +24,16 @@ from enum import StrEnum
 
 from nodes.engines.base import SamplingParams
 
-__all__ = ["DECODE", "FINISH_REASONS", "PREFILL", "DecodeDoneBody", "DecodeRequestBody", "DecodeTimings",
+__all__ = ["CONTROL_ACTIONS", "DECODE", "FINISH_REASONS", "PREFILL", "ControlBody", "DecodeDoneBody", "DecodeRequestBody", "DecodeTimings",
            "KvReadyBody", "PlanBody", "PlanKind", "PrefillDoneBody", "PrefillMode", "PrefillRequestBody",
            "PrefillTimings", "SamplingParams", "TokenBody", "TransferReport", "Usage"]
 
 DECODE, PREFILL = "decode", "prefill"   # the services
 FINISH_REASONS = ("stop", "length", "abort")
+# What a CONTROL asks of a node: `drain` (stop taking work, finish or hand over, then exit) or
+# `role` (a switchable node drains its current role, then serves `role`, its engine kept loaded).
+CONTROL_ACTIONS = ("drain", "role")
+SWITCH_ROLES = (DECODE, PREFILL)
 
 
 class PlanKind(StrEnum):
@@ -159,3 +164,9 @@ class KvReadyBody:
     request_id: str               # the decode request
     transfer_id: str
     first_token_id: int
+
+
+@dataclass(frozen=True, slots=True)
+class ControlBody:
+    action: str                   # one of CONTROL_ACTIONS
+    role: str = ""                # for `role`: one of SWITCH_ROLES

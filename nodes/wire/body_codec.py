@@ -30,6 +30,7 @@ from typing import Any, TypeVar
 from nodes.wire import reply_readers as replies
 from nodes.wire import request_readers as requests
 from nodes.wire.bodies import (
+    ControlBody,
     DecodeDoneBody,
     DecodeRequestBody,
     KvReadyBody,
@@ -121,14 +122,18 @@ def _kv_ready(b: KvReadyBody) -> dict[str, Any]:
             "first_token_id": b.first_token_id}
 
 
+def _control(b: ControlBody) -> dict[str, Any]:
+    return {"action": b.action, **({"role": b.role} if b.role else {})}
+
+
 _WRITERS: dict[type, Callable[[Any], dict[str, Any]]] = {
     DecodeRequestBody: _decode_request, PrefillRequestBody: _prefill_request, KvReadyBody: _kv_ready,
     SamplingParams: _sampling, PlanBody: _plan, TokenBody: _token, PrefillDoneBody: _prefill_done,
-    DecodeDoneBody: _decode_done, TransferReport: dataclasses.asdict}
+    DecodeDoneBody: _decode_done, TransferReport: dataclasses.asdict, ControlBody: _control}
 _READERS: dict[type, Callable[[Any, Bounds], Any]] = {
     DecodeRequestBody: requests.decode_request, PrefillRequestBody: requests.prefill_request,
     KvReadyBody: requests.kv_ready, SamplingParams: requests.sampling, PlanBody: replies.plan,
     TokenBody: replies.token, PrefillDoneBody: replies.prefill_done, DecodeDoneBody: replies.decode_done,
-    TransferReport: replies.transfer}
+    TransferReport: replies.transfer, ControlBody: requests.control}
 _TYPES = {PlanBody: "plan", TokenBody: "token", KvReadyBody: "kv_ready", PrefillDoneBody: "done",
           DecodeDoneBody: "done"}

@@ -25,6 +25,7 @@ class Code(StrEnum):
     BAD_REQUEST = "bad_request"            # a malformed request body
     KV_FAILED = "kv_failed"                # the prefill node's KV send failed (checksums, timeout)
     KV_TIMEOUT = "kv_timeout"              # admitted KV that never arrived
+    DRAINING = "draining"                  # the node is leaving or switching role: resume elsewhere
     # the client's own
     STALLED = "stalled"                    # a stream went silent for `stall_timeout_s`
     GAP = "gap"                            # tokens arrived without their predecessors

@@ -10,7 +10,16 @@ from __future__ import annotations
 from typing import Any
 
 from nodes.wire import field_readers as f
-from nodes.wire.bodies import DecodeRequestBody, KvReadyBody, PrefillMode, PrefillRequestBody, SamplingParams
+from nodes.wire.bodies import (
+    CONTROL_ACTIONS,
+    SWITCH_ROLES,
+    ControlBody,
+    DecodeRequestBody,
+    KvReadyBody,
+    PrefillMode,
+    PrefillRequestBody,
+    SamplingParams,
+)
 from nodes.wire.codes import Code
 from nodes.wire.field_readers import Bounds, Refused
 
@@ -53,6 +62,12 @@ def kv_ready(value: Any, bounds: Bounds) -> KvReadyBody:
     body = f.typed_map(value, "kv_ready", "a kv_ready body")
     token_id = f.count(body.get("first_token_id"), "first_token_id", 0, bounds.vocab_size - 1)
     return KvReadyBody(f.an_id(body, "request_id"), f.an_id(body, "transfer_id"), token_id)
+
+
+def control(value: Any, bounds: Bounds) -> ControlBody:
+    body = f.a_map(value, "a control body")
+    action = f.one_of(body.get("action"), "action", CONTROL_ACTIONS)
+    return ControlBody(action, f.one_of(body.get("role"), "role", SWITCH_ROLES) if action == "role" else "")
 
 
 def _prompt(body: dict, bounds: Bounds, *, out_of_range: Code) -> tuple[int, ...]:

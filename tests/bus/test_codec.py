@@ -67,7 +67,7 @@ def test_payload_frames_pass_through_untouched():
     (b"XYZ\x01\x02", c.DropReason.MALFORMED),
     (b"PDB\x02", c.DropReason.MALFORMED),
     (b"PDB\x09\x02", c.DropReason.BAD_VERSION),
-    (b"PDB\x02\x7f", c.DropReason.MALFORMED),
+    (b"PDB" + bytes((c.VERSION, 0x7F)), c.DropReason.MALFORMED),
 ])
 def test_bad_headers_are_refused(header, reason):
     with pytest.raises(ProtocolError) as info:

@@ -54,6 +54,9 @@ class FakeEndpoint:
     def update_capacity(self, capacity: dict) -> None:
         self.sent.append(("capacity", "", dict(capacity)))
 
+    def change_role(self, role: str) -> None:
+        self.sent.append(("ready", role, None))
+
     def of(self, kind: str, request_id: str | None = None) -> list[Any]:
         return [body for k, rid, body in self.sent if k == kind and (request_id is None or rid == request_id)]
 

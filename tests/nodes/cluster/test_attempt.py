@@ -26,6 +26,9 @@ class Delivered:
     def spend_retry(self, code, message, node_id=""):
         raise AssertionError("no retry here")
 
+    def bounce_off_drain(self):
+        raise AssertionError("no drain here")
+
     def open_stream(self, service, body, key=""):
         raise AssertionError("no bus here")
 
