@@ -12,7 +12,7 @@ export OMP_NUM_THREADS ?= 1
 BENCH    := flock /tmp/pdbus-bench.lock $(PY)
 FUZZ_SECONDS ?= 600
 
-.PHONY: help install test test-no-amx test-gpu test-all lint demo broker node prefill decode cluster colocated \
+.PHONY: help install test test-no-amx test-gpu test-all lint demo broker node prefill decode cluster planner colocated \
         gateway client model model-info \
         install-vllm test-vllm \
         bench-bus bench-scale bench-scheduler bench-kv bench-kv-quality bench-engine bench-kernels bench-engine-cuda bench-kv-memory bench-gateway bench bench-prefix bench-quick chaos fuzz clean
@@ -89,8 +89,11 @@ prefill: install ## run one prefill node in the foreground (joins the broker in 
 decode: install  ## run one decode node in the foreground (joins the broker in CONFIG)
 	$(BIN)/pdbus decode --config $(CONFIG)
 
-cluster: install ## broker + prefill + decode nodes + gateway from CONFIG, foreground (PREFILL=n DECODE=m BROKERS=b GATEWAY_WORKERS=k; Ctrl-C stops all)
-	$(BIN)/pdbus cluster --config $(CONFIG) $(if $(PREFILL),--prefill $(PREFILL)) $(if $(DECODE),--decode $(DECODE)) $(if $(BROKERS),--brokers $(BROKERS)) $(if $(GATEWAY_WORKERS),--gateway-workers $(GATEWAY_WORKERS))
+cluster: install ## broker + prefill + decode nodes + gateway from CONFIG, foreground (PREFILL=n DECODE=m BROKERS=b GATEWAY_WORKERS=k PLANNER=1; Ctrl-C stops all)
+	$(BIN)/pdbus cluster --config $(CONFIG) $(if $(PREFILL),--prefill $(PREFILL)) $(if $(DECODE),--decode $(DECODE)) $(if $(BROKERS),--brokers $(BROKERS)) $(if $(GATEWAY_WORKERS),--gateway-workers $(GATEWAY_WORKERS)) $(if $(PLANNER),--planner)
+
+planner: install ## run the pool planner beside a running cluster (METRICS_PORT=p, DRY_RUN=1: log decisions only)
+	$(BIN)/pdbus planner --config $(CONFIG) $(if $(METRICS_PORT),--metrics-port $(METRICS_PORT)) $(if $(DRY_RUN),--dry-run)
 
 colocated: install ## broker + one colocated (prefill+decode) node per core, foreground
 	$(BIN)/pdbus cluster --config $(CONFIG) --colocated

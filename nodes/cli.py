@@ -21,6 +21,8 @@ SUBCOMMANDS: dict[str, tuple[str, str]] = {
     "decode": ("nodes.commands.decode_cmd", "run a decode node"),
     "node": ("nodes.commands.node_cmd", "run a node by role (`--role both`: colocated prefill+decode)"),
     "gateway": ("nodes.commands.gateway_cmd", "run the OpenAI-compatible HTTP/SSE + WebSocket gateway"),
+    "ray": ("nodes.commands.ray_cmd", "run the cluster as Ray actors: `ray up|status|down` (pip install pdbus[ray])"),
+    "planner": ("nodes.commands.planner_cmd", "size the prefill and decode pools from the broker's stats (issue #42)"),
     "client": ("nodes.commands.client_cmd", "stream a completion or chat over the gateway's WebSocket"),
     "complete": ("nodes.commands.complete_cmd", "stream a completion through the cluster (bus-level client)"),
     "model": ("nodes.commands.model_cmd", "prepare or inspect the model (`pdbus model prepare`)"),

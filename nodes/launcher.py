@@ -17,34 +17,39 @@ Contract:
   logs `cluster_broker_ready`, `cluster_node_ready` (the broker's `node_joined` for that node)
   and `cluster_ready` once every node has registered. A node that exits is reported
   (`cluster_child_exited`) and the rest keep serving; a broker that exits ends the cluster with
-  exit code 1. `stop` set (SIGINT/SIGTERM in `pdbus cluster`) -> nodes get SIGTERM, then the
-  broker, and whatever is still alive after `grace_s` gets SIGKILL; exit code 0.
+  exit code 1. A node that exits 0 was drained (it leaves only when asked): `cluster_node_drained`,
+  and the cluster's readiness no longer waits for it. `stop` set (SIGINT/SIGTERM in `pdbus
+  cluster`) -> nodes get SIGTERM, then the broker, and whatever is still alive after `grace_s` gets
+  SIGKILL; exit code 0.
+- A `companion` (`pdbus cluster --planner`'s planner) starts once the nodes registered (or
+  `start_timeout_s` passed) and stops before they do; it adds nodes with `call_soon(lambda: spawn_node(node_spec(...)))` (the supervisor's
+  thread owns the children; `live_names()` are those alive).
 - Children log JSON on stderr; the supervisor parses every line and re-renders it (console
   format in a terminal, JSON otherwise) tagged with the child's name. Each child runs in its
   own process group, so a terminal's Ctrl-C reaches only the supervisor, which then stops the
   nodes before the broker; and each gets PR_SET_PDEATHSIG, so even a SIGKILLed launcher leaves
-  no orphans behind (`die_with_parent`, which the gateway's own workers use too).
+  no orphans behind (`nodes.launcher_child`: `Child`, `die_with_parent`, which the gateway's own workers use too).
 """
 
 from __future__ import annotations
 
-import contextlib
-import ctypes
 import json
-import os
 import queue
 import signal
-import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import structlog
 
 from bus.log import get_logger
+from nodes.launcher_child import Child, parse_line
 
-_PR_SET_PDEATHSIG = 1
+__all__ = ["Child", "ChildSpec", "ClusterShape", "Companion", "Supervisor", "cluster_plan", "node_spec", "parse_line"]
+
 _POLL_S = 0.1
 
 
@@ -79,11 +84,7 @@ def cluster_plan(shape: ClusterShape, broker_endpoint: str, common: tuple[str, .
             for name, endpoint in broker_endpoints(broker_endpoint, shape.num_brokers)]
     roles = ([("both", shape.num_colocated)] if shape.num_colocated > 0
              else [("prefill", shape.num_prefill), ("decode", shape.num_decode)])
-    for role, count in roles:
-        for index in range(count):
-            node_id = f"{role}-{index}"
-            plan.append(ChildSpec(node_id, _pdbus(*_node_command(role, shape), "--node-id", node_id,
-                                                  *common, *shape.node_args)))
+    plan += [node_spec(role, f"{role}-{index}", shape, common) for role, count in roles for index in range(count)]
     if shape.gateway:
         model = ("--model", shape.model) if shape.model else ()
         workers = shape.gateway_workers
@@ -91,6 +92,10 @@ def cluster_plan(shape: ClusterShape, broker_endpoint: str, common: tuple[str, .
         plan.append(ChildSpec("gateway", _pdbus("gateway", *model, "--node-id", "gateway", "--workers", str(workers),
                                                 *common), bus_ids=bus_ids))
     return plan
+
+
+def node_spec(role: str, node_id: str, shape: ClusterShape, common: tuple[str, ...] = ()) -> ChildSpec:
+    return ChildSpec(node_id, _pdbus(*_node_command(role, shape), "--node-id", node_id, *common, *shape.node_args))
 
 
 def broker_endpoints(first: str, num_brokers: int) -> list[tuple[str, str]]:
@@ -111,61 +116,19 @@ def _node_command(role: str, shape: ClusterShape) -> tuple[str, ...]:
     return (*command, "--model", shape.model) if shape.model else command
 
 
-_prctl = ctypes.CDLL(None, use_errno=True).prctl   # looked up here: no dlopen after fork
+class Companion(Protocol):
+    def start(self, supervisor: Supervisor) -> None: ...
 
-
-def die_with_parent() -> None:
-    # Runs in the child between fork and exec: SIGTERM it if its parent (this process) dies first.
-    _prctl(_PR_SET_PDEATHSIG, signal.SIGTERM)
-
-
-class Child:
-    """One child process; a thread parses its stderr lines into the supervisor's queue."""
-
-    def __init__(self, spec: ChildSpec, argv: tuple[str, ...], lines: queue.Queue) -> None:
-        self.spec = spec
-        self.process = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                        text=True, errors="replace", preexec_fn=die_with_parent,
-                                        process_group=0, env={**os.environ, "PYTHONUNBUFFERED": "1"})
-        self.reported_exit = False
-        self._reader = threading.Thread(target=self._read, args=(lines,), daemon=True)
-        self._reader.start()
-
-    def _read(self, lines: queue.Queue) -> None:
-        assert self.process.stderr is not None   # opened with stderr=PIPE
-        for line in self.process.stderr:
-            lines.put((self, line.rstrip("\n")))
-
-    def finish_reading(self, timeout: float = 2.0) -> None:
-        """Wait until the exited child's last lines are queued."""
-        self._reader.join(timeout)
-
-    @property
-    def pid(self) -> int:
-        return self.process.pid
-
-    def alive(self) -> bool:
-        return self.process.poll() is None
-
-    def signal(self, number: int) -> None:
-        if self.alive():
-            with contextlib.suppress(ProcessLookupError):   # it exited just now
-                self.process.send_signal(number)
-
-
-def parse_line(line: str) -> dict | None:
-    try:
-        event = json.loads(line)
-    except ValueError:
-        return None
-    return event if isinstance(event, dict) else None
+    def stop(self) -> None: ...
 
 
 class Supervisor:
     def __init__(self, plan: list[ChildSpec], *, grace_s: float = 5.0, start_timeout_s: float = 30.0,
-                 json_output: bool = False) -> None:
+                 json_output: bool = False, companion: Companion | None = None) -> None:
         self.plan, self.grace_s, self.start_timeout_s = plan, grace_s, start_timeout_s
-        self.json_output = json_output
+        self.json_output, self.companion = json_output, companion
+        self._calls: queue.Queue[Callable[[], None]] = queue.Queue()
+        self._companion_started = False
         self.children: list[Child] = []
         self.broker_endpoint: str | None = None   # every broker's, comma-separated, once all are up
         self.bound: dict[str, str] = {}           # broker name -> the endpoint it bound
@@ -188,6 +151,8 @@ class Supervisor:
                 if not spec.is_broker:
                     self._spawn(spec, (*spec.argv, "--broker", self.broker_endpoint))
             code = self._serve(brokers, stop)
+        if self._companion_started and self.companion is not None:
+            self.companion.stop()
         self.stop_all()
         return code
 
@@ -210,6 +175,7 @@ class Supervisor:
         again on its address while the others serve (docs/CLUSTER.md "Several brokers")."""
         while not stop.is_set():
             self._drain(_POLL_S)
+            self._companion_turn()
             for child in self.children:
                 if not child.alive() and not child.reported_exit:
                     self._report_exit(child)
@@ -231,9 +197,35 @@ class Supervisor:
         self.log.info("cluster_child_started", child=spec.name, pid=child.pid)
         return child
 
+    def _companion_turn(self) -> None:
+        """Start the companion once every node registered (or start_timeout_s passed: a node that
+        never comes must not keep the planner away); run what it asked for."""
+        ready = self.ready == self._node_names() or time.monotonic() - self._started_at > self.start_timeout_s
+        if self.companion is not None and not self._companion_started and ready:
+            self._companion_started = True
+            self.companion.start(self)
+        while not self._calls.empty():
+            self._calls.get_nowait()()
+
+    def call_soon(self, call: Callable[[], None]) -> None:
+        """Run `call` on the supervisor's thread (from any thread), within one poll interval."""
+        self._calls.put(call)
+
+    def spawn_node(self, spec: ChildSpec) -> None:
+        """Start one more node while the cluster serves (on the supervisor's thread)."""
+        self.plan.append(spec)
+        self._spawn(spec, (*spec.argv, "--broker", self.broker_endpoint or ""))
+
+    def live_names(self) -> set[str]:
+        return {c.spec.name for c in self.children if c.alive()}
+
     def _report_exit(self, child: Child) -> None:
         child.reported_exit = True
         self.ready.discard(child.spec.name)
+        if child.process.returncode == 0 and not child.spec.is_broker:
+            self.plan = [spec for spec in self.plan if spec is not child.spec]
+            self.log.info("cluster_node_drained", child=child.spec.name, pid=child.pid)
+            return
         self.log.warning("cluster_child_exited", child=child.spec.name, pid=child.pid,
                          returncode=child.process.returncode)
 

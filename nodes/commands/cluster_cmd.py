@@ -8,6 +8,8 @@ host:port`) runs too, unless `--no-gateway` or `--idle` (idle nodes serve no mod
 `--gateway-workers N` processes (default `[gateway] workers`, 1; see `pdbus gateway --workers`). Every child
 gets the same `--config`, so heartbeat, scheduler, engine, KV and gateway settings agree. Ctrl-C / SIGTERM stops the nodes, then the broker
 (SIGKILL after the grace period). Exit code 0 after a requested stop, 1 if the broker dies.
+`--planner` also runs the planner (`[planner]`, docs/CLUSTER.md "The planner") in the launcher:
+it starts `prefill-N` / `decode-N` nodes and drains them (a drained node's exit 0 is no failure).
 See `nodes.launcher` for what is logged.
 """
 
@@ -22,7 +24,7 @@ from bus import constants as c
 from bus.log import wants_json
 from nodes.config_file import SettingsError, load_settings, section
 from nodes.gateway.gateway_settings import MAX_WORKERS
-from nodes.launcher import ClusterShape, Supervisor, cluster_plan
+from nodes.launcher import ClusterShape, Companion, Supervisor, cluster_plan
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -39,6 +41,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--brokers", type=int, help="brokers of the cluster, on consecutive ports (default: [cluster] brokers, 1)")
     parser.add_argument("--gateway-workers", type=int,
                         help="gateway processes on its one port (default: [gateway] workers, 1)")
+    parser.add_argument("--planner", action="store_true",
+                        help="run the planner: it starts and drains nodes within [planner] bounds")
 
 
 def _count(flag: int | None, configured: object, name: str) -> int:
@@ -74,16 +78,27 @@ def cluster_shape(settings: dict, args: argparse.Namespace) -> ClusterShape:
     return shape
 
 
+def _planner(settings: dict, shape: ClusterShape, common: tuple[str, ...]) -> Companion:
+    from nodes.planner.launcher_actuator import LauncherPlanner
+    from nodes.planner.planner_run import planner_options
+
+    if shape.num_colocated:
+        raise SettingsError("--planner sizes prefill and decode pools: not with --colocated")
+    return LauncherPlanner(settings, planner_options(settings), shape, common)
+
+
 def main(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     cluster = section(settings, "cluster")
     endpoint = args.endpoint or section(settings, "broker").get("endpoint", c.DEFAULT_ENDPOINT)
     common = tuple(a for flag, value in (("--config", args.config), ("--log-level", args.log_level))
                    if value for a in (flag, value))
-    plan = cluster_plan(cluster_shape(settings, args), endpoint, common)
-    supervisor = Supervisor(plan, grace_s=float(args.stop_grace_s or cluster.get("stop_grace_s", 5.0)),
+    shape = cluster_shape(settings, args)
+    planner = _planner(settings, shape, common) if getattr(args, "planner", False) else None
+    supervisor = Supervisor(cluster_plan(shape, endpoint, common),
+                            grace_s=float(args.stop_grace_s or cluster.get("stop_grace_s", 5.0)),
                             start_timeout_s=float(cluster.get("start_timeout_s", 30.0)),
-                            json_output=wants_json(args.log_format))
+                            json_output=wants_json(args.log_format), companion=planner)
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
         signal.signal(sig, lambda *_: stop.set())

@@ -44,7 +44,7 @@ from bus.log import get_logger
 from nodes.config_file import SettingsError
 from nodes.gateway.gateway_settings import GatewayConfig
 from nodes.gateway.protect import Limiter
-from nodes.launcher import die_with_parent
+from nodes.launcher_child import die_with_parent
 
 if TYPE_CHECKING:   # imported where a limit is on
     from nodes.gateway.shared_limits import LimitsTable
