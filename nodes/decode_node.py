@@ -140,7 +140,7 @@ class DecodeWork(GuardedWork):
                 "kv_mib_slots": round(usage.num_slot_cache_bytes / 2**20, 1),
                 "kv_mib_buffers": self.kv.num_free_mib(),
                 "max_running": self.engine.max_num_seqs, "num_running": self._num_requests(),
-                "full": int(self.num_blocks_wanted > 0),
+                "full": int(self.num_blocks_wanted > 0), "prefills_lent": self.counters["plan.lent"],
                 # Prompt tokens whose KV arrived, and those a kept prefix gave: the node's prefix hits.
                 "kv_imported_tokens": self.engine.stats.num_imported_tokens,
                 "prefix_reused_tokens": self.engine.stats.num_prefix_reused_tokens}
@@ -184,7 +184,7 @@ class DecodeWork(GuardedWork):
             return
         job = DecodeJob(request.request_id, body.prompt, body.sampling, body.session_id, wire.PlanKind.REMOTE,
                         cache_salt=body.cache_salt)
-        self._plan(job, body.prefill)
+        self._plan(job, wire.PrefillMode.LOCAL if self._lends(body) else body.prefill)
         job.clock.mark("received")
         if job.plan == wire.PlanKind.REMOTE:
             admitted = self._reserve(job)
@@ -202,6 +202,17 @@ class DecodeWork(GuardedWork):
                  num_session=self.engine.cached_session_tokens(job.session_id) if job.session_id else 0,
                  short=self.settings.local_suffix_tokens if self._has_spare_compute() else 0,
                  hold=lambda: self.engine.hold_prefix(job.request_id, job.prompt, job.cache_salt))
+
+    def _lends(self, body: wire.DecodeRequestBody) -> bool:
+        """Prefill this prompt here though a prefill node could: it would queue there behind the
+        client's backlog while this node, with a light batch, has compute to spare."""
+        lend = self.settings.lend
+        if not (0 < len(body.prompt) <= lend.prefill_tokens and body.prefill == wire.PrefillMode.AUTO):
+            return False
+        if body.prefill_backlog_tokens < lend.min_backlog_tokens or self._num_requests() >= lend.max_running:
+            return False
+        self.counters["plan.lent"] += 1
+        return True
 
     def _num_requests(self) -> int:
         """Requests holding KV here: running in the engine, or admitted and waiting for their KV."""

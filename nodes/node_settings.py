@@ -22,6 +22,25 @@ DEFAULT_MODEL = "SmolLM2-135M-Instruct"
 
 
 @dataclass(frozen=True)
+class LendSettings:
+    """When a decode node prefills a whole prompt itself rather than queue it at a busy prefill
+    node (docs/CLUSTER.md, the `local` plan): 0 tokens turns it off."""
+
+    prefill_tokens: int = 0        # prompts up to this many tokens
+    max_running: int = 1           # while it runs fewer requests than this
+    min_backlog_tokens: int = 1    # and the client has at least this many prompt tokens waiting at prefill nodes
+
+    @classmethod
+    def from_section(cls, decode: dict) -> LendSettings:
+        values = {name: decode.get(f"lend_{name}", getattr(cls, name)) for name in
+                  ("prefill_tokens", "max_running", "min_backlog_tokens")}
+        for name, value in values.items():
+            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+                raise SettingsError(f"[decode] lend_{name} must be a whole number >= 0, got {value!r}")
+        return cls(**values)
+
+
+@dataclass(frozen=True)
 class NodeSettings:
     role: str
     broker: str
@@ -41,6 +60,7 @@ class NodeSettings:
     kv_chunk_mib: float | None = None              # KV per chunk; None: bus.kv.layout.DEFAULT_CHUNK_BYTES
     local_suffix_tokens: int = 64
     local_prefill_max_running: int = 4             # ...prefilled on the decode node only below this many requests
+    lend: LendSettings = field(default_factory=lambda: LendSettings())   # [decode] lend_*: prefill here when light
     prefill_delay_s: float = 0.0                   # test-only: sleep before each prefill pass
     step_delay_s: float = 0.0                      # test-only: sleep before each decode step
     kv_faults: int = 0                             # test-only: corrupt the first N KV chunks sent
@@ -179,6 +199,7 @@ def node_settings(args: argparse.Namespace, role: str) -> NodeSettings:
         kv_chunk_mib=_kv_size(kv, "chunk_mib", "MiB", None),
         local_suffix_tokens=int(section(settings, "scheduler").get("local_suffix_tokens", 64)),
         local_prefill_max_running=int(section(settings, "scheduler").get("local_prefill_max_running", 4)),
+        lend=LendSettings.from_section(section(settings, "decode")),
         prefill_delay_s=args.test_prefill_delay_ms / 1000,
         step_delay_s=args.test_step_delay_ms / 1000,
         kv_faults=args.test_kv_faults,

@@ -34,7 +34,7 @@ import asyncio
 import contextlib
 import time
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
@@ -72,8 +72,36 @@ class AttemptOwner(Protocol):
     def bounce_off_drain(self) -> bool:
         """Whether one more `draining` answer may go out again without spending a retry."""
 
+    @property
+    def prefill_backlog(self) -> PrefillBacklog:
+        """The client's prompt tokens waiting at prefill nodes (every request's, shared)."""
+
     def open_stream(self, service: str, body: dict, key: str = "") -> ReplyStream:
         """Send a request on the bus; ValueError when the endpoint cannot encode it."""
+
+
+class PrefillBacklog:
+    """Prompt tokens a client has sent to prefill nodes and not yet seen prefilled: what a new
+    decode request reports (`prefill_backlog_tokens`) so a lightly loaded decode node may prefill
+    it itself instead (the lending rule, docs/CLUSTER.md)."""
+
+    def __init__(self) -> None:
+        self.num_tokens = 0
+
+    @contextlib.contextmanager
+    def holding(self, num_tokens: int) -> Iterator[Callable[[], None]]:
+        """Count `num_tokens` until the block ends or the release it yields is called (the
+        prompt's first token came back: it left the prefill node's queue)."""
+        held = [num_tokens]
+        self.num_tokens += num_tokens
+
+        def release() -> None:
+            self.num_tokens -= held.pop() if held else 0
+
+        try:
+            yield release
+        finally:
+            release()
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,7 +177,8 @@ class Attempt:
     async def run(self) -> str:
         spec = self.spec
         mode = wire.PrefillMode.LOCAL if spec.local else wire.PrefillMode.AUTO
-        body = wire.DecodeRequestBody(spec.prompt, spec.sampling, spec.session_id, mode, spec.base, spec.cache_salt)
+        body = wire.DecodeRequestBody(spec.prompt, spec.sampling, spec.session_id, mode, spec.base, spec.cache_salt,
+                                      self.owner.prefill_backlog.num_tokens)
         started = time.monotonic()
         decode = self._open(wire.DECODE, wire.to_wire(body), key=self._decode_key())
         try:
@@ -250,6 +279,11 @@ class Attempt:
         return done.finish_reason or "stop"
 
     async def _prefill(self, plan: wire.PlanBody, decode_request_id: str) -> None:
+        with self.owner.prefill_backlog.holding(len(self.spec.prompt) - plan.num_cached_tokens) as prefilled:
+            await self._prefill_until_sent(plan, decode_request_id, prefilled)
+
+    async def _prefill_until_sent(self, plan: wire.PlanBody, decode_request_id: str,
+                                  prefilled: Callable[[], None]) -> None:
         transfer_id, prompt = plan.transfer_id, self.spec.prompt
         while True:
             body = wire.PrefillRequestBody(prompt, self.spec.sampling, plan.node_id, plan.data_endpoint, transfer_id,
@@ -259,7 +293,7 @@ class Attempt:
             # and its opening's hash (prompts that share one go where its KV is likely cached).
             stream = self._open(wire.PREFILL, wire.to_wire(body), key=prefill_key(prompt, self.spec.cache_salt))
             try:
-                await self._consume_prefill(stream)
+                await self._consume_prefill(stream, prefilled)
                 return
             except BusError as exc:
                 if exc.code == Code.NO_NODE:
@@ -281,13 +315,14 @@ class Attempt:
             transfer_id = uuid.uuid4().hex
             await asyncio.sleep(retry_delay(retry, self.spec.retry_delay_s))
 
-    async def _consume_prefill(self, stream: ReplyStream) -> None:
+    async def _consume_prefill(self, stream: ReplyStream, prefilled: Callable[[], None]) -> None:
         async for reply in stream:
             with self._contained(stream, wire.PREFILL, reply.body, wire.claimed_node(reply.body)):
                 if isinstance(reply, Final):
                     self._on_prefill_final(wire.from_wire(wire.PrefillDoneBody, reply.body, self.bounds))
                     return
                 if (token := wire.read_partial(reply.body, self.bounds)) is not None:
+                    prefilled()   # out of the prefill node's queue; its KV is on its way
                     self.deliver(token.index, token.token_id, token.text)
 
     def _on_prefill_final(self, done: wire.PrefillDoneBody) -> None:

@@ -45,6 +45,7 @@ from bus.bus_client import BusClient
 from bus.liveness import HeartbeatConfig
 from bus.mailbox import ReplyStream
 from nodes import wire
+from nodes.cluster.attempt import PrefillBacklog
 from nodes.cluster.generation import Generation
 from nodes.cluster.results import GenerationResult
 
@@ -57,6 +58,7 @@ class ClusterClient:
         self.tokenizer = tokenizer
         self._started = False
         self.max_retries, self.stall_timeout_s, self.retry_delay_s = max_retries, stall_timeout_s, retry_delay_s
+        self.prefill_backlog = PrefillBacklog()   # shared by its requests: what each decode request reports
         self.plan_timeout_s = plan_timeout_s   # > [scheduler] queue_timeout_s: a queued request is not "stalled"
 
     def start(self, timeout: float = 10.0) -> ClusterClient:

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from bus.log import get_logger
 from bus.mailbox import ReplyStream
 from nodes import wire
-from nodes.cluster.attempt import Attempt, AttemptSpec
+from nodes.cluster.attempt import Attempt, AttemptSpec, PrefillBacklog
 from nodes.cluster.results import ClusterError, GenerationResult, RequestTrace, StreamToken
 from nodes.cluster.retries import FATAL_CODES, MAX_DRAIN_BOUNCES, Retry, retry_delay
 
@@ -89,6 +89,10 @@ class Generation:
             self.trace.timings["ttft_s"] = round(time.monotonic() - self._started_at, 6)
         self.tokens.append(token)
         self._queue.put_nowait(token)
+
+    @property
+    def prefill_backlog(self) -> PrefillBacklog:
+        return self.client.prefill_backlog
 
     def open_stream(self, service: str, body: dict, key: str = "") -> ReplyStream:
         return self.client.stream(service, body, key=key)

@@ -55,6 +55,9 @@ class DecodeRequestBody:
     prefill: PrefillMode = PrefillMode.AUTO
     num_delivered: int = 0        # a resume: tokens delivered before this request (0: not a resume)
     cache_salt: str = ""          # kept-KV scope (the tenant): prefixes are reused only under one salt
+    # Prompt tokens the client has waiting at prefill nodes now (not counting this request): a
+    # decode node with a light batch may prefill this one itself rather than queue it there.
+    prefill_backlog_tokens: int = 0
 
 
 @dataclass(frozen=True, slots=True)

@@ -75,8 +75,10 @@ def _sampling(s: SamplingParams) -> dict[str, Any]:
 
 
 def _decode_request(b: DecodeRequestBody) -> dict[str, Any]:
-    body = {"prompt_token_ids": list(b.prompt), "sampling": _sampling(b.sampling), "session_id": b.session_id,
+    body: dict[str, Any] = {"prompt_token_ids": list(b.prompt), "sampling": _sampling(b.sampling), "session_id": b.session_id,
             "prefill": str(b.prefill), "resume": {"num_delivered": b.num_delivered} if b.num_delivered else None}
+    if b.prefill_backlog_tokens:
+        body["prefill_backlog_tokens"] = b.prefill_backlog_tokens
     return body | {"cache_salt": b.cache_salt} if b.cache_salt else body
 
 

@@ -36,7 +36,8 @@ def decode_request(value: Any, bounds: Bounds) -> DecodeRequestBody:
     mode = PrefillMode(f.one_of(body.get("prefill", PrefillMode.AUTO), "prefill", tuple(PrefillMode)))
     session_id = None if body.get("session_id") in (None, "") else f.an_id(body, "session_id")
     return DecodeRequestBody(prompt, sampling(body.get("sampling", {}), bounds), session_id, mode,
-                             _num_delivered(body.get("resume")), f.an_id_or_empty(body, "cache_salt"))
+                             _num_delivered(body.get("resume")), f.an_id_or_empty(body, "cache_salt"),
+                             f.count(body.get("prefill_backlog_tokens", 0), "prefill_backlog_tokens"))
 
 
 def _num_delivered(resume: Any) -> int:

@@ -5,7 +5,7 @@ The attempt sees only its `AttemptOwner`; here a list stands in for the generati
 from __future__ import annotations
 
 from nodes.cluster import ClusterClient, RequestTrace, StreamToken
-from nodes.cluster.attempt import Attempt, AttemptOwner, AttemptSpec
+from nodes.cluster.attempt import Attempt, AttemptOwner, AttemptSpec, PrefillBacklog
 from nodes.engines.base import SamplingParams
 
 
@@ -15,6 +15,7 @@ class Delivered:
     def __init__(self, delivered=()):
         self.trace = RequestTrace("r", "s")
         self.emitted = [StreamToken(i, t, str(t)) for i, t in enumerate(delivered)]
+        self._backlog = PrefillBacklog()
 
     @property
     def num_delivered(self):
@@ -28,6 +29,10 @@ class Delivered:
 
     def bounce_off_drain(self):
         raise AssertionError("no drain here")
+
+    @property
+    def prefill_backlog(self):
+        return self._backlog
 
     def open_stream(self, service, body, key=""):
         raise AssertionError("no bus here")

@@ -53,12 +53,15 @@ optional_seconds = st.none() | seconds
 
 bodies: dict[type, st.SearchStrategy] = {
     wire.DecodeRequestBody: st.builds(wire.DecodeRequestBody, prompts, sampling, st.none() | ids,
-                                      st.sampled_from(wire.PrefillMode), counts, st.one_of(st.just(""), ids)),
+                                      st.sampled_from(wire.PrefillMode), counts, st.one_of(st.just(""), ids),
+                                      counts),
     # kv_offset: the leading tokens the decode node holds, always fewer than the prompt's
     wire.PrefillRequestBody: prompts.flatmap(lambda prompt: st.builds(
         wire.PrefillRequestBody, st.just(prompt), sampling, ids, endpoints, ids, ids, st.booleans(),
         st.one_of(st.just(""), ids), st.integers(0, len(prompt) - 1))),
     wire.KvReadyBody: st.builds(wire.KvReadyBody, ids, ids, token_ids),
+    wire.ControlBody: st.one_of(st.just(wire.ControlBody("drain")),
+                                st.sampled_from(wire.SWITCH_ROLES).map(lambda role: wire.ControlBody("role", role))),
     wire.SamplingParams: sampling,
     wire.PlanBody: st.one_of(st.builds(wire.PlanBody.remote, ids, endpoints, ids, counts),
                              st.builds(wire.PlanBody.cached, ids, counts), st.builds(wire.PlanBody.local, ids, counts)),
