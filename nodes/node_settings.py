@@ -113,6 +113,10 @@ def _engine_values(settings: dict, args: argparse.Namespace, role: str) -> dict:
     for key in ("num_kv_blocks", "max_num_seqs", "prefill_chunk_tokens", "preallocate_kv"):
         if key in decode and role != "prefill":
             values[key] = decode[key]
+    # A role's own thread count wins over [engine]'s (e.g. a prefill node that may use the decode
+    # node's idle core: docs/CLUSTER.md "Lending"); a --threads flag wins over both.
+    if role in ("prefill", "decode") and "num_threads" in (own := prefill if role == "prefill" else decode):
+        values["num_threads"] = own["num_threads"]
     return values | engine_flag_values(args)
 
 

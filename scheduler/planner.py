@@ -30,7 +30,9 @@ most 3 intervals apart):
 3. A pool below its min (or above its max) for `sustain_s` (a node may be starting) is brought
    back: scale up as in rule 5 (scale down its idlest node).
 4. Both pools hot: scale up the hotter (load / its hot threshold) if its max and `max_nodes`
-   allow (else the other, if its own do), else nothing (`held.saturated`).
+   allow (else the other, if its own do); else, when one of them has no node at all (its work
+   falls back onto the other: decode nodes prefill locally), switch a node of the other into it
+   if that pool stays at or above its min; else nothing (`held.saturated`).
 5. One pool hot: scale it up if its bounds and `max_nodes` allow and `can_start`; else switch the
    least-loaded switchable, non-draining node of the other pool, if that pool stays at or above
    its min and cool enough (below); else scale up anyway when only `can_start` was missing (the

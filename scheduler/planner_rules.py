@@ -71,10 +71,13 @@ class _Rules:
         hot = sorted((r for r in POOL_ROLES if self.view.states[r] == "hot"), key=self._heat, reverse=True)
         if len(hot) == 1:
             return self._add(hot[0], self.view.why[hot[0]])
-        for role in hot:   # both: the hotter first; a switch would only move the heat
+        why = f"{self.view.why['prefill']}; {self.view.why['decode']}"
+        for role in hot:   # both: the hotter first; a switch would only move the heat...
             if role not in self.view.incomplete and self._has_room(role):
-                why = f"{self.view.why['prefill']}; {self.view.why['decode']}"
                 return self._scale_up(role, f"both pools hot, {role} the hotter or the one with room: {why}")
+        for role in hot:   # ...unless a pool is empty: the other does its work too, and badly
+            if self.view.pools[role].size == 0 and (switch := self._switch_into(role, why, require_cool=False)):
+                return switch
         return "saturated" if hot else None
 
     def _heat(self, role: str) -> tuple[float, bool]:
@@ -103,13 +106,13 @@ class _Rules:
         room = f"{role} {self.view.pools[role].size}/{high}, nodes {self.view.num_nodes}/{self.config.max_nodes}"
         return Decision(DecisionKind.SCALE_UP, role, None, f"{why}; {room}")
 
-    def _switch_into(self, role: str, why: str) -> Decision | None:
+    def _switch_into(self, role: str, why: str, require_cool: bool = True) -> Decision | None:
         donor = other_role(role)
         pool = self.view.pools[donor]
         low, _ = self.config.bounds(donor)
         _, high = self.config.bounds(role)
         if (donor in self.view.incomplete or self.view.pools[role].size >= high or pool.size <= low
-                or not self._cool_enough(pool)):
+                or (require_cool and not self._cool_enough(pool))):
             return None
         candidates = [n for n in pool.active if n.switchable]
         if not candidates:

@@ -298,7 +298,7 @@ class Attempt:
             except BusError as exc:
                 if exc.code == Code.NO_NODE:
                     raise Retry(Code.NO_PREFILL_NODE, "no prefill node alive: prefill on the decode node",
-                                local=True, counts=False) from None
+                                local=True, counts=False, delay_s=0.0) from None
                 retry = retry_from(exc)
             except TimeoutError:
                 retry = Retry(Code.STALLED, "the prefill stream went silent")

@@ -59,6 +59,7 @@ class ClusterClient:
         self._started = False
         self.max_retries, self.stall_timeout_s, self.retry_delay_s = max_retries, stall_timeout_s, retry_delay_s
         self.prefill_backlog = PrefillBacklog()   # shared by its requests: what each decode request reports
+        self.no_prefill_node_until = 0.0          # monotonic time until which new requests ask for a local prefill
         self.plan_timeout_s = plan_timeout_s   # > [scheduler] queue_timeout_s: a queued request is not "stalled"
 
     def start(self, timeout: float = 10.0) -> ClusterClient:

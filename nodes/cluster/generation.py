@@ -22,7 +22,7 @@ from bus.mailbox import ReplyStream
 from nodes import wire
 from nodes.cluster.attempt import Attempt, AttemptSpec, PrefillBacklog
 from nodes.cluster.results import ClusterError, GenerationResult, RequestTrace, StreamToken
-from nodes.cluster.retries import FATAL_CODES, MAX_DRAIN_BOUNCES, Retry, retry_delay
+from nodes.cluster.retries import FATAL_CODES, MAX_DRAIN_BOUNCES, NO_PREFILL_NODE_MEMORY_S, Retry, retry_delay
 
 if TYPE_CHECKING:
     from nodes.cluster.client import ClusterClient
@@ -109,6 +109,9 @@ class Generation:
         """The next attempt: the prompt with every token delivered so far, for what is left."""
         delivered = tuple(t.token_id for t in self.tokens)
         sampling = dataclasses.replace(self.sampling, max_tokens=self.sampling.max_tokens - len(delivered))
+        # No prefill node a moment ago (all dead, or all switched to decode by the planner): ask for
+        # a local prefill at once instead of finding out again, one round trip per request.
+        local = local or time.monotonic() < self.client.no_prefill_node_until
         return AttemptSpec(self.request_id, self.session_id, self.prompt + delivered, sampling, len(delivered),
                            local, self.client.plan_timeout_s, self.client.retry_delay_s, self.cache_salt)
 
@@ -138,6 +141,8 @@ class Generation:
                 self.finish_reason = await Attempt(self, self.attempt_spec(local)).run()
             except Retry as retry:
                 local = local or retry.local
+                if retry.code == wire.Code.NO_PREFILL_NODE:
+                    self.client.no_prefill_node_until = time.monotonic() + NO_PREFILL_NODE_MEMORY_S
                 if retry.code in FATAL_CODES:
                     self.trace.failures.append(f"{retry.code}@{retry.node_id}")
                     raise ClusterError(retry.code, retry.message, self.trace, **retry.details) from None

@@ -24,6 +24,7 @@ from nodes.wire import Code
 
 FATAL_CODES = {Code.OVERLOADED, Code.REJECTED, Code.BAD_REQUEST, Code.MALFORMED, Code.OVERSIZED}
 NODE_LOSS = {Code.NODE_LOST, Code.REQUEST_LOST, Code.KV_TIMEOUT, Code.STALLED, Code.GAP, Code.DRAINING}
+NO_PREFILL_NODE_MEMORY_S = 1.0   # after `no_node` for a prefill, the client's next requests go local this long
 DRAIN_RETRY_S = 0.05     # the drain's CAPACITY reaches every broker within about a message's time
 MAX_DRAIN_BOUNCES = 16   # past these, a `draining` spends a retry like any failure
 # The broker reports these once the node is out of its registry: nothing to wait for.

@@ -9,7 +9,9 @@ host:port`) runs too, unless `--no-gateway` or `--idle` (idle nodes serve no mod
 gets the same `--config`, so heartbeat, scheduler, engine, KV and gateway settings agree. Ctrl-C / SIGTERM stops the nodes, then the broker
 (SIGKILL after the grace period). Exit code 0 after a requested stop, 1 if the broker dies.
 `--planner` also runs the planner (`[planner]`, docs/CLUSTER.md "The planner") in the launcher:
-it starts `prefill-N` / `decode-N` nodes and drains them (a drained node's exit 0 is no failure).
+it starts `prefill-N` / `decode-N` nodes and drains them (a drained node's exit 0 is no failure),
+and reads TTFT/TPOT p90 from the cluster's own gateway's `/metrics` unless `[planner]
+gateway_metrics_url` says otherwise ("" = none; no gateway, port 0 or several workers: none).
 See `nodes.launcher` for what is logged.
 """
 
@@ -19,6 +21,7 @@ import argparse
 import os
 import signal
 import threading
+from dataclasses import replace
 
 from bus import constants as c
 from bus.log import wants_json
@@ -81,10 +84,14 @@ def cluster_shape(settings: dict, args: argparse.Namespace) -> ClusterShape:
 def _planner(settings: dict, shape: ClusterShape, common: tuple[str, ...]) -> Companion:
     from nodes.planner.launcher_actuator import LauncherPlanner
     from nodes.planner.planner_run import planner_options
+    from nodes.planner.slo_signals import gateway_metrics_url
 
     if shape.num_colocated:
         raise SettingsError("--planner sizes prefill and decode pools: not with --colocated")
-    return LauncherPlanner(settings, planner_options(settings), shape, common)
+    options = planner_options(settings)
+    if options.gateway_metrics_url is None and shape.gateway:   # the SLO signals of the cluster it runs
+        options = replace(options, gateway_metrics_url=gateway_metrics_url(settings, shape.gateway_workers))
+    return LauncherPlanner(settings, options, shape, common)
 
 
 def main(args: argparse.Namespace) -> int:

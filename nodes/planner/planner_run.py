@@ -4,12 +4,16 @@ alone (`pdbus planner`) or on a thread of the launcher (`pdbus cluster --planner
 Contract:
 - `planner_options(settings, interval_s=None, metrics_port=None) -> PlannerOptions`: the `[planner]`
   table; the shell's keys (`metrics_host` "127.0.0.1", `metrics_port`: none = no metrics server,
-  0 = any free port; `stats_timeout_s` 2.0) are taken out, the rest is `PlannerConfig`'s.
-  SettingsError for what is wrong.
+  0 = any free port; `stats_timeout_s` 2.0; `gateway_metrics_url`: a gateway's Prometheus
+  `/metrics` to read TTFT/TPOT p90 from, absent = none, "" = none even where `pdbus cluster`
+  would pick its own; `slo_window_s` 30.0, the window of those p90s) are taken out, the rest is
+  `PlannerConfig`'s. SettingsError for what is wrong.
 - `control_endpoint(settings, broker, node_id="planner") -> Endpoint`: an unstarted bus endpoint in
   role `control`, with the config's heartbeat and CURVE settings (key pair `control`).
 - `await serve_planner(shell, options, stop)`: the metrics server (logs `planner_metrics` with the
-  port it bound), then `shell.run(stop)`; logs `planner_started` / `planner_stopped`.
+  port it bound), then `shell.run(stop)`; logs `planner_started` / `planner_stopped`. With a
+  `gateway_metrics_url`, a shell that has no `signals` of its own gets `slo_signals.SloSignals`
+  on it (so `pdbus planner` and `pdbus cluster --planner` both feed the SLO targets).
 - `PlannerThread(options, make_shell)`: `start(broker)` opens the endpoint and runs
   `serve_planner(make_shell(endpoint), ...)` on a thread with its own event loop; `stop()` ends it
   and closes the endpoint (idempotent).
@@ -31,9 +35,11 @@ from nodes.bus_config import heartbeat_config, security_config
 from nodes.config_file import SettingsError, section
 from nodes.planner.planner_metrics import PlannerMetrics, serve_metrics
 from nodes.planner.planner_shell import PlannerShell
+from nodes.planner.slo_signals import SloSignals
 from scheduler.planner_config import PlannerConfig
+from scheduler.planner_signals import Signals
 
-SHELL_KEYS = ("metrics_host", "metrics_port", "stats_timeout_s")
+SHELL_KEYS = ("metrics_host", "metrics_port", "stats_timeout_s", "gateway_metrics_url", "slo_window_s")
 REGISTER_TIMEOUT_S = 10.0
 log = get_logger("planner")
 
@@ -44,6 +50,8 @@ class PlannerOptions:
     metrics_host: str = "127.0.0.1"
     metrics_port: int | None = None
     stats_timeout_s: float = 2.0
+    gateway_metrics_url: str | None = None   # None: not set; "": set to none
+    slo_window_s: float = 30.0
 
 
 def planner_options(settings: dict, interval_s: float | None = None, metrics_port: int | None = None
@@ -58,10 +66,24 @@ def planner_options(settings: dict, interval_s: float | None = None, metrics_por
         raise SettingsError(str(exc)) from exc
     options = PlannerOptions(config, str(shell.get("metrics_host", "127.0.0.1")),
                              _port(metrics_port if metrics_port is not None else shell.get("metrics_port")),
-                             float(shell.get("stats_timeout_s", 2.0)))
-    if options.stats_timeout_s <= 0:
-        raise SettingsError("[planner] stats_timeout_s must be > 0")
+                             float(shell.get("stats_timeout_s", 2.0)), _url(shell.get("gateway_metrics_url")),
+                             _positive("slo_window_s", shell.get("slo_window_s", 30.0)))
+    _positive("stats_timeout_s", options.stats_timeout_s)
     return options
+
+
+def _positive(name: str, value: Any) -> float:
+    if isinstance(value, bool) or not isinstance(value, int | float) or not value > 0:
+        raise SettingsError(f"[planner] {name} must be > 0, got {value!r}")
+    return float(value)
+
+
+def _url(value: Any) -> str | None:
+    if value is None or value == "":
+        return value
+    if not isinstance(value, str) or not value.startswith(("http://", "https://")):
+        raise SettingsError(f"[planner] gateway_metrics_url must be an http(s) URL or \"\", got {value!r}")
+    return value
 
 
 def _port(value: Any) -> int | None:
@@ -82,11 +104,15 @@ def control_endpoint(settings: dict, broker: str, node_id: str = "planner", args
 
 async def serve_planner(shell: PlannerShell, options: PlannerOptions, stop: asyncio.Event) -> None:
     runner = None
+    if options.gateway_metrics_url and shell.signals is Signals:
+        shell.signals = SloSignals(options.gateway_metrics_url, options.slo_window_s,
+                                   timeout_s=min(1.0, options.config.interval_s))
     if options.metrics_port is not None:
         metrics = PlannerMetrics(shell.planner, shell.counts)
         runner, port = await serve_metrics(metrics, options.metrics_host, options.metrics_port)
         log.info("planner_metrics", host=options.metrics_host, port=port)
-    log.info("planner_started", dry_run=shell.dry_run, **_public(options.config))
+    log.info("planner_started", dry_run=shell.dry_run, gateway_metrics_url=options.gateway_metrics_url or None,
+             **_public(options.config))
     try:
         await shell.run(stop)
     finally:

@@ -5,7 +5,8 @@ Contract:
 - `PlannerShell(planner, endpoint, actuator, dry_run=False, stats_timeout_s=2.0, clock=monotonic,
   signals=None)`. `endpoint` is a registered `control` bus endpoint (`request(...)` for the
   broker's stats, `send_control(...)`, `registered`; tests pass a fake). `signals` (optional) is a
-  callable returning `Signals` (SLO attainment, TTFT/TPOT p90) each tick.
+  callable returning `Signals` (SLO attainment, TTFT/TPOT p90) each tick, called on a worker
+  thread after the broker answered (it may block on I/O, e.g. `slo_signals.SloSignals`' scrape).
 - `await tick() -> list[Decision]`: one round. No answer from the broker (not registered, timeout,
   error) -> nothing decided (`no_stats`, log `planner_no_stats`). Each decision is logged as
   `planner_decision` (kind, role, node_id, reason, dry_run) and carried out: `switch_role` ->
@@ -73,7 +74,7 @@ class PlannerShell:
             self.counts["no_stats"] += 1
             self.log.warning("planner_no_stats", registered=self.endpoint.registered)
             return []
-        snapshot = parse_snapshot(body, self.signals())
+        snapshot = parse_snapshot(body, await asyncio.to_thread(self.signals))
         can_start = await asyncio.to_thread(self.actuator.can_start)
         decisions = self.planner.decide(snapshot, self.clock(), can_start)
         for decision in decisions:

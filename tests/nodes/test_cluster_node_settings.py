@@ -103,3 +103,24 @@ def test_the_prefill_prefix_cache_budget_comes_from_its_section(tmp_path):
         path.write_text(CONFIG.replace("max_wait_ms = 20", f"max_wait_ms = 20\nprefix_cache_mib = {bad}"))
         with pytest.raises(SettingsError, match="prefix_cache_mib"):
             node_settings(no_args(config=str(path)), "prefill")
+
+
+def test_a_role_s_own_thread_count_wins_over_the_engine_s_and_a_flag_over_both(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(CONFIG.replace("[prefill]\n", "[prefill]\nnum_threads = 2\n"))
+    assert node_settings(no_args(config=str(path)), "prefill").engine_config().num_threads == 2
+    assert node_settings(no_args(config=str(path)), "decode").engine_config().num_threads == 1
+    assert node_settings(no_args(config=str(path), threads=3), "prefill").engine_config().num_threads == 3
+
+
+def test_lending_and_drain_settings_are_read_and_checked(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(CONFIG.replace("[decode]\n", "[decode]\nlend_prefill_tokens = 900\n") + "[node]\ndrain_timeout_s = 5\n")
+    settings = node_settings(no_args(config=str(path)), "decode")
+    assert (settings.lend.prefill_tokens, settings.lend.max_running, settings.drain_timeout_s) == (900, 1, 5.0)
+    path.write_text(CONFIG.replace("[decode]\n", "[decode]\nlend_max_running = -1\n"))
+    with pytest.raises(SettingsError, match="lend_max_running"):
+        node_settings(no_args(config=str(path)), "decode")
+    path.write_text(CONFIG + "[node]\nswitchable = true\n")
+    with pytest.raises(SettingsError, match="prefill or decode"):
+        node_settings(no_args(config=str(path)), "both")

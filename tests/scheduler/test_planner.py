@@ -143,6 +143,17 @@ def test_both_hot_without_room_is_saturated():
     assert planner.metrics["held.saturated"] == 7
 
 
+def test_both_hot_with_an_empty_pool_switches_a_node_into_it():
+    """0 prefill + 2 decode nodes in a document-heavy phase: the decode nodes prefill every prompt
+    locally, so TTFT and TPOT both miss; moving one back is the only move that helps."""
+    config = PlannerConfig(**{**_fields(CONFIG), "min_prefill": 0, "max_prefill": 1, "max_decode": 2,
+                              "max_nodes": 2, "ttft_p90_target_s": 2.0, "tpot_p90_target_s": 0.05})
+    body = pools([], [decode_cap(3, switchable=1), decode_cap(9, switchable=1)])
+    decision = first(Planner(config), body, signals=Signals(ttft_p90_s=6.0, tpot_p90_s=0.2))
+    assert (decision.kind, decision.role) == (DecisionKind.SWITCH_ROLE, "prefill")
+    assert decision.node_id == list(body["capacity_by_node"])[0]   # the least loaded
+
+
 # -- cold pools ------------------------------------------------------------------------------
 
 

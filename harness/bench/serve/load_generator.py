@@ -12,7 +12,8 @@ Contract:
   `usage.completion_tokens` (asked with `stream_options.include_usage`), else the text chunks.
   The body is vLLM's (`ignore_eos`, greedy, `max_tokens` = the spec's output length).
 - A failed request (HTTP status, an error chunk, a dropped connection) has `success=False` and its
-  `error`; it never raises. `pdbus` is the final chunk's `pdbus` object (stage timings), if any.
+  `error`; it never raises. `pdbus` is the final chunk's `pdbus` object (stage timings), if any;
+  `phase` is the spec's (the phased workload's tag).
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ class RequestResult:
     start_time: float = 0.0         # since the load started
     error: str = ""
     pdbus: dict | None = None
+    phase: str = ""                 # the spec's phase (phased workload)
 
 
 def request_body(model: str, spec: RequestSpec) -> dict:
@@ -120,7 +122,7 @@ async def run_load(url: str, model: str, specs: Sequence[RequestSpec], *, offset
             await asyncio.sleep(max(0.0, started + offset - time.perf_counter()))
             if 0 <= spec.after < len(specs):
                 await ended[spec.after].wait()
-            result = RequestResult(spec.kind, spec.prompt_len, spec.output_len)
+            result = RequestResult(spec.kind, spec.prompt_len, spec.output_len, phase=spec.phase)
             if limit is not None:
                 async with limit:
                     result.start_time = time.perf_counter() - started

@@ -11,8 +11,13 @@ installed" without `make install-vllm`. Every pdbus node runs one thread; the en
 `--dtype` (bfloat16, the engine's fast path). Each rate uses a new seed, so a prompt repeats only
 where the workload shares it on purpose (`shared-prefix`, `multi-turn`); there pdbus reuses KV
 across requests (the prefill prefix cache, the decode node's kept prefixes and sessions) and
-`pdbus-disagg-nocache` (by name only) is the same cluster keeping none of it.
+`pdbus-disagg-nocache` (by name only) is the same cluster keeping none of it; `pdbus-disagg-nolend`
+(by name only) is pdbus-disagg whose decode node never prefills a prompt a prefill node could
+(`[decode] lend_prefill_tokens = 0`; config/local.toml lends).
 Writes `results/<tag>-<system>-<rate>.json`, `results/<tag>-summary.json` and `results/<tag>.png`.
+The elasticity benchmark (`harness.bench.serve.elastic`): `--workload phased` (chat-heavy, then
+document-heavy, then chat-heavy; per-phase results, `results/<tag>-phases.png`) and the system
+`pdbus-elastic` (by name only: `pdbus cluster --planner` on 1 prefill + 1 decode switchable node).
 """
 
 from __future__ import annotations
@@ -25,13 +30,14 @@ from pathlib import Path
 
 from tqdm import tqdm
 
-from harness.bench.serve import plots, serve_report
+from harness.bench.serve import elastic, plots, serve_report
 from harness.bench.serve.serve_metrics import MIXED_SLO, Slo, parse_goodput
-from harness.bench.serve.serve_runner import SweepConfig, config_dict, run_system
+from harness.bench.serve.serve_runner import SweepConfig, config_dict, requests_for, run_system
 from harness.bench.serve.systems import PdbusSystem, VllmSystem
 
 SYSTEMS = ("pdbus-disagg", "pdbus-coloc", "vllm", "pdbus-vllm")   # the default sweep
-EXTRA_SYSTEMS = ("pdbus-disagg-nocache",)   # by name only: pdbus-disagg keeping no KV across requests
+EXTRA_SYSTEMS = ("pdbus-disagg-nocache", "pdbus-disagg-nolend")   # by name only: variants of pdbus-disagg
+NO_LEND = {"PDBUS__DECODE__LEND_PREFILL_TOKENS": "0"}
 NO_CACHE = {"PDBUS__PREFILL__PREFIX_CACHE_MIB": "0", "PDBUS__ENGINE__KEEP_PREFIXES": "false",
             "PDBUS__ENGINE__KEEP_SESSIONS": "false"}
 QUICK = {"rates": [0.5, 1.0, 1.5], "num_prompts": 24, "output_scale": 0.5}
@@ -44,7 +50,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--quick", action="store_true", help="the reduced sweep of `make bench-quick`")
     parser.add_argument("--systems", default=",".join(SYSTEMS),
                         help=f"comma-separated, of {SYSTEMS + EXTRA_SYSTEMS} (default: the first four)")
-    parser.add_argument("--workload", choices=["mixed", "random", "shared-prefix", "multi-turn"], default="mixed")
+    parser.add_argument("--workload", choices=["mixed", "random", "shared-prefix", "multi-turn", "phased"],
+                        default="mixed")
     parser.add_argument("--request-rates", help="comma-separated req/s (`inf`: all at once)")
     parser.add_argument("--num-prompts", type=int, help="requests per rate")
     parser.add_argument("--max-concurrency", type=int, help="cap on requests in flight (fixed-concurrency load)")
@@ -66,6 +73,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--results-dir", default="results")
     parser.add_argument("--tag", help="file name prefix (default serve-quick / serve)")
     parser.add_argument("--no-plot", action="store_true")
+    elastic.add_arguments(parser)
 
 
 def _floats(text: str) -> list[float]:
@@ -77,7 +85,7 @@ def sweep_config(args: argparse.Namespace) -> SweepConfig:
     slo = MIXED_SLO if args.slo_ttft_ms is None else Slo({"*": args.slo_ttft_ms}, args.slo_tpot_ms)
     slo = Slo(slo.ttft_ms, args.slo_tpot_ms)
     vocab = args.vocab_size or VOCAB_SIZES.get(args.model or "", SMOLLM2_VOCAB)
-    return SweepConfig(
+    return elastic.with_phases(args, SweepConfig(
         workload=args.workload, num_prompts=args.num_prompts or preset["num_prompts"],
         rates=_floats(args.request_rates) if args.request_rates else preset["rates"],
         max_concurrency=args.max_concurrency, burstiness=args.burstiness, seed=args.seed,
@@ -86,7 +94,7 @@ def sweep_config(args: argparse.Namespace) -> SweepConfig:
         input_len=args.random_input_len, output_len=args.random_output_len, range_ratio=args.random_range_ratio,
         percentiles=_floats(args.percentiles), goodput=parse_goodput(args.goodput), slo=slo, model=args.model,
         vocab_size=vocab, results_dir=Path(args.results_dir),
-        tag=args.tag or ("serve-quick" if args.quick else "serve"))
+        tag=args.tag or ("serve-quick" if args.quick else "serve")))
 
 
 def build_systems(names: list[str], args: argparse.Namespace, config: SweepConfig) -> list:
@@ -101,13 +109,15 @@ def build_systems(names: list[str], args: argparse.Namespace, config: SweepConfi
             systems.append(PdbusSystem(name, colocated=False, model=args.model, config=getattr(args, "config", None),
                                        env=env, engine="vllm",
                                        log_path=config.results_dir / f"{config.tag}-{name}-cluster.log"))
-        elif name in ("pdbus-disagg", "pdbus-coloc", "pdbus-disagg-nocache"):
-            no_cache = NO_CACHE if name.endswith("nocache") else {}
+        elif name in ("pdbus-disagg", "pdbus-coloc", *EXTRA_SYSTEMS):
+            no_cache = NO_CACHE if name.endswith("nocache") else NO_LEND if name.endswith("nolend") else {}
             systems.append(PdbusSystem(name, colocated=name == "pdbus-coloc", model=args.model,
                                        config=getattr(args, "config", None), env=env | no_cache,
                                        log_path=config.results_dir / f"{config.tag}-{name}-cluster.log"))
+        elif name == "pdbus-elastic":
+            systems.append(elastic.elastic_system(args, config, env))
         else:
-            raise ValueError(f"unknown system {name!r}; choose from {SYSTEMS + EXTRA_SYSTEMS}")
+            raise ValueError(f"unknown system {name!r}; choose from {(*SYSTEMS, *EXTRA_SYSTEMS, 'pdbus-elastic')}")
     return systems
 
 
@@ -118,17 +128,18 @@ def main(args: argparse.Namespace) -> int:
     except ValueError as exc:
         print(f"pdbus bench: {exc}", file=sys.stderr)
         return 2
-    total = config.num_prompts * len(config.rates) * sum(s.available() for s in systems)
+    total = sum(len(requests_for(config, i)[0]) for i in range(len(config.rates))) * sum(s.available() for s in systems)
     rows: list[dict] = []
     with tqdm(total=total, unit="req", dynamic_ncols=True) as progress:
         for system in systems:
             progress.set_description(f"{system.name}: starting")
             rows += run_system(system, config, progress)
     summary = serve_report.summary(rows, config_dict(config))
+    print(serve_report.table(rows))
+    summary |= elastic.report(rows, config, args)
     config.results_dir.mkdir(parents=True, exist_ok=True)
     summary_path = config.results_dir / f"{config.tag}-summary.json"
     summary_path.write_text(json.dumps(summary, indent=1, default=str))
-    print(serve_report.table(rows))
     print("\nwhere TTFT goes (mean ms per stage, from the final chunks' pdbus timings):")
     print(serve_report.stages_text(rows))
     print("\ncapacity (highest measured rate at >= 90% SLO attainment):",

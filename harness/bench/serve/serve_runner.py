@@ -1,16 +1,20 @@
 """The sweep: for each system, start it, warm it up, measure each rate, stop it.
 
 Contract:
-- `SweepConfig`: the workload (`mixed` or `random`), `num_prompts` per rate, `rates` (req/s;
+- `SweepConfig`: the workload (`mixed`, `random`, `shared-prefix`, `multi-turn`, `phased`),
+  `num_prompts` per rate, `rates` (req/s;
   `inf` = all at once), `max_concurrency`, `burstiness`, `seed`, `num_warmup`, percentiles,
   goodput bounds, the SLO, the model and its vocabulary size.
 - `requests_for(config, rate_index)` -> (specs, offsets): rate i uses seed `seed + i` for its
   prompts (a new seed per run, so no prefix cache can help) and the same for every system, so
-  systems see identical requests at identical times.
+  systems see identical requests at identical times. `phased` (`phased_workload`): rate r is the
+  chat phases' rate, each phase `phase_duration_s` long (`num_prompts` unused: the count follows).
 - `run_system(system, config, progress)` -> list[dict]: one vLLM-keyed result dict per rate (also
   written to `results/serve-<tag>-<system>-<rate>.json`), or one `{"system", "status": "not
   installed" | "failed: ..."}` row when the system cannot run. Warm-up requests (a chat and a
   document at concurrency 1, the first step of every kind of work) are sent first and excluded.
+  A phased row adds `phases` (`phase_metrics.phase_summaries`) and, from a system with a
+  `timeline` (pdbus), `planner_decisions` and `role_timeline` (`cluster_events.timeline`).
 """
 
 from __future__ import annotations
@@ -25,8 +29,10 @@ from pathlib import Path
 
 import httpx
 
+from harness.bench.serve import phased_workload as pw
 from harness.bench.serve import serve_workload as wl
 from harness.bench.serve.load_generator import RequestResult, run_load
+from harness.bench.serve.phase_metrics import phase_summaries
 from harness.bench.serve.serve_metrics import MIXED_SLO, Slo, stage_means, summarize
 from harness.bench.serve.systems import SystemUnavailable
 
@@ -40,7 +46,9 @@ class SweepConfig:
     burstiness: float = 1.0
     seed: int = 0
     num_warmup: int = 2
-    output_scale: float = 1.0          # mixed: multiplies output lengths
+    output_scale: float = 1.0          # mixed, phased...: multiplies output lengths
+    phase_duration_s: float = 60.0     # phased: each phase's length
+    phase_same_rate: bool = False      # phased: the document phase at the chat rate too (not equal tokens)
     input_len: int = 512               # random workload
     output_len: int = 64
     range_ratio: float = 0.9
@@ -63,13 +71,20 @@ def _specs(config: SweepConfig, num: int, seed: int) -> list[wl.RequestSpec]:
         return wl.shared_prefix_workload(num, seed, config.vocab_size, config.output_scale)
     if config.workload == "multi-turn":
         return wl.multi_turn_workload(num, seed, config.vocab_size, config.output_scale)
-    raise ValueError(f"unknown workload {config.workload!r} (mixed, random, shared-prefix, multi-turn)")
+    raise ValueError(f"unknown workload {config.workload!r} (mixed, random, shared-prefix, multi-turn, phased)")
+
+
+def phase_plan_for(config: SweepConfig, rate_index: int) -> list[pw.Phase]:
+    return pw.phase_plan(config.rates[rate_index], config.phase_duration_s, config.phase_same_rate)
 
 
 def requests_for(config: SweepConfig, rate_index: int) -> tuple[list[wl.RequestSpec], list[float]]:
     """Conversations (a request with `after`) start at the arrival times, at the rate divided by
     their turns so the request rate stays the rate; a later turn waits for its predecessor only."""
     seed = config.seed + rate_index
+    if config.workload == "phased":
+        return pw.phased_workload(phase_plan_for(config, rate_index), seed, config.vocab_size, config.output_scale,
+                                  config.burstiness)
     specs = _specs(config, config.num_prompts, seed)
     starts = [i for i, spec in enumerate(specs) if spec.after < 0]
     rate = config.rates[rate_index] * len(starts) / len(specs)
@@ -80,7 +95,7 @@ def requests_for(config: SweepConfig, rate_index: int) -> tuple[list[wl.RequestS
 
 
 def warmup_specs(config: SweepConfig) -> list[wl.RequestSpec]:
-    if config.workload == "mixed":
+    if config.workload in ("mixed", "phased"):
         by_kind = {s.kind: s for s in wl.mixed_workload(10, config.seed - 1, config.vocab_size, 0.1)}
         return list(by_kind.values())[: config.num_warmup]
     return _specs(config, config.num_warmup, config.seed - 1)
@@ -94,12 +109,18 @@ def _rate_label(rate: float) -> str:
     return "inf" if math.isinf(rate) else f"{rate:g}"
 
 
-def measure(url: str, model: str, config: SweepConfig, rate_index: int, progress=None) -> dict:
+def measure(url: str, model: str, config: SweepConfig, rate_index: int, progress=None, timeline=None) -> dict:
     specs, offsets = requests_for(config, rate_index)
     on_done = (lambda _r: progress.update(1)) if progress is not None else None
+    started = time.time()
     results, duration = asyncio.run(run_load(url, model, specs, offsets=offsets,
                                              max_concurrency=config.max_concurrency, on_done=on_done))
-    return result_dict(config, rate_index, results, duration)
+    row = result_dict(config, rate_index, results, duration)
+    if config.workload == "phased":
+        row["phases"] = phase_summaries(results, phase_plan_for(config, rate_index), config.slo, config.percentiles)
+        row["request_phases"], row["num_prompts"] = [r.phase for r in results], len(results)
+        row |= timeline(started, time.time()) if timeline is not None else {}
+    return row
 
 
 def result_dict(config: SweepConfig, rate_index: int, results: list[RequestResult], duration: float) -> dict:
@@ -132,7 +153,8 @@ def run_system(system, config: SweepConfig, progress=None) -> list[dict]:
         for index, rate in enumerate(config.rates):
             if progress is not None:
                 progress.set_description(f"{name} @ {_rate_label(rate)} req/s")
-            row = {"system": name, "status": "ok", "model_id": model, **measure(url, model, config, index, progress)}
+            row = {"system": name, "status": "ok", "model_id": model,
+                   **measure(url, model, config, index, progress, getattr(system, "timeline", None))}
             _write(config, row)
             rows.append(row)
     except Exception as exc:   # report what was measured; the sweep goes on with the next system

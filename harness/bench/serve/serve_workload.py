@@ -44,6 +44,7 @@ class RequestSpec:
     output_len: int                   # max_tokens, with ignore_eos
     session_id: str = ""              # a conversation's turns share one (sent as `session_id`)
     after: int = -1                   # index of the request that must end before this one is sent
+    phase: str = ""                   # the phased workload's phase it belongs to (`phased_workload`)
 
     @property
     def prompt_len(self) -> int:

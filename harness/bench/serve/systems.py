@@ -15,6 +15,10 @@ Contract:
 - `pdbus-vllm` is a `PdbusSystem` whose nodes run vLLM (`engine="vllm"`, i.e. `PDBUS__ENGINE__KIND="vllm"`): 1 prefill +
   1 decode node, KV over the pdbus data plane; `available()` is False without vLLM.
 - `SystemUnavailable` is raised by `start()` for a system that cannot run here.
+- `PdbusSystem(..., planner={...})` (`pdbus-elastic`): `pdbus cluster --planner` with that
+  `[planner]` table (as `PDBUS__PLANNER__<KEY>` overrides) and switchable nodes. Every PdbusSystem
+  keeps its log's `cluster_events.EVENTS` (node roles, planner decisions) in memory:
+  `timeline(load_start, load_end)` is `cluster_events.timeline` of them.
 """
 
 from __future__ import annotations
@@ -31,6 +35,7 @@ from pathlib import Path
 
 import httpx
 
+from harness.bench.serve import cluster_events
 from harness.cluster_procs import free_port
 
 READY_TIMEOUT_S = 300.0
@@ -54,9 +59,12 @@ def terminate(process: subprocess.Popen | None) -> None:
 
 class PdbusSystem:
     def __init__(self, name: str, *, colocated: bool, model: str | None = None, config: str | None = None,
-                 env: dict[str, str] | None = None, log_path: Path | None = None, engine: str = "torch") -> None:
+                 env: dict[str, str] | None = None, log_path: Path | None = None, engine: str = "torch",
+                 planner: dict[str, object] | None = None) -> None:
         self.name, self.colocated, self.model, self.config, self.engine = name, colocated, model, config, engine
-        self.env = {**(env or {}), "PDBUS__ENGINE__KIND": f'"{engine}"'}
+        self.planner = planner
+        self.env = {**(env or {}), "PDBUS__ENGINE__KIND": f'"{engine}"', **planner_env(planner)}
+        self.events: list[dict] = []
         self.log_path = log_path or Path("results") / f"serve-{name}-cluster.log"
         self.url = ""
         self._process: subprocess.Popen | None = None
@@ -67,7 +75,7 @@ class PdbusSystem:
 
     def argv(self) -> list[str]:
         shape = ["--colocated", "--nodes", "2"] if self.colocated else ["--prefill", "1", "--decode", "1"]
-        return [sys.executable, "-m", "nodes.cli", "cluster", *shape,
+        return [sys.executable, "-m", "nodes.cli", "cluster", *shape, *(["--planner"] if self.planner else []),
                 *(["--model", self.model] if self.model else []),
                 *(["--config", self.config] if self.config else []), "--log-format", "json"]
 
@@ -98,14 +106,33 @@ class PdbusSystem:
             for line in self._process.stderr:
                 log.write(line)
                 try:
-                    if json.loads(line).get("event") == "cluster_ready":
-                        self._ready.set()
-                except (ValueError, AttributeError):
+                    event = json.loads(line)
+                except ValueError:
                     continue
+                if isinstance(event, dict) and event.get("event") == "cluster_ready":
+                    self._ready.set()
+                if cluster_events.wanted(event):
+                    self.events.append(event)
+
+    def timeline(self, load_start: float, load_end: float | None = None) -> dict:
+        return cluster_events.timeline(list(self.events), load_start, load_end)
 
     def stop(self) -> None:
         process, self._process = self._process, None
         terminate(process)
+
+
+def _toml(value: object) -> str:
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    return json.dumps(value) if isinstance(value, str) else str(value)
+
+
+def planner_env(planner: dict[str, object] | None) -> dict[str, str]:
+    """`[planner]` as setting overrides, and switchable nodes (the planner's switches need them)."""
+    if not planner:
+        return {}
+    return {"PDBUS__NODE__SWITCHABLE": "true", **{f"PDBUS__PLANNER__{k.upper()}": _toml(v) for k, v in planner.items()}}
 
 
 class VllmSystem:

@@ -4,6 +4,8 @@ The attempt sees only its `AttemptOwner`; here a list stands in for the generati
 
 from __future__ import annotations
 
+import time
+
 from nodes.cluster import ClusterClient, RequestTrace, StreamToken
 from nodes.cluster.attempt import Attempt, AttemptOwner, AttemptSpec, PrefillBacklog
 from nodes.engines.base import SamplingParams
@@ -113,3 +115,11 @@ async def test_a_token_lost_before_the_finals_window_resumes_exactly_from_the_ga
         result = await run_one(ClusterBus(home=lossy_decode(lost, repeated_from=6), spare=good_decode()))
         assert result.token_ids == expected([1, 2, 3], 6)
         assert [f.split("@")[0] for f in result.trace.failures] == ["gap"]
+
+
+def test_after_no_prefill_node_the_client_asks_for_local_prefills_for_a_moment():
+    client = ClusterClient("tcp://127.0.0.1:1")
+    generation = client.generate([1, 2, 3], SamplingParams(max_tokens=4))
+    assert not generation.attempt_spec(local=False).local
+    client.no_prefill_node_until = time.monotonic() + 60
+    assert client.generate([1, 2, 3], SamplingParams(max_tokens=4)).attempt_spec(local=False).local
