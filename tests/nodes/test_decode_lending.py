@@ -70,8 +70,7 @@ def test_each_decode_request_reports_the_client_s_backlog():
         raise ValueError("stop here")   # nothing travels: the attempt ends as `malformed`
 
     owner.open_stream = record
-    with owner.prefill_backlog.holding(640):
-        with pytest.raises(Retry) as retry:
-            asyncio.run(Attempt(owner, spec()).run())
+    with owner.prefill_backlog.holding(640), pytest.raises(Retry) as retry:
+        asyncio.run(Attempt(owner, spec()).run())
     assert retry.value.code == Code.MALFORMED
     assert wire.from_wire(wire.DecodeRequestBody, sent[0]).prefill_backlog_tokens == 640
