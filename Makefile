@@ -15,7 +15,7 @@ FUZZ_SECONDS ?= 600
 .PHONY: help install test test-no-amx test-gpu test-all lint demo broker node prefill decode cluster planner colocated \
         gateway client model model-info \
         install-vllm test-vllm install-ray ray-up ray-status ray-down test-ray \
-        bench-bus bench-scale bench-scheduler bench-kv bench-kv-quality bench-engine bench-kernels bench-engine-cuda bench-kv-memory bench-gateway bench bench-prefix bench-quick chaos fuzz clean
+        bench-bus bench-scale bench-scheduler bench-kv bench-kv-quality bench-engine bench-kernels bench-engine-cuda bench-kv-memory bench-gateway bench bench-prefix bench-quick bench-lend bench-elastic bench-elastic-quick chaos fuzz clean
 
 help:            ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -164,6 +164,16 @@ bench-prefix: install ## shared system prompts, then multi-turn chats: pdbus wit
 
 bench-quick: install ## the same comparison on a reduced sweep (< 10 min here): table, results/serve-quick-*.json, PNG
 	$(BENCH) -m harness.bench.serve --config $(CONFIG) --quick $(ARGS)
+
+bench-lend: install ## two cores at 1 req/s (random 512 +- 90 % in, 64 out): with and without lending, vs vLLM (~8 min; needs vLLM)
+	$(BENCH) -m harness.bench.serve --config $(CONFIG) --systems pdbus-disagg,pdbus-disagg-nolend,vllm --workload random \
+		--request-rates 1 --num-prompts 60 --random-input-len 512 --random-output-len 64 --random-range-ratio 0.9 --tag lend-2core $(ARGS)
+
+bench-elastic: install ## elasticity: chat/document/chat phases; static 1:1, colocated, planner; per-phase SLO (~50 min)
+	$(BENCH) -m harness.bench.serve --config $(CONFIG) --systems pdbus-disagg,pdbus-coloc,pdbus-elastic --workload phased $(ARGS)
+
+bench-elastic-quick: install ## the same, 90 s phases at 2 req/s, outputs halved (~18 min)
+	$(BENCH) -m harness.bench.serve --config $(CONFIG) --systems pdbus-disagg,pdbus-coloc,pdbus-elastic --workload phased --quick $(ARGS)
 
 chaos: install   ## chaos/failover scenarios on a local cluster, table + results/chaos-*.json (SCENARIO=name, ARGS=...)
 	flock /tmp/pdbus-bench.lock $(BIN)/pdbus chaos $(if $(SCENARIO),--scenario $(SCENARIO)) $(ARGS)

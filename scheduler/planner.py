@@ -37,6 +37,10 @@ most 3 intervals apart):
    least-loaded switchable, non-draining node of the other pool, if that pool stays at or above
    its min and cool enough (below); else scale up anyway when only `can_start` was missing (the
    shell reports it as wanted); else nothing (`held.no_room.<role>`).
+5b. Prefill hot with no room to add a prefill node and none to switch in: where `min_prefill` is
+   0 and decode is not hot, switch a prefill node to decode (`_colocate`): decode nodes prefill
+   their own prompts when no prefill node is left, so every core prefills. An empty prefill pool
+   is refilled only when decode runs hot too (rule 4), so the two moves do not undo each other.
 6. A pool cold and the other not hot: scale down the pool's idlest node if it is above its min
    and the SLO attainment (when known and targeted) is not below `min_slo_attainment`.
 Cool enough to give a node up (rules 5 and 6): nothing of its service queued at the broker and,

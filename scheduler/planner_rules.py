@@ -90,12 +90,31 @@ class _Rules:
             return f"incomplete.{role}"
         if self._has_room(role) and self.can_start:
             return self._scale_up(role, why)
-        switch = self._switch_into(role, why)
+        # An empty prefill pool's work is done where it decodes (local prefills): refilling it
+        # takes decode running hot too (rule 4), else the planner would undo `_colocate`.
+        switch = None if self._prefill_done_locally(role) else self._switch_into(role, why)
         if switch is not None:
             return switch
         if self._has_room(role):   # only starting was missing: the shell reports what it wanted
             return self._scale_up(role, f"{why}; no node can start now and none can switch")
-        return f"no_room.{role}"
+        return self._colocate(role, why) or f"no_room.{role}"
+
+    def _prefill_done_locally(self, role: str) -> bool:
+        return role == "prefill" and self.view.pools["prefill"].size == 0
+
+    def _colocate(self, role: str, why: str) -> Decision | None:
+        """Prefill hot, no room for another prefill node: where `min_prefill` is 0 and decode is
+        not hot, a prefill node becomes a decode node that prefills its own prompts, so every
+        core prefills (what colocated nodes do; on a small machine often the better split)."""
+        decode = self.view.pools["decode"]
+        prefill = [n for n in self.view.pools["prefill"].active if n.switchable]
+        if (role != "prefill" or self.config.min_prefill > 0 or not prefill or self.view.states["decode"] == "hot"
+                or decode.size >= self.config.bounds("decode")[1] or {"prefill", "decode"} & self.view.incomplete):
+            return None
+        node = min(prefill, key=node_load)
+        return Decision(DecisionKind.SWITCH_ROLE, "decode", node.node_id,
+                        f"{why}; no room for another prefill node: {node.node_id} decodes and prefills its own "
+                        f"prompts (min_prefill 0, decode not hot), so every core prefills")
 
     def _has_room(self, role: str) -> bool:
         _, high = self.config.bounds(role)

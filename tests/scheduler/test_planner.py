@@ -154,6 +154,29 @@ def test_both_hot_with_an_empty_pool_switches_a_node_into_it():
     assert decision.node_id == list(body["capacity_by_node"])[0]   # the least loaded
 
 
+SMALL = {"min_prefill": 0, "max_prefill": 1, "max_decode": 2, "max_nodes": 2, "ttft_p90_target_s": 2.0,
+         "tpot_p90_target_s": 0.05}
+
+
+def test_prefill_hot_without_room_colocates_where_min_prefill_is_zero():
+    """Two cores, 1 prefill + 1 decode, TTFT over target, TPOT fine: both cores should prefill."""
+    config = PlannerConfig(**{**_fields(CONFIG), **SMALL})
+    body = pools([prefill_cap(0, switchable=1)], [decode_cap(3, switchable=1)])
+    decision = first(Planner(config), body, signals=Signals(ttft_p90_s=4.0, tpot_p90_s=0.02))
+    assert (decision.kind, decision.role) == (DecisionKind.SWITCH_ROLE, "decode")
+    assert "prefills its own prompts" in decision.reason
+    strict = PlannerConfig(**{**_fields(CONFIG), **SMALL, "min_prefill": 1})
+    assert first(Planner(strict), body, signals=Signals(ttft_p90_s=4.0, tpot_p90_s=0.02)) is None
+
+
+def test_a_colocated_pair_is_not_split_again_while_decode_keeps_up():
+    config = PlannerConfig(**{**_fields(CONFIG), **SMALL})
+    planner = Planner(config)
+    body = pools([], [decode_cap(3, switchable=1), decode_cap(2, switchable=1)])
+    assert first(planner, body, signals=Signals(ttft_p90_s=4.0, tpot_p90_s=0.02)) is None
+    assert planner.metrics["held.no_room.prefill"] > 0
+
+
 # -- cold pools ------------------------------------------------------------------------------
 
 
