@@ -6,8 +6,10 @@ retry_after_s, min_free_blocks, prefill_tokens_estimate, max_sessions) from the 
 override them. `--policy least-outstanding` runs the bus's default policy instead of the
 scheduler. `[security]` (see nodes.commands.keys_cmd): CURVE with the `broker` key pair, admitting the
 keys listed per role; on by default for a non-loopback endpoint. SIGINT/SIGTERM stop it cleanly
-(nodes get DISCONNECT). With several brokers listed (comma-separated), `--index i` binds the i-th;
-every broker of a cluster runs the same settings.
+(nodes get DISCONNECT). With several brokers listed (comma-separated), `--index i` binds the i-th
+(or the one `--endpoint` names); every broker of a cluster runs the same settings. `[broker] bind`,
+a list parallel to `endpoint`, binds another address than the one peers dial (`tcp://0.0.0.0:5555`
+where they dial a name that follows the broker, a Kubernetes Service).
 """
 
 from __future__ import annotations
@@ -51,10 +53,25 @@ def own_endpoint(listed: str, index: int) -> str:
     return brokers[index]
 
 
+def bind_address(broker: dict, endpoint: str, index: int) -> str:
+    """Where this broker binds: `[broker] bind`'s entry for it when the config has one (a list
+    parallel to `[broker] endpoint`: bind `tcp://0.0.0.0:5555` where peers dial a name that follows
+    the broker, a Kubernetes Service), else the address peers dial."""
+    if not broker.get("bind"):
+        return endpoint
+    listed = [part.strip() for part in str(broker.get("endpoint", c.DEFAULT_ENDPOINT)).split(",")]
+    binds = [part.strip() for part in str(broker["bind"]).split(",")]
+    if len(binds) != len(listed) or not all(binds):
+        raise SettingsError(f"[broker] bind lists {len(binds)} address(es) for {len(listed)} broker(s) in endpoint")
+    return binds[listed.index(endpoint) if endpoint in listed else index]
+
+
 def main(args: argparse.Namespace) -> int:
     settings = load_settings(args.config)
     broker = section(settings, "broker")
-    endpoint = args.endpoint or own_endpoint(broker.get("endpoint", c.DEFAULT_ENDPOINT), getattr(args, "index", 0))
+    index = getattr(args, "index", 0)
+    endpoint = args.endpoint or own_endpoint(broker.get("endpoint", c.DEFAULT_ENDPOINT), index)
+    endpoint = bind_address(broker, endpoint, index)
     max_bytes = int(broker.get("max_message_bytes", c.DEFAULT_MAX_MESSAGE_BYTES))
     policy = routing_policy(settings, getattr(args, "policy", "cluster"))
     try:
