@@ -176,9 +176,11 @@ class ClusterPolicy:
             raise self._all_full(len(candidates))
         if not serving:
             return None
+        draining = frozenset(n.node_id for n in candidates if is_draining(n.capacity)) if len(serving) < len(
+            candidates) else frozenset()
         candidates = serving
         if service == "decode":
-            node = self._choose_decode(key or request_id, bool(key), candidates)
+            node = self._choose_decode(key or request_id, bool(key), candidates, draining)
         elif service == "prefill":
             node = self._choose_prefill(key, candidates)
         else:
@@ -187,7 +189,8 @@ class ClusterPolicy:
             self.metrics[f"placed.{service}.{node.node_id}"] += 1
         return node
 
-    def _choose_decode(self, key: str, is_session: bool, candidates: Sequence[N]) -> N | None:
+    def _choose_decode(self, key: str, is_session: bool, candidates: Sequence[N],
+                       draining: frozenset[str] = frozenset()) -> N | None:
         live = {n.node_id: n for n in candidates if n.node_id in self.ring}
         if not live:   # only if a node joined before this policy was attached: no_node, not "full"
             return None
@@ -202,7 +205,8 @@ class ClusterPolicy:
                 self.metrics["sessions.sticky"] += 1
                 return live[home]
             self.metrics["sessions.over_bound"] += 1
-        node_id = self.ring.place(key, loads, exclude=full
+        # A draining node is still on the ring (its sessions move as it leaves) but is no candidate.
+        node_id = self.ring.place(key, loads, exclude=full | draining
                                   ) or next(i for i in self.ring.candidates(key) if i in live and i not in full)
         if is_session:
             known = self.sessions.get(key) is not None

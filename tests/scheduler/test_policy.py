@@ -155,6 +155,26 @@ def test_a_full_node_is_skipped_and_its_session_moves_until_it_has_room():
     assert cluster.request("decode", "chat-1") is other     # sticky to where its KV now is
 
 
+def test_a_draining_node_gets_nothing_new_and_its_sessions_move():
+    """A drain or role switch in progress: the node stays on the ring (its leave comes later) but
+    is never chosen, for a session that lived there or a new one (regression: the ring's choice
+    of a draining node raised KeyError and failed the request, 12-05 elasticity run)."""
+    cluster = _cluster(3)
+    homes = {session: cluster.request("decode", session).node_id for session in session_ids(300)}
+    cluster.report("decode-1", draining=1)
+    for session in session_ids(300):
+        assert cluster.request("decode", session).node_id != "decode-1"
+    assert cluster.request("decode", "").node_id != "decode-1"
+    assert cluster.policy.metrics["skipped_draining"] == 301
+    assert any(home == "decode-1" for home in homes.values())
+    for node_id in ("decode-0", "decode-2"):
+        cluster.report(node_id, draining=1)
+    with pytest.raises(Defer):   # every decode node draining: wait for one to come back or join
+        cluster.request("decode", "s")
+    cluster.join("p-0", "prefill", draining=1)
+    assert cluster.policy.choose("prefill", "", "r", [cluster.nodes["p-0"]]) is None   # -> no_node
+
+
 def test_running_at_max_running_is_full_by_report_or_by_routed_streams():
     cluster = _cluster(2)
     cluster.report("decode-0", max_running=2, num_running=2)
