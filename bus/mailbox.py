@@ -174,3 +174,16 @@ class ReplyStream:
         if not self.done:
             self.done = True
             self._cancel(self.request_id)
+
+
+async def answer_map(stream: ReplyStream) -> dict | None:
+    """The first reply's body of a one-answer service (the broker's stats) when it is a map; None
+    on an ERROR, a timeout or any other body. The stream is cancelled either way."""
+    try:
+        async for reply in stream:
+            return reply.body if isinstance(reply.body, dict) else None
+    except (BusError, TimeoutError):
+        return None
+    finally:
+        stream.cancel()
+    return None

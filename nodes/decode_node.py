@@ -157,19 +157,6 @@ class DecodeWork(GuardedWork):
         on its way."""
         return usage.num_free_blocks + usage.num_session_blocks - usage.num_pinned_blocks - self._reserved_blocks()
 
-    def num_in_flight(self) -> int:
-        return len(self.jobs)
-
-    def hand_over(self, reason: str) -> int:
-        """A drain's deadline passed: end every request with ERROR `draining` (its client resumes
-        it elsewhere from the tokens it has: this step's went out already), freeing its KV."""
-        request_ids = list(self.jobs)
-        for request_id in request_ids:
-            self._release(request_id, reason)
-            self.endpoint.reply_error(request_id, wire.Code.DRAINING, reason, node_id=self.endpoint.node_id)
-        self.publish_capacity()
-        return len(request_ids)
-
     def close(self) -> None:
         self.kv.close()
 

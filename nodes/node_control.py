@@ -87,13 +87,16 @@ class NodeControl:
             action = self.lifecycle.next_action(now, self.num_in_flight())
         if action is Action.SWITCH:
             self._switch()
-        return action is Action.EXIT and self._drained()
+        if action is Action.EXIT:
+            self.log.info("drained", phase=self.lifecycle.phase)
+        return action is Action.EXIT
 
     def num_in_flight(self) -> int:
         return sum(work.num_in_flight() for work in self.works if hasattr(work, "num_in_flight"))
 
     def _hand_over(self) -> None:
         handed = sum(work.hand_over(HAND_OVER_REASON) for work in self.works if hasattr(work, "hand_over"))
+        self.publish_now()   # the KV the handed-over requests held is free
         self.log.warning("drain_handed_over", num_requests=handed, timeout_s=self.lifecycle.drain_timeout_s)
 
     def _switch(self) -> None:
@@ -102,10 +105,6 @@ class NodeControl:
         self.publish_now()
         self.log.info("role_switched", role=self.lifecycle.role, num_switches=self.lifecycle.num_switches,
                       ms=round((time.monotonic() - started) * 1000, 2))
-
-    def _drained(self) -> bool:
-        self.log.info("drained", phase=self.lifecycle.phase)
-        return True
 
     # -- capacity ----------------------------------------------------------------------------
     def active(self, work: Any) -> bool:

@@ -198,18 +198,6 @@ class PrefillWork(GuardedWork):
                 # The prefixes its cache holds (px.<hash> -> tokens), for prefix-aware routing.
                 **self.engine.prefix_holdings(MAX_REPORTED_PREFIXES)}
 
-    def num_in_flight(self) -> int:
-        return len(self.jobs)
-
-    def hand_over(self, reason: str) -> int:
-        """A drain's deadline passed: end every prompt (queued, prefilling or sending) with ERROR
-        `draining`; its client asks another prefill node."""
-        request_ids = list(self.jobs)
-        for request_id in request_ids:
-            self._release(request_id, reason)
-            self.endpoint.reply_error(request_id, wire.Code.DRAINING, reason, node_id=self.endpoint.node_id)
-        return len(request_ids)
-
     def close(self) -> None:
         self.kv_thread.run(self.sender.close(), timeout=5)
 

@@ -97,6 +97,7 @@ class GuardedWork:
     logged with the request id and counted (`counters["request.failed"]`), `_release(request_id)`
     frees what the request held, and its client gets ERROR `internal` when it waits on us (`ours`,
     or the request is in `jobs`). `_end_failed(request_id, reply=...)` is that end without a handler.
+    `num_in_flight()` and `hand_over(reason)` are what a drain asks of a work (nodes/node_control.py).
     `endpoint` is the node's, set by the work's `attach` before any message or turn reaches it.
     """
 
@@ -111,8 +112,21 @@ class GuardedWork:
             raise RuntimeError(f"{type(self).__name__} is not attached to an endpoint yet")
         return self._endpoint
 
-    def _release(self, request_id: str) -> Any:
+    def _release(self, request_id: str, reason: str = "the node failed") -> Any:
         raise NotImplementedError
+
+    def num_in_flight(self) -> int:
+        return len(self.jobs)
+
+    def hand_over(self, reason: str) -> int:
+        """A drain's deadline passed: end every request with ERROR `draining` (its client resumes
+        it elsewhere: a decode stream from the tokens it has, this step's sent already; a prompt
+        at another prefill node), freeing what it held."""
+        request_ids = list(self.jobs)
+        for request_id in request_ids:
+            self._release(request_id, reason)
+            self.endpoint.reply_error(request_id, wire.Code.DRAINING, reason, node_id=self.endpoint.node_id)
+        return len(request_ids)
 
     def _guard(self, request_id: str, handler: Callable[..., Any], *args: Any, ours: bool = False) -> None:
         ours = ours or request_id in self.jobs

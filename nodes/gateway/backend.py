@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from bus.constants import BROKER_STATS_SERVICE
-from bus.mailbox import BusError
+from bus.mailbox import BusError, answer_map
 from nodes.engines.base import SamplingParams
 from nodes.gateway.api_errors import bad_request
 from nodes.gateway.gateway_settings import GatewayConfig
@@ -106,15 +106,7 @@ class Backend:
         when the broker does not answer in time."""
         if not self.client.bus.endpoint.registered:
             return None
-        stream = self.client.bus.stream(BROKER_STATS_SERVICE, {}, timeout=PROBE_TIMEOUT_S)
-        try:
-            async for reply in stream:
-                return reply.body if isinstance(reply.body, dict) else None
-        except (BusError, TimeoutError):
-            return None
-        finally:
-            stream.cancel()
-        return None
+        return await answer_map(self.client.bus.stream(BROKER_STATS_SERVICE, {}, timeout=PROBE_TIMEOUT_S))
 
     async def _probe(self, service: str) -> bool:
         if not self.client.bus.endpoint.registered:

@@ -13,12 +13,21 @@ Role switches are not the actuator's: they are a bus command to the node itself 
 whoever runs the processes. `BusOnlyActuator` is the one for a planner that owns no processes
 (`pdbus planner`): it cannot start nodes, and drains through the bus. The launcher's is
 `nodes.planner.launcher_actuator.LauncherActuator`; a Ray one implements the same three methods.
+`next_free_id(role, taken)`: the lowest stable id (`decode-2`) a started node takes, for both.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from typing import Any, Protocol
+
+
+def next_free_id(role: str, taken: Collection[str]) -> str:
+    """The lowest `<role>-<n>` not in `taken`: stable ids, so the ring places sessions as before."""
+    index = 0
+    while f"{role}-{index}" in taken:
+        index += 1
+    return f"{role}-{index}"
 
 
 class ControlSender(Protocol):

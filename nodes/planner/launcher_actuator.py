@@ -13,26 +13,18 @@ Contract:
 
 from __future__ import annotations
 
-from collections.abc import Collection
 from concurrent.futures import Future
 from concurrent.futures import TimeoutError as FutureTimeout
 
 from bus.endpoint import Endpoint
 from bus.log import get_logger
 from nodes.launcher import ClusterShape, Supervisor, node_spec
-from nodes.planner.actuator import ControlSender, drain
+from nodes.planner.actuator import ControlSender, drain, next_free_id
 from nodes.planner.planner_run import PlannerOptions, PlannerThread, control_endpoint
 from nodes.planner.planner_shell import PlannerShell
 from scheduler.planner import Planner
 
 log = get_logger("planner")
-
-
-def next_free_id(role: str, taken: Collection[str]) -> str:
-    index = 0
-    while f"{role}-{index}" in taken:
-        index += 1
-    return f"{role}-{index}"
 
 
 class LauncherActuator:

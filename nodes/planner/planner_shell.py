@@ -31,7 +31,7 @@ from typing import Any, Protocol
 
 from bus.constants import BROKER_STATS_SERVICE
 from bus.log import get_logger
-from bus.mailbox import BusError
+from bus.mailbox import answer_map
 from nodes.planner.actuator import Actuator, ControlSender, switch_role
 from scheduler.planner import Decision, DecisionKind, Planner
 from scheduler.planner_signals import Signals, parse_snapshot
@@ -85,15 +85,7 @@ class PlannerShell:
         """The broker's stats body, or None when it does not answer in time."""
         if not self.endpoint.registered:
             return None
-        stream = self.endpoint.request(BROKER_STATS_SERVICE, {}, timeout=self.stats_timeout_s)
-        try:
-            async for reply in stream:
-                return reply.body if isinstance(reply.body, dict) else None
-        except (BusError, TimeoutError):
-            return None
-        finally:
-            stream.cancel()
-        return None
+        return await answer_map(self.endpoint.request(BROKER_STATS_SERVICE, {}, timeout=self.stats_timeout_s))
 
     # -- carrying a decision out ---------------------------------------------------------
 

@@ -17,22 +17,15 @@ Contract (called from the planner's worker thread, one call at a time; Ray conne
 from __future__ import annotations
 
 import threading
-from collections.abc import Collection
 
 import ray
 
 from nodes.launcher import ClusterShape
+from nodes.planner.actuator import next_free_id
 from nodes.ray_pools import placement
 from nodes.ray_pools.pool_plan import NODE_KINDS, RayOptions, kind_of, node_component
 
 STARTABLE_ROLES = ("prefill", "decode")
-
-
-def next_free_id(role: str, taken: Collection[str]) -> str:
-    index = 0
-    while f"{role}-{index}" in taken:
-        index += 1
-    return f"{role}-{index}"
 
 
 class RayActuator:

@@ -110,9 +110,9 @@ def build_systems(names: list[str], args: argparse.Namespace, config: SweepConfi
                                        env=env, engine="vllm",
                                        log_path=config.results_dir / f"{config.tag}-{name}-cluster.log"))
         elif name in ("pdbus-disagg", "pdbus-coloc", *EXTRA_SYSTEMS):
-            no_cache = NO_CACHE if name.endswith("nocache") else NO_LEND if name.endswith("nolend") else {}
+            variant = NO_CACHE if name.endswith("nocache") else NO_LEND if name.endswith("nolend") else {}
             systems.append(PdbusSystem(name, colocated=name == "pdbus-coloc", model=args.model,
-                                       config=getattr(args, "config", None), env=env | no_cache,
+                                       config=getattr(args, "config", None), env=env | variant,
                                        log_path=config.results_dir / f"{config.tag}-{name}-cluster.log"))
         elif name == "pdbus-elastic":
             systems.append(elastic.elastic_system(args, config, env))
