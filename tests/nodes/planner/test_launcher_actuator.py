@@ -10,7 +10,8 @@ import threading
 from structlog.testing import capture_logs
 
 from nodes.launcher import ChildSpec, ClusterShape, Supervisor
-from nodes.planner.launcher_actuator import LauncherActuator, next_free_id
+from nodes.planner.actuator import next_free_id
+from nodes.planner.launcher_actuator import LauncherActuator
 from tests.nodes.planner.planner_fakes import FakeEndpoint
 
 
