@@ -27,6 +27,7 @@ ERROR code of an engine's refusal, `plan_job` the plan. nodes/decode_node.py own
 from __future__ import annotations
 
 import bisect
+import dataclasses
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -34,7 +35,16 @@ from enum import Enum, StrEnum
 
 from bus.kv import TransferResult
 from nodes import wire
-from nodes.engines.base import Admission, EngineStats, SamplingParams, TokenEvent
+from nodes.engines.base import (
+    Admission,
+    DecodeRequest,
+    Engine,
+    EngineStats,
+    PrefillRequest,
+    SamplingParams,
+    TokenEvent,
+    TokenLogprobs,
+)
 from nodes.runtime import StageClock
 
 
@@ -122,6 +132,8 @@ class DecodeJob:
     kv_wire_bytes: int = 0
     expires_at: float = 0.0
     clock: StageClock = field(default_factory=StageClock)
+    num_output_tokens: int = 0         # the prompt's last tokens are output delivered before (a resume)
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] = ()   # when this node prefilled them (prefill_here)
 
     @property
     def waiting(self) -> bool:
@@ -201,6 +213,19 @@ def plan_job(job: DecodeJob, *, local: bool, num_session: int, short: int, hold:
         job.plan = wire.PlanKind.CACHED
 
 
+def prefill_here(engine: Engine, job: DecodeJob, request: DecodeRequest) -> tuple[DecodeRequest, TokenEvent]:
+    """A local plan that asks for prompt logprobs: the engine's prefill pass computes them (the
+    decode steps' chunked prefill keeps logits of a prompt's last position only), then the request
+    decodes from that KV like one whose KV came from a prefill node; the first token is streamed
+    from here. The pass runs in the node's loop: such requests are rare (scoring), and short."""
+    result = engine.prefill([PrefillRequest(job.request_id, job.prompt, job.sampling, job.cache_salt,
+                                            job.num_output_tokens)])[0]
+    job.prompt_logprobs = result.prompt_logprobs
+    first = TokenEvent(job.request_id, result.first_token_id, result.text, 0, logprobs=result.logprobs)
+    return dataclasses.replace(request, kv=result.kv, first_token_id=result.first_token_id,
+                               cached_prefix_tokens=0), first
+
+
 def plan_body(job: DecodeJob, node_id: str, data_endpoint: str) -> wire.PlanBody:
     if job.plan == wire.PlanKind.REMOTE:
         transfer_id = uuid.uuid4().hex
@@ -240,4 +265,4 @@ def done_body(job: DecodeJob, event: TokenEvent, node_id: str, stats: EngineStat
         "node_imported_tokens": stats.num_imported_tokens, "node_reused_tokens": stats.num_reused_tokens,
         "node_prefix_reused_tokens": stats.num_prefix_reused_tokens}
     return wire.DecodeDoneBody(node_id, event.finish_reason, unconfirmed_tokens(job, confirmed_before), job.plan,
-                               wire.Usage(len(job.prompt), num_output), timings, counters)
+                               wire.Usage(len(job.prompt), num_output), timings, counters, job.prompt_logprobs)

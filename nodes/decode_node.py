@@ -38,6 +38,7 @@ from nodes.decode_jobs import (
     done_body,
     plan_body,
     plan_job,
+    prefill_here,
     refusal_code,
 )
 from nodes.decode_kv import KvLanding
@@ -170,25 +171,34 @@ class DecodeWork(GuardedWork):
             self.endpoint.reply_error(request.request_id, refusal.code, refusal.reason, node_id=self.endpoint.node_id)
             return
         job = DecodeJob(request.request_id, body.prompt, body.sampling, body.session_id, wire.PlanKind.REMOTE,
-                        cache_salt=body.cache_salt)
+                        cache_salt=body.cache_salt, num_output_tokens=body.num_delivered)
         self._plan(job, wire.PrefillMode.LOCAL if self._lends(body) else body.prefill)
         job.clock.mark("received")
         if job.plan == wire.PlanKind.REMOTE:
             admitted = self._reserve(job)
         else:
-            admitted = self._start(job, DecodeRequest(job.request_id, job.prompt, job.sampling,
-                                                      session_id=job.session_id,
-                                                      cached_prefix_tokens=job.num_held_tokens,
-                                                      cache_salt=job.cache_salt))
+            local = DecodeRequest(job.request_id, job.prompt, job.sampling, session_id=job.session_id,
+                                  cached_prefix_tokens=job.num_held_tokens, cache_salt=job.cache_salt,
+                                  num_output_tokens=job.num_output_tokens)
+            first = None
+            if job.sampling.prompt_logprobs is not None:
+                local, first = prefill_here(self.engine, job, local)
+            admitted = self._start(job, local)
+            if admitted and first is not None:
+                self._send_plan(job)
+                self._on_token(first)
+                return
         if admitted:
             self._send_plan(job)
 
     def _plan(self, job: DecodeJob, mode: wire.PrefillMode) -> None:
-        # A short rest is prefilled here only while the node is not busy (decode_jobs.plan_job says why).
+        # A short rest is prefilled here only while the node is not busy (decode_jobs.plan_job says
+        # why). Prompt logprobs need every prompt position computed: no kept KV is started from.
+        whole = job.sampling.prompt_logprobs is not None
         plan_job(job, local=self.always_local or mode == wire.PrefillMode.LOCAL,
-                 num_session=self.engine.cached_session_tokens(job.session_id) if job.session_id else 0,
-                 short=self.settings.local_suffix_tokens if self._has_spare_compute() else 0,
-                 hold=lambda: self.engine.hold_prefix(job.request_id, job.prompt, job.cache_salt))
+                 num_session=self.engine.cached_session_tokens(job.session_id) if job.session_id and not whole else 0,
+                 short=self.settings.local_suffix_tokens if self._has_spare_compute() and not whole else 0,
+                 hold=lambda: 0 if whole else self.engine.hold_prefix(job.request_id, job.prompt, job.cache_salt))
 
     def _lends(self, body: wire.DecodeRequestBody) -> bool:
         """Prefill this prompt here though a prefill node could: it would queue there behind the
@@ -294,7 +304,8 @@ class DecodeWork(GuardedWork):
         job.clock.mark("kv_arrived")
         request = DecodeRequest(job.request_id, job.prompt, job.sampling, kv=self.kv.received_kv(result),
                                 first_token_id=job.kv_ready[transfer_id], session_id=job.session_id,
-                                cached_prefix_tokens=job.num_held_tokens, cache_salt=job.cache_salt)
+                                cached_prefix_tokens=job.num_held_tokens, cache_salt=job.cache_salt,
+                                num_output_tokens=job.num_output_tokens)
         del self.jobs[job.request_id]
         try:
             self._start(job, request)
@@ -313,7 +324,7 @@ class DecodeWork(GuardedWork):
             return
         if event.token_id is not None:
             job.clock.mark("first_token")
-            token = wire.TokenBody(event.index, event.token_id, event.text)
+            token = wire.TokenBody(event.index, event.token_id, event.text, event.logprobs)
             job.tokens.append(token)
             job.token_sent_at.append(time.monotonic())
             self._step_tokens.append((job.request_id, wire.to_wire(token)))

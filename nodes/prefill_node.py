@@ -39,7 +39,7 @@ from bus.kv.link import gbit
 from bus.log import get_logger
 from bus.messages import Cancel, Request
 from nodes import wire
-from nodes.engines.base import Engine, PrefillPass, PrefillRequest, PrefillResult
+from nodes.engines.base import Engine, PrefillPass, PrefillRequest, PrefillResult, TokenLogprobs
 from nodes.engines.kv_quant import TorchQuantizer
 from nodes.engines.prefill_pass import PrefillBatcher
 from nodes.node_settings import NodeSettings
@@ -70,6 +70,7 @@ class PrefillJob:
     num_cached_tokens: int = 0   # leading prompt tokens whose KV came from the prefix cache
     kv_offset: int = 0           # leading prompt tokens whose KV the decode node holds: not sent
     sending: bool = False
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] = ()   # when the request asked (its FINAL carries them)
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,17 +215,16 @@ class PrefillWork(GuardedWork):
                          body.transfer_id, len(body.prompt), urgent=body.urgent, kv_offset=body.kv_offset)
         job.clock.mark("received")
         self.jobs[job.request_id] = job
-        (self.urgent if job.urgent else self.batcher).add(PrefillRequest(request.request_id, body.prompt, body.sampling,
-                                                                            cache_salt=body.cache_salt),
-                                                          time.monotonic())
+        prefill = PrefillRequest(request.request_id, body.prompt, body.sampling, body.cache_salt, body.num_output_tokens)
+        (self.urgent if job.urgent else self.batcher).add(prefill, time.monotonic())
 
     def _on_prefilled(self, result: PrefillResult) -> None:
         job = self.jobs.get(result.request_id)
         if job is None:   # cancelled while the pass ran
             return
         job.clock.mark("prefilled")
-        job.first_token = wire.TokenBody(0, result.first_token_id, result.text)
-        job.num_cached_tokens = result.num_cached_tokens
+        job.first_token = wire.TokenBody(0, result.first_token_id, result.text, result.logprobs)
+        job.num_cached_tokens, job.prompt_logprobs = result.num_cached_tokens, result.prompt_logprobs
         self.endpoint.reply(job.request_id, wire.to_wire(job.first_token))
         job.sending = True
         self.kv_thread.submit(self._send(job, result.kv))
@@ -278,7 +278,8 @@ class PrefillWork(GuardedWork):
                                          "num_prefix_cached_tokens": self.engine.stats.num_prefix_cached_tokens,
                                          "num_cached_tokens": job.num_cached_tokens,
                                          "num_kv_bytes_sent": self.num_kv_bytes_sent}
-        return wire.PrefillDoneBody(self.endpoint.node_id, job.first_token, transfer, timings, stats)
+        return wire.PrefillDoneBody(self.endpoint.node_id, job.first_token, transfer, timings, stats,
+                                    job.prompt_logprobs)
 
     def _on_cancel(self, request_id: str) -> None:
         transfer_id = self.jobs[request_id].transfer_id

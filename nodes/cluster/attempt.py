@@ -72,6 +72,13 @@ class AttemptOwner(Protocol):
     def bounce_off_drain(self) -> bool:
         """Whether one more `draining` answer may go out again without spending a retry."""
 
+    def keep_prompt_logprobs(self, values: tuple[wire.TokenLogprobs | None, ...]) -> None:
+        """The prompt's logprobs, from whichever node prefilled it (a FINAL); kept once."""
+
+    @property
+    def prompt_logprobs(self) -> tuple[wire.TokenLogprobs | None, ...]:
+        """What `keep_prompt_logprobs` kept (empty until then)."""
+
     @property
     def prefill_backlog(self) -> PrefillBacklog:
         """The client's prompt tokens waiting at prefill nodes (every request's, shared)."""
@@ -131,11 +138,11 @@ class Attempt:
         self.decoding = False   # the decode node streams: it has its KV, prefill failures no longer matter
 
     # -- delivery --------------------------------------------------------------------------
-    def deliver(self, relative_index: int, token_id: int, text: str) -> None:
-        index = self.spec.base + relative_index
+    def deliver(self, token: wire.TokenBody) -> None:
+        index = self.spec.base + token.index
         if index < self.owner.num_delivered or index in self.pending:
             return   # a duplicate (resume, retried prefill, replay after a gap)
-        self.pending[index] = StreamToken(index, token_id, text)
+        self.pending[index] = StreamToken(index, token.token_id, token.text, token.logprobs)
         while self.owner.num_delivered in self.pending:
             self.owner.emit(self.pending.pop(self.owner.num_delivered))
 
@@ -204,7 +211,8 @@ class Attempt:
             if decode_task not in done:
                 prefill_task.result()   # a failed prefill ends the attempt (Retry / ClusterError)
         finish_reason = await decode_task
-        if self._missing() and prefill_task is not None:   # index 0 may still be on its way
+        # Index 0, or the prompt logprobs in the prefill FINAL, may still be on their way.
+        if (self._missing() or self._awaits_prompt_logprobs()) and prefill_task is not None:
             with contextlib.suppress(BaseException):
                 await asyncio.wait_for(prefill_task, PREFILL_GRACE_S)
         if self.pending:
@@ -213,6 +221,9 @@ class Attempt:
         if self._missing():   # the FINAL repeats only recent tokens: an older one was lost for good
             raise Retry(Code.GAP, f"{self._missing()} tokens before the FINAL never arrived", self.decode_node_id)
         return finish_reason
+
+    def _awaits_prompt_logprobs(self) -> bool:
+        return self.spec.sampling.prompt_logprobs is not None and not self.owner.prompt_logprobs
 
     def _missing(self) -> int:
         return len(self.pending) + max(0, self.num_finished - self.owner.num_delivered - len(self.pending))
@@ -255,7 +266,7 @@ class Attempt:
                         return self._on_decode_final(wire.from_wire(wire.DecodeDoneBody, reply.body, self.bounds))
                     if (token := wire.read_partial(reply.body, self.bounds)) is not None:
                         self.decoding = True
-                        self.deliver(token.index, token.token_id, token.text)
+                        self.deliver(token)
         except BusError as exc:
             retry = retry_from(exc, self.decode_node_id)
         except TimeoutError:
@@ -271,7 +282,9 @@ class Attempt:
             raise wire.Refused(f"the FINAL counts {done.usage.completion_tokens} tokens of at most "
                                f"{self.spec.sampling.max_tokens}")
         for token in done.tokens:
-            self.deliver(token.index, token.token_id, token.text)
+            self.deliver(token)
+        if done.prompt_logprobs:
+            self.owner.keep_prompt_logprobs(done.prompt_logprobs)
         self.num_finished = self.spec.base + done.usage.completion_tokens
         trace = self.trace
         trace.decode_final = wire.to_wire(done)
@@ -288,7 +301,8 @@ class Attempt:
         while True:
             body = wire.PrefillRequestBody(prompt, self.spec.sampling, plan.node_id, plan.data_endpoint, transfer_id,
                                            decode_request_id, urgent=bool(self.trace.failures),   # a recovery
-                                           cache_salt=self.spec.cache_salt, kv_offset=plan.num_cached_tokens)
+                                           cache_salt=self.spec.cache_salt, kv_offset=plan.num_cached_tokens,
+                                           num_output_tokens=self.spec.base)
             # The key: the prompt's length (the scheduler balances prefill nodes by outstanding tokens)
             # and its opening's hash (prompts that share one go where its KV is likely cached).
             stream = self._open(wire.PREFILL, wire.to_wire(body), key=prefill_key(prompt, self.spec.cache_salt))
@@ -323,7 +337,7 @@ class Attempt:
                     return
                 if (token := wire.read_partial(reply.body, self.bounds)) is not None:
                     prefilled()   # out of the prefill node's queue; its KV is on its way
-                    self.deliver(token.index, token.token_id, token.text)
+                    self.deliver(token)
 
     def _on_prefill_final(self, done: wire.PrefillDoneBody) -> None:
         trace = self.trace
@@ -333,5 +347,7 @@ class Attempt:
             trace.kv_transfers.append(wire.to_wire(done.transfer))
         trace.timings.update(done.timings.measured())
         trace.num_cached_tokens = int(done.stats.get("num_cached_tokens", 0))
+        if done.prompt_logprobs:
+            self.owner.keep_prompt_logprobs(done.prompt_logprobs)
         if done.token is not None:
-            self.deliver(done.token.index, done.token.token_id, done.token.text)
+            self.deliver(done.token)

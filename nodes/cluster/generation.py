@@ -45,6 +45,7 @@ class Generation:
         self.num_full = 0   # consecutive `full` answers: backpressure, not failures
         self.num_drain_bounces = 0   # `draining` answers: a node left or switched role under the request
         self.result: GenerationResult | None = None
+        self.prompt_logprobs: tuple[wire.TokenLogprobs | None, ...] = ()   # with `sampling.prompt_logprobs`
         self._queue: asyncio.Queue = asyncio.Queue()
         self._task: asyncio.Task | None = None
         self._started_at = time.monotonic()
@@ -90,6 +91,11 @@ class Generation:
         self.tokens.append(token)
         self._queue.put_nowait(token)
 
+    def keep_prompt_logprobs(self, values: tuple[wire.TokenLogprobs | None, ...]) -> None:
+        """Kept once, for the caller's prompt (a resumed attempt's prompt also holds delivered tokens)."""
+        if not self.prompt_logprobs:
+            self.prompt_logprobs = values[:len(self.prompt)]
+
     @property
     def prefill_backlog(self) -> PrefillBacklog:
         return self.client.prefill_backlog
@@ -109,6 +115,8 @@ class Generation:
         """The next attempt: the prompt with every token delivered so far, for what is left."""
         delivered = tuple(t.token_id for t in self.tokens)
         sampling = dataclasses.replace(self.sampling, max_tokens=self.sampling.max_tokens - len(delivered))
+        if self.prompt_logprobs:   # already have them: a resume need not compute them again
+            sampling = dataclasses.replace(sampling, prompt_logprobs=None)
         # No prefill node a moment ago (all dead, or all switched to decode by the planner): ask for
         # a local prefill at once instead of finding out again, one round trip per request.
         local = local or time.monotonic() < self.client.no_prefill_node_until
@@ -178,4 +186,5 @@ class Generation:
         usage = {"prompt_tokens": len(self.prompt), "completion_tokens": len(ids),
                  "cached_tokens": self.trace.num_cached_tokens}
         self.result = GenerationResult(self.request_id, self.session_id, ids, "".join(t.text for t in self.tokens),
-                                       self.finish_reason, usage, self.trace)
+                                       self.finish_reason, usage, self.trace, tuple(self.tokens),
+                                       self.prompt_logprobs)

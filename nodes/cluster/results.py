@@ -13,12 +13,15 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
+from nodes.engines.engine_types import TokenLogprobs
+
 
 @dataclass(frozen=True, slots=True)
 class StreamToken:
     index: int
     token_id: int
     text: str
+    logprobs: TokenLogprobs | None = None   # when the request asked (`sampling.logprobs`)
 
 
 @dataclass
@@ -63,6 +66,8 @@ class GenerationResult:
     finish_reason: str | None
     usage: dict[str, int]
     trace: RequestTrace
+    tokens: tuple[StreamToken, ...] = ()                        # each with its logprobs, when asked
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] = ()      # with `sampling.prompt_logprobs`
 
 
 class ClusterError(Exception):

@@ -108,6 +108,7 @@ from nodes.engines.engine_types import (
     PrefillResult,
     SamplingParams,
     TokenEvent,
+    TokenLogprobs,
 )
 
 if TYPE_CHECKING:
@@ -117,7 +118,7 @@ if TYPE_CHECKING:
 
 __all__ = ["ENGINE_KINDS", "LOADER_SETTINGS", "Admission", "AdmissionStatus", "DecodeRequest", "Engine",
            "EngineConfig", "EngineStats", "FinishReason", "KvLayout", "KvUsage", "PrefillPass", "PrefillRequest",
-           "PrefillResult", "SamplingParams", "TokenEvent", "WholePrefill"]
+           "PrefillResult", "SamplingParams", "TokenEvent", "TokenLogprobs", "WholePrefill"]
 
 
 class PrefillPass(ABC):

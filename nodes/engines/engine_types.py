@@ -20,6 +20,10 @@ FinishReason = Literal["stop", "length", "abort"]
 AdmissionStatus = Literal["ok", "full", "rejected"]
 LOADER_SETTINGS = frozenset({"model", "model_dir", "kind"})   # read by the node, not the engine
 ENGINE_KINDS = ("torch", "vllm")
+MAX_LOGPROBS = 20            # alternatives per token (OpenAI's top_logprobs bound)
+MAX_LOGIT_BIAS = 1024        # entries of `logit_bias`
+MAX_PENALTY = 2.0            # |presence_penalty|, |frequency_penalty| (OpenAI's range)
+MAX_REPETITION_PENALTY = 10.0
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,8 +38,20 @@ class SamplingParams:
     stop: tuple[str, ...] = ()
     stop_token_ids: tuple[int, ...] = ()
     ignore_eos: bool = False
+    # None: none reported; k >= 0: each output token's log-probability and the k likeliest tokens'
+    # (of the model's raw distribution, before penalties, bias and temperature, as vLLM reports).
+    logprobs: int | None = None
+    prompt_logprobs: int | None = None      # the same for every prompt token (computed where it is prefilled)
+    presence_penalty: float = 0.0           # vLLM's definitions (logits_process.py)
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0
+    logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, bias added to its logit)
 
     def __post_init__(self) -> None:
+        self._check_counts()
+        self._check_processing()
+
+    def _check_counts(self) -> None:
         if self.temperature < 0:
             raise ValueError(f"temperature must be >= 0, got {self.temperature}")
         if self.top_k < 0:
@@ -46,10 +62,40 @@ class SamplingParams:
             raise ValueError(f"max_tokens must be >= 1, got {self.max_tokens}")
         if any(not s for s in self.stop):
             raise ValueError("stop strings must be non-empty")
+        for name in ("logprobs", "prompt_logprobs"):
+            value = getattr(self, name)
+            if value is not None and not 0 <= value <= MAX_LOGPROBS:
+                raise ValueError(f"{name} must be in [0, {MAX_LOGPROBS}], got {value}")
+
+    def _check_processing(self) -> None:
+        for name in ("presence_penalty", "frequency_penalty"):
+            if not -MAX_PENALTY <= getattr(self, name) <= MAX_PENALTY:
+                raise ValueError(f"{name} must be in [-{MAX_PENALTY}, {MAX_PENALTY}], got {getattr(self, name)}")
+        if not 0.0 < self.repetition_penalty <= MAX_REPETITION_PENALTY:
+            raise ValueError(f"repetition_penalty must be in (0, {MAX_REPETITION_PENALTY}], "
+                             f"got {self.repetition_penalty}")
+        if len(self.logit_bias) > MAX_LOGIT_BIAS:
+            raise ValueError(f"logit_bias has at most {MAX_LOGIT_BIAS} entries")
+        if any(token < 0 or not -100.0 <= bias <= 100.0 for token, bias in self.logit_bias):
+            raise ValueError("logit_bias maps token ids >= 0 to biases in [-100, 100]")
+
+    @property
+    def processes_logits(self) -> bool:
+        """Whether logits change before sampling (penalties, bias): then greedy needs them too."""
+        return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
+                    or self.logit_bias)
 
     @property
     def is_greedy(self) -> bool:
         return self.temperature == 0.0 or self.top_k == 1
+
+
+@dataclass(frozen=True, slots=True)
+class TokenLogprobs:
+    """One position's log-probabilities: the token's, and the `k` likeliest tokens' (likeliest first)."""
+
+    logprob: float
+    top: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,6 +104,7 @@ class PrefillRequest:
     prompt_token_ids: tuple[int, ...]
     sampling: SamplingParams = field(default_factory=SamplingParams)
     cache_salt: str = ""   # prefix-cache keys start from it: prompts share cached KV only under one salt
+    num_output_tokens: int = 0   # the prompt's last tokens are output already delivered (a resume)
 
 
 @dataclass(frozen=True, slots=True)
@@ -69,6 +116,9 @@ class PrefillResult:
     num_prompt_tokens: int
     finish_reason: FinishReason | None = None   # set when the request is already complete
     num_cached_tokens: int = 0      # leading prompt tokens whose KV came from the prefix cache
+    logprobs: TokenLogprobs | None = None        # the first token's, when `sampling.logprobs` is set
+    # With `sampling.prompt_logprobs`: one entry per prompt token (the first is None: nothing predicts it).
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -83,6 +133,8 @@ class DecodeRequest:
     - `cached_prefix_tokens` k > 0: the KV of the prompt's first k tokens is the prefix the engine
       held for this request (`Engine.hold_prefix`); `kv`, if any, covers the rest of the prompt.
     - `cache_salt`: the tenant; kept KV is found again only under the same salt.
+    - `num_output_tokens` k: the prompt's last k tokens are output delivered before (a resume after
+      a failover): penalties count them as output.
     """
 
     request_id: str
@@ -93,6 +145,7 @@ class DecodeRequest:
     session_id: str | None = None
     cached_prefix_tokens: int = 0
     cache_salt: str = ""
+    num_output_tokens: int = 0
 
     def __post_init__(self) -> None:
         if not self.prompt_token_ids:
@@ -114,6 +167,7 @@ class TokenEvent:
     text: str
     index: int
     finish_reason: FinishReason | None = None
+    logprobs: TokenLogprobs | None = None   # when the request asked for them
 
     @property
     def finished(self) -> bool:

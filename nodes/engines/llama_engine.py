@@ -37,6 +37,7 @@ from nodes.engines.engine_types import EngineStats
 from nodes.engines.kernels.cpu import probe
 from nodes.engines.kv_slots import SlotCache
 from nodes.engines.llama import LlamaRunner
+from nodes.engines.logits_process import RequestLogits, sampled_logprobs
 from nodes.engines.model_loader import LoadedModel
 from nodes.engines.output import OutputTracker
 from nodes.engines.prefill_pass import ChunkedPrefill, run_prefill
@@ -165,12 +166,16 @@ class LlamaEngine(Engine):
         tracker = OutputTracker(self.tokenizer, sampling, self.eos_token_ids, max_tokens=max_tokens)
         seq = Sequence(request.request_id, list(request.prompt_token_ids), len(request.prompt_token_ids),
                        sampling, tracker, num_reserved,
-                       session_id=request.session_id, generator=new_generator(sampling.seed))
+                       session_id=request.session_id, generator=new_generator(sampling.seed),
+                       processor=RequestLogits.for_request(sampling, request.prompt_token_ids,
+                                                           request.num_output_tokens))
         if request.first_token_id is not None:
-            # The prefill node sampled (and streamed) this token: replay it so text and the seeded
-            # random stream continue exactly where the prefill node left them.
+            # The prefill node sampled (and streamed) this token: replay it so text, penalties and
+            # the seeded random stream continue exactly where the prefill node left them.
             seq.token_ids.append(request.first_token_id)
             seq.output.push(request.first_token_id)
+            if seq.processor is not None:
+                seq.processor.accept(request.first_token_id)
             if seq.generator is not None and not sampling.is_greedy:
                 torch.rand(1, generator=seq.generator)
         return seq
@@ -221,13 +226,18 @@ class LlamaEngine(Engine):
         for chunk in chunks:
             chunk.seq.num_computed_tokens += chunk.num_tokens
         sampled = [c for c in chunks if c.samples]
-        tokens = sample(logits, [c.seq.sampling for c in sampled], [c.seq.generator for c in sampled])
+        tokens = sample(logits, [c.seq.sampling for c in sampled], [c.seq.generator for c in sampled],
+                        [c.seq.processor for c in sampled])
+        logprobs = sampled_logprobs(logits, [c.seq.sampling for c in sampled], tokens)
         events = []
-        for chunk, token in zip(sampled, tokens, strict=True):
+        for chunk, token, token_lp in zip(sampled, tokens, logprobs, strict=True):
             seq = chunk.seq
             seq.token_ids.append(token)
+            if seq.processor is not None:
+                seq.processor.accept(token)
             text, finish_reason = seq.output.push(token)
-            events.append(TokenEvent(seq.request_id, token, text, seq.num_output_tokens - 1, finish_reason))
+            events.append(TokenEvent(seq.request_id, token, text, seq.num_output_tokens - 1, finish_reason,
+                                     token_lp))
             self.stats.num_generated_tokens += 1
             if finish_reason is not None:
                 self._retire(seq, keep_session=True)

@@ -26,8 +26,9 @@ from typing import Any
 
 import torch
 
-from nodes.engines.base import PrefillPass, PrefillRequest, PrefillResult
+from nodes.engines.base import PrefillPass, PrefillRequest, PrefillResult, TokenLogprobs
 from nodes.engines.llama import ForwardBatch, LlamaRunner, PrefillSpan
+from nodes.engines.logits_process import RequestLogits, sampled_logprobs, token_logprobs
 from nodes.engines.output import OutputTracker
 from nodes.engines.prefix_cache import PrefixCache, block_hashes, seed_kv
 from nodes.engines.sampling import new_generator, sample
@@ -72,23 +73,41 @@ def _pack(requests: Sequence[PrefillRequest], max_batch_tokens: int) -> list[lis
 def _prefill_group(runner: LlamaRunner, tokenizer, group: list[_Prompt], eos_token_ids: tuple[int, ...],
                    cache: PrefixCache | None) -> list[PrefillResult]:
     """One forward pass over each prompt's tokens past its cached prefix."""
-    device = runner.device
-    spans, last_rows = [], []
+    logits = _forward(runner, [(prompt, prompt.num_computed, prompt.num_tokens - prompt.num_computed)
+                               for prompt in group])
+    return _first_tokens(tokenizer, group, logits, eos_token_ids, cache)
+
+
+def _forward(runner: LlamaRunner, plan: list[tuple[_Prompt, int, int]]) -> torch.Tensor:
+    """One forward pass over the spans `(prompt, start, num_tokens)`; returns the logits of the
+    last position of each prompt the pass completes, in plan order. A prompt that asks for prompt
+    logprobs gets logits at every position of its span too, and keeps their log-probabilities."""
+    spans: list[PrefillSpan] = []
+    rows: list[int] = []
+    finished_rows: list[int] = []
+    wanted: list[tuple[_Prompt, int, int]] = []   # (prompt, first logits row, span start)
     token_ids: list[int] = []
     positions: list[int] = []
-    for prompt in group:
-        start, num_tokens = prompt.num_computed, prompt.num_tokens
-        spans.append(PrefillSpan(row=len(token_ids), num_tokens=num_tokens - start, start=start,
+    for prompt, start, num_tokens in plan:
+        spans.append(PrefillSpan(row=len(token_ids), num_tokens=num_tokens, start=start,
                                  kv=prompt.allocate(runner)))
-        token_ids.extend(prompt.request.prompt_token_ids[start:])
-        positions.extend(range(start, num_tokens))
-        last_rows.append(len(token_ids) - 1)
-        prompt.num_computed = num_tokens
-    batch = ForwardBatch(token_ids=torch.tensor(token_ids, device=device),
-                         positions=torch.tensor(positions, device=device),
-                         sample_rows=torch.tensor(last_rows, device=device), spans=spans)
-    logits = runner.forward(batch).cpu()
-    return _first_tokens(tokenizer, group, logits, eos_token_ids, cache)
+        if prompt.request.sampling.prompt_logprobs is not None:
+            wanted.append((prompt, len(rows), start))
+            rows.extend(range(len(token_ids), len(token_ids) + num_tokens))
+        token_ids.extend(prompt.request.prompt_token_ids[start:start + num_tokens])
+        positions.extend(range(start, start + num_tokens))
+        prompt.num_computed = start + num_tokens
+        if prompt.num_computed == prompt.num_tokens:
+            if prompt.request.sampling.prompt_logprobs is None:
+                rows.append(len(token_ids) - 1)
+            finished_rows.append(len(rows) - 1)
+    device = runner.device
+    logits = runner.forward(ForwardBatch(
+        token_ids=torch.tensor(token_ids, device=device), positions=torch.tensor(positions, device=device),
+        sample_rows=torch.tensor(rows, dtype=torch.long, device=device), spans=spans)).cpu()
+    for prompt, first_row, start in wanted:
+        prompt.keep_prompt_logprobs(logits, first_row, start)
+    return logits[finished_rows]
 
 
 def _first_tokens(tokenizer, prompts: list[_Prompt], logits: torch.Tensor, eos_token_ids: tuple[int, ...],
@@ -96,15 +115,19 @@ def _first_tokens(tokenizer, prompts: list[_Prompt], logits: torch.Tensor, eos_t
     """Sample each finished prompt's first token (logits row i is prompts[i]'s last position), and
     keep its full blocks in the prefix cache."""
     params = [p.request.sampling for p in prompts]
-    firsts = sample(logits, params, [new_generator(p.seed) for p in params])
+    processors = [RequestLogits.for_request(p.request.sampling, p.request.prompt_token_ids,
+                                            p.request.num_output_tokens) for p in prompts]
+    firsts = sample(logits, params, [new_generator(p.seed) for p in params], processors)
+    logprobs = sampled_logprobs(logits, params, firsts)
     results = []
-    for prompt, first in zip(prompts, firsts, strict=True):
+    for prompt, first, first_lp in zip(prompts, firsts, logprobs, strict=True):
         if cache is not None:
             cache.store(prompt.keys, prompt.kv)
         tracker = OutputTracker(tokenizer, prompt.request.sampling, eos_token_ids)
         text, finish_reason = tracker.push(first)
         results.append(PrefillResult(prompt.request.request_id, first, text, exported_kv(prompt.kv),
-                                     prompt.num_tokens, finish_reason, num_cached_tokens=prompt.num_cached))
+                                     prompt.num_tokens, finish_reason, num_cached_tokens=prompt.num_cached,
+                                     logprobs=first_lp, prompt_logprobs=tuple(prompt.prompt_logprobs)))
     return results
 
 
@@ -139,15 +162,31 @@ class _Prompt:
     num_computed: int = 0    # tokens whose KV is computed (or will come from the cached blocks)
     keys: list[bytes] = field(default_factory=list)          # its full blocks' prefix-cache keys
     hits: list[torch.Tensor] = field(default_factory=list)   # cached blocks of its leading keys
+    prompt_logprobs: list[TokenLogprobs | None] = field(default_factory=list)
 
     @classmethod
     def start(cls, request: PrefillRequest, cache: PrefixCache | None) -> _Prompt:
-        """The prompt with its cached prefix found (held by reference until `allocate` copies it)."""
+        """The prompt with its cached prefix found (held by reference until `allocate` copies it).
+        A prompt asking for prompt logprobs computes every position (cached KV has no logits)."""
         if cache is None or cache.max_bytes == 0:
             return cls(request)
         keys = block_hashes(request.prompt_token_ids, cache.block_size, request.cache_salt)
+        if request.sampling.prompt_logprobs is not None:
+            return cls(request, keys=keys)
         hits = cache.match(keys, len(request.prompt_token_ids))
         return cls(request, num_computed=len(hits) * cache.block_size, keys=keys, hits=hits)
+
+    def keep_prompt_logprobs(self, logits: torch.Tensor, first_row: int, start: int) -> None:
+        """The log-probabilities of prompt tokens start+1.. from the logits of positions start..,
+        rows first_row.. of `logits` (a span's last position predicts the next span's first token)."""
+        if start == 0:
+            self.prompt_logprobs.append(None)   # nothing predicts the first prompt token
+        ids = self.request.prompt_token_ids
+        end = min(self.num_computed, len(ids) - 1)   # the last position predicts the output, not the prompt
+        if end > start:
+            k = self.request.sampling.prompt_logprobs or 0
+            rows = list(range(first_row, first_row + end - start))
+            self.prompt_logprobs.extend(token_logprobs(logits, rows, ids[start + 1:end + 1], [k] * len(rows)))
 
     @property
     def num_tokens(self) -> int:
@@ -197,26 +236,12 @@ class ChunkedPrefill(PrefillPass):
         plan = plan_chunk([(p.num_tokens, p.num_computed) for p in self._prompts], self.chunk_tokens)
         if not plan:
             return []
-        spans, sample_rows, finished = [], [], []
-        token_ids: list[int] = []
-        positions: list[int] = []
-        for index, start, num_tokens in plan:
-            prompt = self._prompts[index]
-            spans.append(PrefillSpan(row=len(token_ids), num_tokens=num_tokens, start=start,
-                                     kv=prompt.allocate(self.runner)))
-            token_ids.extend(prompt.request.prompt_token_ids[start:start + num_tokens])
-            positions.extend(range(start, start + num_tokens))
-            prompt.num_computed += num_tokens
-            if prompt.num_computed == prompt.num_tokens:
-                sample_rows.append(len(token_ids) - 1)
-                finished.append(prompt)
-        device = self.runner.device
-        logits = self.runner.forward(ForwardBatch(
-            token_ids=torch.tensor(token_ids, device=device), positions=torch.tensor(positions, device=device),
-            sample_rows=torch.tensor(sample_rows, dtype=torch.long, device=device), spans=spans)).cpu()
+        prompts = [(self._prompts[index], start, num_tokens) for index, start, num_tokens in plan]
+        logits = _forward(self.runner, prompts)
+        finished = [p for p, _, _ in prompts if p.num_computed == p.num_tokens]
         self.num_steps += 1
         if self.stats is not None:
-            self.stats.num_prefilled_tokens += len(token_ids)
+            self.stats.num_prefilled_tokens += sum(num_tokens for _, _, num_tokens in prompts)
             self.stats.num_prefix_cached_tokens += sum(p.num_cached for p in finished)
         self._prompts = [p for p in self._prompts if p.num_computed < p.num_tokens]
         return _first_tokens(self.tokenizer, finished, logits, self.eos_token_ids, self.cache)

@@ -1,11 +1,14 @@
 """Token sampling for a batch: greedy, temperature, top-k, top-p, per-request seeds.
 
-Contract: `sample(logits, params, generators) -> list[int]`, one token per row of `logits`
-[batch, vocab], on the CPU or a GPU. Greedy rows (temperature 0 or top_k 1) take the argmax (on a
-GPU there, so only the token ids are copied out). The other rows come to the CPU and are filtered
-and normalised together (vectorised); each then draws one uniform number from its own CPU
-generator, so a seeded request samples the same tokens whatever else shares its batch.
-`new_generator(seed)` makes that generator (None = the process-wide default stream).
+Contract: `sample(logits, params, generators, processors=None) -> list[int]`, one token per row of
+`logits` [batch, vocab], on the CPU or a GPU. A row with a `processors[i]`
+(logits_process.RequestLogits: penalties, bias, grammar) comes to the CPU in float32 and is
+processed first, whether greedy or not. Unprocessed greedy rows (temperature 0 or top_k 1) take the
+argmax (on a GPU there, so only the token ids are copied out). The random rows come to the CPU and
+are filtered and normalised together (vectorised); each then draws one uniform number from its own
+CPU generator, so a seeded request samples the same tokens whatever else shares its batch.
+`new_generator(seed)` makes that generator (None = the process-wide default stream). The caller
+`accept`s each sampled token into its row's processor.
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from collections.abc import Sequence
 import torch
 
 from nodes.engines.base import SamplingParams
+from nodes.engines.logits_process import RequestLogits
 
 
 def new_generator(seed: int | None) -> torch.Generator | None:
@@ -31,7 +35,11 @@ def greedy_tokens(logits: torch.Tensor) -> list[int]:
 
 
 def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
-           generators: Sequence[torch.Generator | None]) -> list[int]:
+           generators: Sequence[torch.Generator | None],
+           processors: Sequence[RequestLogits | None] | None = None) -> list[int]:
+    processed = {i: p for i, p in enumerate(processors or ()) if p is not None}
+    if processed:
+        logits = _processed(logits, processed)
     tokens = greedy_tokens(logits)
     random_rows = [i for i, p in enumerate(params) if not p.is_greedy]
     if random_rows:
@@ -40,6 +48,14 @@ def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
         for row, token in zip(random_rows, chosen, strict=True):
             tokens[row] = token
     return tokens
+
+
+def _processed(logits: torch.Tensor, processors: dict[int, RequestLogits]) -> torch.Tensor:
+    """The batch's logits on the CPU in float32 with each processed row changed (a copy)."""
+    logits = logits.float().cpu().clone()
+    for row, processor in processors.items():
+        processor.apply(logits[row])
+    return logits
 
 
 def _sample_random(logits: torch.Tensor, params: list[SamplingParams],

@@ -32,6 +32,7 @@ class Sequence:
     arrival: int = field(default=0)
     cache_salt: str = ""                   # the tenant: kept KV is found again only under it
     prefix_keys: tuple[bytes, ...] = ()    # the prompt's reusable block keys (prefix_leases.py)
+    processor: Any = None                  # logits_process.RequestLogits, or None (opaque here)
 
     @property
     def num_pending_tokens(self) -> int:

@@ -26,6 +26,7 @@ import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from types import SimpleNamespace
 from typing import Any
 
 from nodes.engines.base import (
@@ -39,6 +40,7 @@ from nodes.engines.base import (
     PrefillResult,
     SamplingParams,
     TokenEvent,
+    TokenLogprobs,
 )
 from nodes.engines.engine_common import resolve_dtype
 from nodes.engines.engine_types import EngineStats
@@ -62,6 +64,7 @@ class _Running:
     num_reserved_tokens: int
     num_prompt_tokens: int
     seen_first_output: bool = False
+    logprobs: int | None = None   # the request's `sampling.logprobs`
 
 
 class VllmEngine(Engine):
@@ -115,6 +118,7 @@ class VllmEngine(Engine):
             self._llm.add_request(key, _prompt(request.prompt_token_ids, request.cache_salt), params)
         first_tokens: dict[str, int] = {}
         num_cached: dict[str, int] = {}   # prompt tokens vLLM's prefix cache gave
+        outputs: dict[str, Any] = {}
         while len(first_tokens) < len(requests):
             if not self._llm.has_unfinished_requests():
                 raise RuntimeError(f"vLLM ended {len(requests) - len(first_tokens)} prefill(s) without a token")
@@ -122,21 +126,28 @@ class VllmEngine(Engine):
                 if output.finished and output.outputs and output.outputs[0].token_ids:
                     first_tokens[output.request_id] = int(output.outputs[0].token_ids[0])
                     num_cached[output.request_id] = int(output.num_cached_tokens or 0)
+                    outputs[output.request_id] = output
         results = [self._prefill_result(r, keys[r.request_id], first_tokens[keys[r.request_id]],
-                                        num_cached[keys[r.request_id]]) for r in requests]
+                                        num_cached[keys[r.request_id]], outputs[keys[r.request_id]]) for r in requests]
         self.stats.num_prefilled_tokens += sum(r.num_prompt_tokens - r.num_cached_tokens for r in results)
         self.stats.num_prefix_cached_tokens += sum(r.num_cached_tokens for r in results)
         return results
 
-    def _prefill_result(self, request: PrefillRequest, key: str, token_id: int, num_cached: int) -> PrefillResult:
+    def _prefill_result(self, request: PrefillRequest, key: str, token_id: int, num_cached: int,
+                        output: Any) -> PrefillResult:
         kv = MAILBOX.take_capture(key)
         if kv is None:
             raise RuntimeError(f"request {request.request_id}: vLLM finished without handing over the prompt's KV "
                                "(is PdbusConnector configured as kv_producer?)")
         tracker = OutputTracker(self.tokenizer, request.sampling, self.eos_token_ids)
         text, finish_reason = tracker.push(token_id)
-        return PrefillResult(request.request_id, token_id, text, kv, len(request.prompt_token_ids), finish_reason,
-                             num_cached)
+        prompt_ids = request.prompt_token_ids
+        k = request.sampling.prompt_logprobs
+        prompt_logprobs = tuple(passed_logprobs(output.prompt_logprobs, i, t, k) for i, t in enumerate(prompt_ids)) \
+            if k is not None and output.prompt_logprobs else ()
+        return PrefillResult(request.request_id, token_id, text, kv, len(prompt_ids), finish_reason, num_cached,
+                             passed_logprobs(output.outputs[0].logprobs, 0, token_id, request.sampling.logprobs),
+                             prompt_logprobs)
 
     # ---- decode side -------------------------------------------------------------------------
     def check_admission(self, request: DecodeRequest) -> Admission:
@@ -170,7 +181,7 @@ class VllmEngine(Engine):
             MAILBOX.offer(key, request.kv)
         params = self._vllm_sampling(request.sampling, max_tokens=num_reserved - len(prompt), kv_key=key)
         self._running[request.request_id] = _Running(request.request_id, key, tracker, num_reserved,
-                                                     len(request.prompt_token_ids))
+                                                     len(request.prompt_token_ids), logprobs=request.sampling.logprobs)
         self._llm.add_request(request.request_id, _prompt(prompt, request.cache_salt), params)
         return admission
 
@@ -190,10 +201,13 @@ class VllmEngine(Engine):
             self.stats.num_imported_tokens += num_cached
             self.stats.num_prefilled_tokens += max(0, run.num_prompt_tokens - num_cached)
         events = []
-        for token_id in output.outputs[0].token_ids if output.outputs else ():
+        completion = output.outputs[0] if output.outputs else SimpleNamespace(token_ids=(), logprobs=None)
+        for i, token_id in enumerate(completion.token_ids):
             text, finish_reason = run.tracker.push(int(token_id))
             self.stats.num_generated_tokens += 1
-            events.append(TokenEvent(run.request_id, int(token_id), text, run.tracker.num_tokens - 1, finish_reason))
+            events.append(TokenEvent(run.request_id, int(token_id), text, run.tracker.num_tokens - 1, finish_reason,
+                                     passed_logprobs(completion.logprobs, i, int(token_id),
+                                                     run.logprobs)))
             if finish_reason is not None:
                 break
         if run.tracker.finish_reason is None and output.finished:
@@ -266,9 +280,28 @@ class VllmEngine(Engine):
 
         transfer = {KV_KEY_PARAM: kv_key} | ({CAPTURE_PARAM: True} if capture else {})
         # pdbus's OutputTracker decides EOS, stop ids and stop strings; vLLM only samples.
+        # Logprobs are vLLM's own (its default raw_logprobs mode: the model's distribution, as ours);
+        # prompt logprobs only where the prompt is computed (a prefill), never over imported KV.
         return VllmSampling(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
                             seed=sampling.seed, max_tokens=max(1, max_tokens), ignore_eos=True, detokenize=False,
+                            presence_penalty=sampling.presence_penalty, frequency_penalty=sampling.frequency_penalty,
+                            repetition_penalty=sampling.repetition_penalty,
+                            logit_bias=dict(sampling.logit_bias) or None, logprobs=sampling.logprobs,
+                            prompt_logprobs=sampling.prompt_logprobs if capture else None,
                             output_kind=RequestOutputKind.DELTA, extra_args={"kv_transfer_params": transfer})
+
+
+def passed_logprobs(positions: Any, index: int, token_id: int, k: int | None) -> TokenLogprobs | None:
+    """vLLM's logprobs at one position ({token id: Logprob(logprob, rank)}: the top k by rank and
+    the chosen token, whatever its rank) as ours; None where vLLM has none (not asked, or the
+    first prompt token)."""
+    if k is None or not positions or index >= len(positions) or positions[index] is None:
+        return None
+    entry = positions[index]
+    ranked = sorted((lp.rank if lp.rank is not None else 1 << 62, t, float(lp.logprob)) for t, lp in entry.items())
+    chosen = entry.get(token_id)
+    return TokenLogprobs(float(chosen.logprob) if chosen is not None else float("-inf"),
+                         tuple((t, value) for _, t, value in ranked[:k]))
 
 
 def _prompt(token_ids: Sequence[int], salt: str) -> dict[str, Any]:

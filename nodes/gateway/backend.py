@@ -75,15 +75,23 @@ class Backend:
         self._ready_at = 0.0
         self._ready_lock = asyncio.Lock()
 
-    def start_generation(self, request: ApiRequest, request_id: str, session_id: str, cache_salt: str = "") -> Any:
+    def start_generation(self, request: ApiRequest, request_id: str, session_id: str, cache_salt: str = "",
+                         choice: int = 0) -> Any:
         """The cluster request on `session_id` (the cluster's, tenant-scoped), its prompt's cached
         prefixes shared only under `cache_salt`; 400 for what it cannot run, including anything the
-        bus could not carry (the last guard before the bus)."""
+        bus could not carry (the last guard before the bus). `choice` k of `n` samples with seed
+        `seed + k` (when a seed is given), so the n choices differ and each is reproducible."""
         ids, max_tokens = tokenize(request, self.model.tokenizer, self.max_model_len, self.config.default_max_tokens)
+        self._check_bias(request)
         try:
+            seed = None if request.seed is None else (request.seed + choice) % (2 ** 64)
             sampling = SamplingParams(temperature=request.temperature, top_k=request.top_k, top_p=request.top_p,
-                                      seed=request.seed, max_tokens=max_tokens, stop=request.stop,
-                                      ignore_eos=request.ignore_eos)
+                                      seed=seed, max_tokens=max(1, max_tokens), stop=request.stop,
+                                      ignore_eos=request.ignore_eos, logprobs=request.logprobs,
+                                      prompt_logprobs=request.logprobs if request.echo else None,
+                                      presence_penalty=request.presence_penalty,
+                                      frequency_penalty=request.frequency_penalty,
+                                      repetition_penalty=request.repetition_penalty, logit_bias=request.logit_bias)
             return self.client.generate(ids, sampling, session_id=session_id, request_id=request_id,
                                         cache_salt=cache_salt)
         except Uncarriable as exc:
@@ -91,6 +99,11 @@ class Backend:
                               _field_of(exc.path, request.chat)) from None
         except ValueError as exc:
             raise bad_request(str(exc)) from exc
+
+    def _check_bias(self, request: ApiRequest) -> None:
+        vocab = self.model.tokenizer.vocab_size
+        if any(token >= vocab for token, _ in request.logit_bias):
+            raise bad_request(f"'logit_bias' token ids must be in [0, {vocab})", "logit_bias")
 
     async def readiness(self) -> dict[str, Any]:
         async with self._ready_lock:

@@ -17,12 +17,14 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from typing import Any
 
 from aiohttp import web
 
 from bus.log import get_logger
 from nodes.cluster import ClusterError
 from nodes.gateway.api_errors import ApiError, bad_request, error_body
+from nodes.gateway.choices import ChoiceBuilder
 from nodes.gateway.openai_format import Shaper, pdbus_headers
 from nodes.gateway.relay import StalledConsumer, within
 from nodes.gateway.schema import MAX_DEPTH, parse_request
@@ -89,13 +91,46 @@ async def _openai(request: web.Request, chat: bool) -> web.StreamResponse:
 
 
 async def _complete(served: Served, shaper: Shaper) -> web.Response:
+    builders = _builders(served)
+
+    async def collect(builder: ChoiceBuilder) -> None:
+        async for token in served.tokens(builder.index):
+            builder.add(token)
+        builder.opening()   # now that the prompt logprobs are in
+
     try:
-        text = "".join([token.text async for token in served.tokens()])
+        await asyncio.gather(*(collect(b) for b in builders))
     except ClusterError as exc:
         raise cluster_error(exc) from exc
-    result, info = served.result, served.info()
-    body = shaper.response(text, result.finish_reason, result.usage, info)
+    info = served.info()
+    choices = [b.choice(_result(relay).finish_reason) for b, relay in zip(builders, served.relays, strict=True)]
+    body = shaper.response_choices(choices, _usage(served), info)
     return web.json_response(body, headers=pdbus_headers(info), dumps=_dumps)
+
+
+def _builders(served: Served) -> list[ChoiceBuilder]:
+    tokenizer = served.gateway.backend.model.tokenizer
+    return [ChoiceBuilder(i, served.api_request.prompt_item(i // served.api_request.n), relay.generation, tokenizer)
+            for i, relay in enumerate(served.relays)]
+
+
+def _result(relay: Any) -> Any:
+    """A finished relay's GenerationResult (set once its stream ended without an error)."""
+    assert relay.result is not None, "the choice's stream has not finished"
+    return relay.result
+
+
+def _usage(served: Served) -> dict[str, int]:
+    """Each prompt counted once, every choice's completion tokens (none when only scored)."""
+    api, usage = served.api_request, {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0}
+    for index, relay in enumerate(served.relays):
+        result = _result(relay).usage
+        if index % api.n == 0:
+            usage["prompt_tokens"] += int(result.get("prompt_tokens", 0))
+            usage["cached_tokens"] += int(result.get("cached_tokens", 0))
+        if not (api.echo and api.max_tokens == 0):
+            usage["completion_tokens"] += int(result.get("completion_tokens", 0))
+    return usage
 
 
 def _dumps(value: object) -> str:
@@ -103,7 +138,7 @@ def _dumps(value: object) -> str:
 
 
 async def _stream(request: web.Request, served: Served, shaper: Shaper) -> web.StreamResponse:
-    tokens = served.tokens()
+    tokens = served.merged()
     try:
         first = await anext(tokens, None)
     except ClusterError as exc:
@@ -137,18 +172,32 @@ async def _send_stream(response: web.StreamResponse, served: Served, shaper: Sha
     async def send(data: object) -> None:
         await within(timeout, response.write(sse(data)))
 
-    if (opening := shaper.first_chunk()) is not None:
-        await send(opening)
-    if first is not None:
-        await send(shaper.chunk(first.text))
-    async for token in tokens:
-        if token.text:
-            await send(shaper.chunk(token.text))
-    result = served.result
-    await send(shaper.final_chunk(result.finish_reason, served.info()))
+    builders = _builders(served)
+    for builder in builders:
+        if (opening := shaper.first_chunk(builder.index)) is not None:
+            await send(opening)
+        text, _ = builder.opening()   # echo streams the prompt's text (its logprobs: JSON responses only)
+        if text:
+            await send(shaper.chunk(text, builder.index))
+    pending = [] if first is None else [first]
+    async for item in _chain(pending, tokens):
+        index, token = item
+        text, logprobs = builders[index].add(token)
+        if text or logprobs:
+            await send(shaper.chunk(text, index, logprobs))
+    for builder, relay in zip(builders, served.relays, strict=True):
+        await send(shaper.final_chunk(builder.choice(_result(relay).finish_reason).finish_reason, served.info(),
+                                      index=builder.index))
     if served.api_request.include_usage:
-        await send(shaper.usage_chunk(result.usage))
+        await send(shaper.usage_chunk(_usage(served)))
     await within(timeout, response.write(b"data: [DONE]\n\n"))
+
+
+async def _chain(first: list, rest):
+    for item in first:
+        yield item
+    async for item in rest:
+        yield item
 
 
 async def models(request: web.Request) -> web.Response:

@@ -2,8 +2,10 @@
 `pdbus` transparency object and headers.
 
 Contract: `Shaper(request, model_name, response_id, created)` builds, for its kind (completion or
-chat): `chunk(text)`, `first_chunk()` (chat's role delta; None for completions), `final_chunk(
-finish_reason, pdbus)`, `usage_chunk(usage)`, `response(text, finish_reason, usage, pdbus)`.
+chat): `chunk(text, index, logprobs)`, `first_chunk(index)` (chat's role delta; None for
+completions), `final_chunk(finish_reason, pdbus, text, index)`, `usage_chunk(usage)`,
+`response(text, finish_reason, usage, pdbus)` (one choice) and `response_choices(choices, usage,
+pdbus)` (each a `Choice`: index, text, finish_reason, logprobs field).
 `pdbus_info(trace, kv_mode, session_id=None)` says which nodes served the request, the KV mode,
 failovers and timings (`session_id`: the client's own id, shown instead of the cluster's);
 `pdbus_headers(info)` is the same as `X-Pdbus-*` headers, each value cut to printable ASCII
@@ -12,6 +14,7 @@ failovers and timings (`session_id`: the client's own id, shown instead of the c
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 MAX_HEADER_CHARS = 256
@@ -62,6 +65,16 @@ def _headers(info: dict[str, Any]) -> dict[str, str]:
     return headers
 
 
+@dataclass(frozen=True)
+class Choice:
+    """One finished choice of a response: its text, why it ended, its `logprobs` field (or None)."""
+
+    index: int
+    text: str
+    finish_reason: str | None
+    logprobs: dict[str, Any] | None = None
+
+
 class Shaper:
     def __init__(self, chat: bool, model_name: str, response_id: str, created: int) -> None:
         self.chat, self.model, self.id, self.created = chat, model_name, response_id, created
@@ -71,23 +84,25 @@ class Shaper:
         return {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
                 "choices": [choice], **extra}
 
-    def first_chunk(self) -> dict[str, Any] | None:
+    def first_chunk(self, index: int = 0) -> dict[str, Any] | None:
         if not self.chat:
             return None
-        return self._chunk({"index": 0, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
+        return self._chunk({"index": index, "delta": {"role": "assistant", "content": ""}, "logprobs": None,
                             "finish_reason": None})
 
-    def chunk(self, text: str) -> dict[str, Any]:
+    def chunk(self, text: str, index: int = 0, logprobs: dict[str, Any] | None = None) -> dict[str, Any]:
         if self.chat:
-            return self._chunk({"index": 0, "delta": {"content": text}, "logprobs": None, "finish_reason": None})
-        return self._chunk({"index": 0, "text": text, "logprobs": None, "finish_reason": None})
+            return self._chunk({"index": index, "delta": {"content": text}, "logprobs": logprobs,
+                                "finish_reason": None})
+        return self._chunk({"index": index, "text": text, "logprobs": logprobs, "finish_reason": None})
 
-    def final_chunk(self, finish_reason: str | None, pdbus: dict[str, Any], text: str = "") -> dict[str, Any]:
+    def final_chunk(self, finish_reason: str | None, pdbus: dict[str, Any], text: str = "",
+                    index: int = 0) -> dict[str, Any]:
         if self.chat:
-            choice = {"index": 0, "delta": {"content": text} if text else {}, "logprobs": None,
+            choice = {"index": index, "delta": {"content": text} if text else {}, "logprobs": None,
                       "finish_reason": finish_reason}
         else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+            choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
         return self._chunk(choice, pdbus=pdbus)
 
     def usage_chunk(self, usage: dict[str, int]) -> dict[str, Any]:
@@ -96,11 +111,16 @@ class Shaper:
 
     def response(self, text: str, finish_reason: str | None, usage: dict[str, int],
                  pdbus: dict[str, Any]) -> dict[str, Any]:
-        if self.chat:
-            choice = {"index": 0, "message": {"role": "assistant", "content": text}, "logprobs": None,
-                      "finish_reason": finish_reason}
-        else:
-            choice = {"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason}
+        return self.response_choices([Choice(0, text, finish_reason)], usage, pdbus)
+
+    def response_choices(self, choices: list[Choice], usage: dict[str, int], pdbus: dict[str, Any]) -> dict[str, Any]:
         return {"id": self.id, "object": "chat.completion" if self.chat else "text_completion",
-                "created": self.created, "model": self.model, "choices": [choice], "usage": usage_body(usage),
-                "pdbus": pdbus}
+                "created": self.created, "model": self.model, "choices": [self._choice(c) for c in choices],
+                "usage": usage_body(usage), "pdbus": pdbus}
+
+    def _choice(self, choice: Choice) -> dict[str, Any]:
+        if self.chat:
+            return {"index": choice.index, "message": {"role": "assistant", "content": choice.text},
+                    "logprobs": choice.logprobs, "finish_reason": choice.finish_reason}
+        return {"index": choice.index, "text": choice.text, "logprobs": choice.logprobs,
+                "finish_reason": choice.finish_reason}

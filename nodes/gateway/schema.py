@@ -18,9 +18,10 @@ context length (400 `context_length_exceeded`).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
+from nodes.engines.engine_types import MAX_LOGIT_BIAS, MAX_LOGPROBS
 from nodes.gateway import fields
 from nodes.gateway.api_errors import ApiError, bad_request
 from nodes.gateway.fields import MAX_DEPTH, MAX_SESSION_ID_CHARS, boolean, integer, number, string, text
@@ -30,9 +31,12 @@ __all__ = ["MAX_DEPTH", "MAX_SESSION_ID_CHARS", "ApiRequest", "parse_request", "
 COMMON = {"model", "max_tokens", "temperature", "top_p", "top_k", "seed", "stop", "n", "stream",
           "stream_options", "user", "ignore_eos", "session_id", "logprobs", "presence_penalty",
           "frequency_penalty", "best_of", "echo", "suffix", "max_completion_tokens", "top_logprobs",
-          "tools", "tool_choice", "logit_bias"}
+          "tools", "tool_choice", "logit_bias", "repetition_penalty"}
 MAX_STOPS = 8
 MAX_STOP_CHARS = 1024
+MAX_N = 16                 # choices per prompt (`n`)
+MAX_PROMPTS = 64           # prompts in one completions request
+MAX_CHOICES = 64           # prompts x n
 
 
 @dataclass(frozen=True)
@@ -54,6 +58,26 @@ class ApiRequest:
     ignore_eos: bool = False
     session_id: str | None = None
     ignored_fields: tuple[str, ...] = field(default=())
+    more_prompts: tuple[str | tuple[int, ...], ...] = ()   # completions: the batch's other prompts
+    n: int = 1
+    logprobs: int | None = None        # alternatives per token (chat: `top_logprobs` when `logprobs`)
+    echo: bool = False                 # completions: the prompt, and its logprobs, before the completion
+    presence_penalty: float = 0.0
+    frequency_penalty: float = 0.0
+    repetition_penalty: float = 1.0    # vLLM's extension
+    logit_bias: tuple[tuple[int, float], ...] = ()
+
+    @property
+    def num_prompts(self) -> int:
+        return 1 + len(self.more_prompts)
+
+    def prompt_item(self, index: int) -> ApiRequest:
+        """This request for its `index`-th prompt alone (completions batches)."""
+        if index == 0:
+            return self
+        item = self.more_prompts[index - 1]
+        text, ids = (item, None) if isinstance(item, str) else (None, item)
+        return replace(self, prompt=text, prompt_token_ids=ids, more_prompts=())
 
 
 def _stop(body: dict) -> tuple[str, ...]:
@@ -70,35 +94,59 @@ def _stop(body: dict) -> tuple[str, ...]:
     return tuple(text(s, "stop") for s in stops if s)
 
 
-def _refuse_unsupported(body: dict) -> None:
-    if integer(body, "n", 1, fields.INT64_MAX) not in (None, 1):
-        raise bad_request("only n=1 is supported (one completion per request)", "n")
-    if integer(body, "best_of", 1, fields.INT64_MAX) not in (None, 1):
-        raise bad_request("only best_of=1 is supported", "best_of")
-    if body.get("logprobs") not in (None, False, 0) or body.get("top_logprobs") not in (None, 0):
-        raise bad_request("logprobs are not supported", "logprobs")
-    if body.get("echo") not in (None, False):
-        raise bad_request("echo is not supported", "echo")
-    for name in ("presence_penalty", "frequency_penalty"):
-        if number(body, name, 0.0, -2.0, 2.0) != 0.0:
-            raise bad_request(f"'{name}' is not supported (use 0)", name)
-    if body.get("suffix") or body.get("tools") or body.get("logit_bias"):
-        name = next(n for n in ("suffix", "tools", "logit_bias") if body.get(n))
-        raise bad_request(f"'{name}' is not supported", name)
+def _refuse_unsupported(body: dict, chat: bool) -> None:
+    n = integer(body, "n", 1, MAX_N) or 1
+    if (best_of := integer(body, "best_of", 1, fields.INT64_MAX)) not in (None, n):
+        raise bad_request("best_of is supported only equal to n (every choice is returned)", "best_of")
+    if body.get("suffix"):
+        raise bad_request("'suffix' is not supported", "suffix")
+    if chat and body.get("echo") not in (None, False):
+        raise bad_request("'echo' is a completions field", "echo")
+    del best_of
 
 
-def _prompt(body: dict) -> tuple[str | None, tuple[int, ...] | None]:
+def _logprobs(body: dict, chat: bool) -> int | None:
+    """Completions: `logprobs` k (0..20). Chat: `logprobs` true, `top_logprobs` k (0..20)."""
+    if not chat:
+        return integer(body, "logprobs", 0, MAX_LOGPROBS)
+    wanted = boolean(body, "logprobs")
+    top = integer(body, "top_logprobs", 0, MAX_LOGPROBS)
+    if top is not None and not wanted:
+        raise bad_request("'top_logprobs' needs 'logprobs': true", "top_logprobs")
+    return (top or 0) if wanted else None
+
+
+def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
+    bias = body.get("logit_bias")
+    if bias is None:
+        return ()
+    if not isinstance(bias, dict) or len(bias) > MAX_LOGIT_BIAS:
+        raise bad_request(f"'logit_bias' must map at most {MAX_LOGIT_BIAS} token ids to biases", "logit_bias")
+    pairs = []
+    for key in bias:
+        if not (isinstance(key, str) and key.isascii() and key.isdigit() and int(key) <= fields.MAX_TOKEN_ID):
+            raise bad_request(f"'logit_bias' keys are token ids, got {fields.shown(key)}", "logit_bias")
+        pairs.append((int(key), number(bias, key, 0.0, -100.0, 100.0)))
+    return tuple(sorted(pairs))
+
+
+def _prompts(body: dict) -> list[tuple[str | None, tuple[int, ...] | None]]:
+    """A batch: a list of strings, or a list of token-id lists; otherwise one prompt."""
     prompt = body.get("prompt")
-    if isinstance(prompt, list) and len(prompt) == 1 and isinstance(prompt[0], str | list):
-        prompt = prompt[0]   # a batch of one
+    if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
+        if len(prompt) > MAX_PROMPTS:
+            raise bad_request(f"at most {MAX_PROMPTS} prompts per request", "prompt")
+        return [_prompt(item) for item in prompt]
+    return [_prompt(prompt)]
+
+
+def _prompt(prompt: Any) -> tuple[str | None, tuple[int, ...] | None]:
     if isinstance(prompt, str):
         if not prompt:
             raise bad_request("'prompt' must not be empty", "prompt")
         return text(prompt, "prompt"), None
     if isinstance(prompt, list) and prompt and all(isinstance(t, int) and not isinstance(t, bool) for t in prompt):
         return None, fields.token_ids(prompt)
-    if isinstance(prompt, list) and prompt and all(isinstance(p, str | list) for p in prompt):
-        raise bad_request("one prompt per request (batches of prompts are not supported)", "prompt")
     if prompt is None:
         raise bad_request("'prompt' is required", "prompt")
     raise bad_request("'prompt' must be a non-empty string or list of token ids", "prompt")
@@ -127,8 +175,9 @@ def _messages(body: dict) -> tuple[dict, ...]:
     return tuple(parsed)
 
 
-def _max_tokens(body: dict, chat: bool, limit: int) -> int | None:
-    value = integer(body, "max_tokens", 1, fields.INT64_MAX)
+def _max_tokens(body: dict, chat: bool, limit: int, echo: bool = False) -> int | None:
+    """At least 1; 0 only with `echo` (the prompt scored, nothing generated)."""
+    value = integer(body, "max_tokens", 0 if echo else 1, fields.INT64_MAX)
     if chat and value is None:
         value = integer(body, "max_completion_tokens", 1, fields.INT64_MAX)
     if value is not None and value > limit:
@@ -142,15 +191,26 @@ def parse_request(body: Any, *, chat: bool, model_name: str, max_tokens_limit: i
         raise bad_request("the request body must be a JSON object")
     fields.check_depth(body)
     model = _model(body, model_name)
-    _refuse_unsupported(body)
+    _refuse_unsupported(body, chat)
     options = body.get("stream_options")
     if options is not None and not isinstance(options, dict):
         raise bad_request("'stream_options' must be an object", "stream_options")
-    prompt, token_ids = (None, None) if chat else _prompt(body)
+    prompts = [(None, None)] if chat else _prompts(body)
+    (prompt, token_ids), n = prompts[0], integer(body, "n", 1, MAX_N) or 1
+    if len(prompts) * n > MAX_CHOICES:
+        raise bad_request(f"prompts x n is at most {MAX_CHOICES}", "n")
+    echo = False if chat else boolean(body, "echo")
+    if echo and boolean(body, "stream") and body.get("logprobs") is not None:
+        raise bad_request("'echo' with 'logprobs' is served as a JSON response, not streamed", "echo")
     known = COMMON | ({"messages"} if chat else {"prompt"})
     return ApiRequest(
+        more_prompts=tuple(text if text is not None else ids for text, ids in prompts[1:]),  # type: ignore[misc]
+        n=n, logprobs=_logprobs(body, chat), echo=echo,
+        presence_penalty=number(body, "presence_penalty", 0.0, -2.0, 2.0),
+        frequency_penalty=number(body, "frequency_penalty", 0.0, -2.0, 2.0),
+        repetition_penalty=number(body, "repetition_penalty", 1.0, 1e-9, 10.0), logit_bias=_logit_bias(body),
         chat=chat, model=model, prompt=prompt, prompt_token_ids=token_ids,
-        messages=_messages(body) if chat else None, max_tokens=_max_tokens(body, chat, max_tokens_limit),
+        messages=_messages(body) if chat else None, max_tokens=_max_tokens(body, chat, max_tokens_limit, echo),
         temperature=number(body, "temperature", 1.0, 0.0, 2.0), top_p=number(body, "top_p", 1.0, 1e-9, 1.0),
         top_k=max(0, integer(body, "top_k", -1, fields.MAX_TOKEN_ID) or 0),
         seed=integer(body, "seed", fields.INT64_MIN, fields.INT64_MAX),

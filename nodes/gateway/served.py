@@ -4,8 +4,11 @@ limits, in-flight gauge), the relay from the cluster, token timing, metrics and 
 Contract: `async with Served(gateway, endpoint, identity, prefix, tenant) as served:` admits
 (ApiError 429) and always logs one `access` line and counts the outcome on exit;
 `served.start(api_request)` starts the cluster request behind a `Relay`, on the cluster session
-`tenants.cluster_session_id(tenant, session id)` (the client's session id, or a new one); `async
-for token in served.tokens()` yields StreamTokens (ClusterError / StalledConsumer propagate);
+`tenants.cluster_session_id(tenant, session id)` (the client's session id, or a new one), and one
+more for each other choice (prompts x `n`: choice i > 0 is request `<id>-i` on session
+`<session>~i`, sampled with seed + its sample number); `async for token in served.tokens(i)`
+yields choice i's StreamTokens, `served.merged()` every choice's `(i, token)` as they come
+(ClusterError / StalledConsumer propagate);
 `served.info()` is the `pdbus` object, which names the client's own session id, never the
 cluster's. Whatever the ending, `__aexit__` aborts the cluster request and releases the limits.
 `cluster_error(exc) -> ApiError` maps the cluster's refusals: `overloaded` -> 503 + Retry-After,
@@ -90,9 +93,10 @@ class Served:
         self.gateway, self.endpoint, self.identity, self.tenant = gateway, endpoint, identity, tenant
         self.request_id = f"{prefix}-{uuid.uuid4().hex}"
         self.session_id: str | None = None
-        self.relay: Relay | None = None
+        self.relays: list[Relay] = []            # one per choice: prompt p's sample k is choice p * n + k
         self.api_request: Any = None
-        self.token_times: list[float] = []
+        self.token_times: list[float] = []       # choice 0's (TTFT and the access log)
+        self.choice_times: dict[int, list[float]] = {}
         self.started = time.monotonic()
         self.outcome: Outcome | None = None
         self._admitted = False
@@ -107,9 +111,13 @@ class Served:
         self.gateway.metrics.in_flight.inc()
         return self
 
+    @property
+    def relay(self) -> Relay | None:
+        return self.relays[0] if self.relays else None
+
     async def __aexit__(self, kind: Any, exc: BaseException | None, tb: Any) -> None:
-        if self.relay is not None:
-            await self.relay.aclose()   # no-op when finished; aborts the cluster request otherwise
+        for relay in self.relays:
+            await relay.aclose()   # no-op when finished; aborts the cluster request otherwise
         if self._admitted:
             self.gateway.limiter.release(self.identity)
             self.gateway.metrics.in_flight.dec()
@@ -123,11 +131,11 @@ class Served:
         ended = time.monotonic()
         self.gateway.metrics.observe_request(self.endpoint, self.outcome)
         result = self.relay.result if self.relay is not None else None
-        if self.relay is not None:
-            usage = result.usage if result else {"prompt_tokens": len(self.relay.generation.prompt),
-                                                 "completion_tokens": len(self.token_times)}
-            self.gateway.metrics.observe_stream(self.relay.generation.trace, usage, self.token_times,
-                                                self.started, ended)
+        for index, relay in enumerate(self.relays):
+            times = self.token_times if index == 0 else self.choice_times.get(index, [])
+            usage = relay.result.usage if relay.result else {"prompt_tokens": len(relay.generation.prompt),
+                                                             "completion_tokens": len(times)}
+            self.gateway.metrics.observe_stream(relay.generation.trace, usage, times, self.started, ended)
         self._log_access(exc, result, ended)
 
     def _log_access(self, exc: BaseException | None, result: Any, ended: float) -> None:
@@ -147,16 +155,50 @@ class Served:
         self.session_id = api_request.session_id or new_session_id()
         # Prefix caches are shared within a tenant only, unless the operator lets tenants share them.
         salt = "" if config.share_prefix_cache else self.tenant
-        generation = self.gateway.backend.start_generation(api_request, self.request_id,
-                                                           cluster_session_id(self.tenant, self.session_id), salt)
-        self.relay = Relay(generation, config.stream_buffer_tokens, config.stall_timeout_s)
-        self.gateway.relays.add(self.relay)
+        session = cluster_session_id(self.tenant, self.session_id)
+        for prompt in range(api_request.num_prompts):
+            for sample in range(api_request.n):
+                index = prompt * api_request.n + sample
+                # Choice 0 is the request itself; the others run beside it as cluster requests of their own.
+                generation = self.gateway.backend.start_generation(
+                    api_request.prompt_item(prompt), self.request_id if index == 0 else f"{self.request_id}-{index}",
+                    session if index == 0 else f"{session}~{index}", salt, choice=sample)
+                self.relays.append(Relay(generation, config.stream_buffer_tokens, config.stall_timeout_s))
+                self.gateway.relays.add(self.relays[-1])
 
-    async def tokens(self) -> Any:
-        assert self.relay is not None, "start() the request first"
-        async for token in self.relay:
-            self.token_times.append(time.monotonic())
+    async def tokens(self, index: int = 0) -> Any:
+        """Choice `index`'s tokens as they come."""
+        assert self.relays, "start() the request first"
+        times = self.token_times if index == 0 else self.choice_times.setdefault(index, [])
+        async for token in self.relays[index]:
+            times.append(time.monotonic())
             yield token
+
+    async def merged(self) -> Any:
+        """Every choice's tokens as `(index, token)` in the order they come; ends when all have."""
+        queue: asyncio.Queue = asyncio.Queue()
+
+        async def pump(index: int) -> None:
+            try:
+                async for token in self.tokens(index):
+                    queue.put_nowait((index, token))
+                queue.put_nowait((index, None))
+            except BaseException as exc:   # ClusterError, StalledConsumer: the consumer re-raises it
+                queue.put_nowait((index, exc))
+
+        pumps = [asyncio.get_running_loop().create_task(pump(i)) for i in range(len(self.relays))]
+        try:
+            for _ in range(len(pumps)):
+                while True:
+                    index, item = await queue.get()
+                    if item is None:
+                        break
+                    if isinstance(item, BaseException):
+                        raise item
+                    yield index, item
+        finally:
+            for task in pumps:
+                task.cancel()
 
     def info(self) -> dict[str, Any]:
         assert self.relay is not None, "start() the request first"

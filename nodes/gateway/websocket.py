@@ -103,6 +103,9 @@ async def _serve(ws: web.WebSocketResponse, request: web.Request, body: object) 
             api = parse_request(body, chat=chat, model_name=config.model_name,
                                 max_tokens_limit=config.max_tokens_limit,
                                 session_header=request.headers.get("X-Session-Id"))
+            if api.num_prompts * api.n > 1 or api.echo or api.logprobs is not None:
+                raise ApiError(400, "the WebSocket stream serves one choice of text: n, several prompts, echo and "
+                               "logprobs are served over HTTP", param="n")
             served.start(api)
             await _relay(ws, served, timeout)
     except ApiError as exc:

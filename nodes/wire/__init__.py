@@ -31,6 +31,7 @@ from nodes.wire.bodies import (
     PrefillTimings,
     SamplingParams,
     TokenBody,
+    TokenLogprobs,
     TransferReport,
     Usage,
 )
@@ -42,6 +43,6 @@ from nodes.wire.field_readers import Bounds, Refused, summary
 __all__ = ["CONTROL_ACTIONS", "DECODE", "FINISH_REASONS", "SWITCH_ROLES", "ControlBody", "MAX_DEPTH", "PREFILL", "PREFILL_FAILURE", "Bounds", "Code",
            "DecodeDoneBody", "DecodeRequestBody", "DecodeTimings", "KvReadyBody", "PlanBody", "PlanKind",
            "PrefillDoneBody", "PrefillMode", "PrefillRequestBody", "PrefillTimings", "Refused", "SamplingParams",
-           "TokenBody", "TransferReport", "Uncarriable", "Usage", "check_carriable", "check_request",
+           "TokenBody", "TokenLogprobs", "TransferReport", "Uncarriable", "Usage", "check_carriable", "check_request",
            "check_routing_key", "claimed_node", "claims", "code_label", "error_details", "from_wire",
            "read_partial", "summary", "to_wire"]

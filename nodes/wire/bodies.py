@@ -22,11 +22,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 from enum import StrEnum
 
-from nodes.engines.base import SamplingParams
+from nodes.engines.base import SamplingParams, TokenLogprobs
 
 __all__ = ["CONTROL_ACTIONS", "DECODE", "FINISH_REASONS", "PREFILL", "ControlBody", "DecodeDoneBody", "DecodeRequestBody", "DecodeTimings",
            "KvReadyBody", "PlanBody", "PlanKind", "PrefillDoneBody", "PrefillMode", "PrefillRequestBody",
-           "PrefillTimings", "SamplingParams", "TokenBody", "TransferReport", "Usage"]
+           "PrefillTimings", "SamplingParams", "TokenBody", "TokenLogprobs", "TransferReport", "Usage"]
 
 DECODE, PREFILL = "decode", "prefill"   # the services
 FINISH_REASONS = ("stop", "length", "abort")
@@ -71,6 +71,7 @@ class PrefillRequestBody:
     urgent: bool = False          # a recovery: run before queued new prompts
     cache_salt: str = ""          # prefix-cache scope: prompts share cached KV only under one salt
     kv_offset: int = 0            # the decode node holds the KV of this many leading tokens: send the rest
+    num_output_tokens: int = 0    # the prompt's last tokens are output delivered before (a resume)
 
 
 @dataclass(frozen=True, slots=True)
@@ -99,6 +100,7 @@ class TokenBody:
     index: int                    # relative to the request that produced it
     token_id: int
     text: str
+    logprobs: TokenLogprobs | None = None   # when the request asked (`sampling.logprobs`)
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,6 +151,8 @@ class PrefillDoneBody:
     transfer: TransferReport | None
     timings: PrefillTimings = PrefillTimings()
     stats: dict[str, int | float] = field(default_factory=dict)
+    # With `sampling.prompt_logprobs`: one per prompt token, the first None.
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -160,6 +164,7 @@ class DecodeDoneBody:
     usage: Usage = Usage()
     timings: DecodeTimings = DecodeTimings()
     stats: dict[str, int | float] = field(default_factory=dict)
+    prompt_logprobs: tuple[TokenLogprobs | None, ...] = ()   # when this node prefilled the prompt itself
 
 
 @dataclass(frozen=True, slots=True)

@@ -40,9 +40,10 @@ from nodes.wire.bodies import (
     PrefillRequestBody,
     SamplingParams,
     TokenBody,
+    TokenLogprobs,
     TransferReport,
 )
-from nodes.wire.field_readers import Bounds
+from nodes.wire.field_readers import MIN_LOGPROB, Bounds
 from nodes.wire.reply_readers import MAX_RETRY_AFTER_S, claimed_node, error_details
 
 __all__ = ["MAX_RETRY_AFTER_S", "claimed_node", "claims", "error_details", "from_wire", "read_partial", "to_wire"]
@@ -68,10 +69,30 @@ def claims(kind: type, value: Any) -> bool:
 
 
 # -- writers ---------------------------------------------------------------------------------
+_SAMPLING_DEFAULTS = SamplingParams()
+_OPTIONAL_SAMPLING = ("logprobs", "prompt_logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty",
+                      "logit_bias")
+
+
 def _sampling(s: SamplingParams) -> dict[str, Any]:
     values = dataclasses.asdict(s)
     values["stop"], values["stop_token_ids"] = list(s.stop), list(s.stop_token_ids)
+    values["logit_bias"] = [list(pair) for pair in s.logit_bias]
+    for name in _OPTIONAL_SAMPLING:   # left out at their defaults: most requests use none of them
+        if getattr(s, name) == getattr(_SAMPLING_DEFAULTS, name):
+            del values[name]
     return values
+
+
+def _logprobs(lp: TokenLogprobs | None) -> list | None:
+    """[logprob, [[token_id, logprob], ...]]: finite (an -inf, a masked token's, is sent as -1e9)."""
+    if lp is None:
+        return None
+    return [_finite(lp.logprob), [[token, _finite(value)] for token, value in lp.top]]
+
+
+def _finite(logprob: float) -> float:
+    return min(max(logprob, MIN_LOGPROB), 0.0)
 
 
 def _decode_request(b: DecodeRequestBody) -> dict[str, Any]:
@@ -86,7 +107,7 @@ def _prefill_request(b: PrefillRequestBody) -> dict[str, Any]:
     body = {"prompt_token_ids": list(b.prompt), "sampling": _sampling(b.sampling),
             "decode_node_id": b.decode_node_id, "data_endpoint": b.data_endpoint, "transfer_id": b.transfer_id,
             "request_id": b.request_id, "urgent": b.urgent}
-    optional = {"cache_salt": b.cache_salt, "kv_offset": b.kv_offset}
+    optional = {"cache_salt": b.cache_salt, "kv_offset": b.kv_offset, "num_output_tokens": b.num_output_tokens}
     return body | {key: value for key, value in optional.items() if value}
 
 
@@ -100,23 +121,31 @@ def _plan(b: PlanBody) -> dict[str, Any]:
 
 
 def _token(b: TokenBody) -> dict[str, Any]:
-    return {"type": "token", "index": b.index, "token_id": b.token_id, "text": b.text}
+    token = {"type": "token", "index": b.index, "token_id": b.token_id, "text": b.text}
+    return token if b.logprobs is None else token | {"logprobs": _logprobs(b.logprobs)}
 
 
 def _triple(t: TokenBody) -> list:
-    return [t.index, t.token_id, t.text]
+    """[index, token_id, text], with the token's logprobs as a fourth item when it has them."""
+    return [t.index, t.token_id, t.text] + ([] if t.logprobs is None else [_logprobs(t.logprobs)])
 
 
 def _prefill_done(b: PrefillDoneBody) -> dict[str, Any]:
-    return {"type": "done", "node_id": b.node_id, "token": None if b.token is None else _triple(b.token),
+    done = {"type": "done", "node_id": b.node_id, "token": None if b.token is None else _triple(b.token),
             "transfer": None if b.transfer is None else dataclasses.asdict(b.transfer),
             "timings": dataclasses.asdict(b.timings), "stats": dict(b.stats)}
+    return done | _prompt_logprobs(b.prompt_logprobs)
+
+
+def _prompt_logprobs(values: tuple[TokenLogprobs | None, ...]) -> dict[str, Any]:
+    return {"prompt_logprobs": [_logprobs(lp) for lp in values]} if values else {}
 
 
 def _decode_done(b: DecodeDoneBody) -> dict[str, Any]:
     return {"type": "done", "node_id": b.node_id, "finish_reason": b.finish_reason,
             "tokens": [_triple(t) for t in b.tokens], **({} if b.plan is None else {"plan": str(b.plan)}),
-            "usage": dataclasses.asdict(b.usage), "timings": dataclasses.asdict(b.timings), "stats": dict(b.stats)}
+            "usage": dataclasses.asdict(b.usage), "timings": dataclasses.asdict(b.timings), "stats": dict(b.stats),
+            **_prompt_logprobs(b.prompt_logprobs)}
 
 
 def _kv_ready(b: KvReadyBody) -> dict[str, Any]:

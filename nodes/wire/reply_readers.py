@@ -25,6 +25,7 @@ from nodes.wire.bodies import (
     PrefillDoneBody,
     PrefillTimings,
     TokenBody,
+    TokenLogprobs,
     TransferReport,
     Usage,
 )
@@ -52,22 +53,30 @@ def _plan_kind(value: Any) -> PlanKind:
 
 def token(value: Any, bounds: Bounds) -> TokenBody:
     body = f.typed_map(value, "token", "a token")
-    return _token(body.get("index"), body.get("token_id"), body.get("text"), bounds)
+    return _token(body.get("index"), body.get("token_id"), body.get("text"), bounds, body.get("logprobs"))
 
 
-def _token(index: Any, token_id: Any, text: Any, bounds: Bounds) -> TokenBody:
+def _token(index: Any, token_id: Any, text: Any, bounds: Bounds, logprobs: Any = None) -> TokenBody:
     if not f.is_int(index) or not 0 <= index < bounds.max_tokens:
         raise Refused(f"a token's index must be an integer in [0, {bounds.max_tokens})")
     f.count(token_id, "token_id", 0, bounds.vocab_size - 1)
     if not isinstance(text, str) or len(text) > f.MAX_TEXT_CHARS:
         raise Refused(f"a token's text must be a string of at most {f.MAX_TEXT_CHARS} characters")
-    return TokenBody(index, token_id, text)
+    return TokenBody(index, token_id, text, f.logprobs(logprobs, "a token's logprobs", bounds.vocab_size))
 
 
 def _triple(value: Any, what: str, bounds: Bounds) -> TokenBody:
-    if not isinstance(value, list | tuple) or len(value) != 3:
-        raise Refused(f"{what} must be a list [index, token_id, text]")
-    return _token(value[0], value[1], value[2], bounds)
+    if not isinstance(value, list | tuple) or len(value) not in (3, 4):
+        raise Refused(f"{what} must be a list [index, token_id, text] or [index, token_id, text, logprobs]")
+    return _token(value[0], value[1], value[2], bounds, value[3] if len(value) == 4 else None)
+
+
+def _prompt_logprobs(value: Any, bounds: Bounds) -> tuple[TokenLogprobs | None, ...]:
+    if value is None:
+        return ()
+    if not isinstance(value, list | tuple) or len(value) > f.MAX_PROMPT_LOGPROBS:
+        raise Refused(f"prompt_logprobs must be a list of at most {f.MAX_PROMPT_LOGPROBS} entries")
+    return tuple(f.logprobs(item, "prompt_logprobs", bounds.vocab_size) for item in value)
 
 
 def _tokens(value: Any, bounds: Bounds) -> tuple[TokenBody, ...]:
@@ -84,7 +93,7 @@ def prefill_done(value: Any, bounds: Bounds) -> PrefillDoneBody:
     return PrefillDoneBody(
         node_id=f.an_id_or_empty(body, "node_id"), token=None if first is None else _triple(first, "token", bounds),
         transfer=None if report is None else transfer(report, bounds), timings=_timings(body.get("timings"), PrefillTimings),
-        stats=f.stats(body.get("stats")))
+        stats=f.stats(body.get("stats")), prompt_logprobs=_prompt_logprobs(body.get("prompt_logprobs"), bounds))
 
 
 def decode_done(value: Any, bounds: Bounds) -> DecodeDoneBody:
@@ -95,7 +104,7 @@ def decode_done(value: Any, bounds: Bounds) -> DecodeDoneBody:
         finish_reason=None if reason is None else f.one_of(reason, "finish_reason", FINISH_REASONS),
         tokens=_tokens(body.get("tokens"), bounds), plan=None if kind is None else _plan_kind(kind),
         usage=_usage(body.get("usage")), timings=_timings(body.get("timings"), DecodeTimings),
-        stats=f.stats(body.get("stats")))
+        stats=f.stats(body.get("stats")), prompt_logprobs=_prompt_logprobs(body.get("prompt_logprobs"), bounds))
 
 
 def _usage(value: Any) -> Usage:

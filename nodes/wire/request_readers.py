@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from nodes.engines.engine_types import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_PENALTY, MAX_REPETITION_PENALTY
 from nodes.wire import field_readers as f
 from nodes.wire.bodies import (
     CONTROL_ACTIONS,
@@ -55,8 +56,9 @@ def prefill_request(value: Any, bounds: Bounds) -> PrefillRequestBody:
     endpoint = f.an_id(body, "data_endpoint", f.MAX_ENDPOINT_BYTES)
     urgent = f.flag(body.get("urgent", False), "urgent")
     kv_offset = f.count(body.get("kv_offset", 0), "kv_offset", 0, len(prompt) - 1)
+    num_output = f.count(body.get("num_output_tokens", 0), "num_output_tokens", 0, len(prompt) - 1)
     return PrefillRequestBody(prompt, sampling(body.get("sampling", {}), bounds), node_id, endpoint, transfer_id,
-                              request_id, urgent, f.an_id_or_empty(body, "cache_salt"), kv_offset)
+                              request_id, urgent, f.an_id_or_empty(body, "cache_salt"), kv_offset, num_output)
 
 
 def kv_ready(value: Any, bounds: Bounds) -> KvReadyBody:
@@ -96,9 +98,33 @@ def sampling(value: Any, bounds: Bounds) -> SamplingParams:
             max_tokens=f.count(values.get("max_tokens", d.max_tokens), "max_tokens", 1, MAX_SAMPLING_COUNT),
             stop=_stops(values.get("stop", [])),
             stop_token_ids=_stop_token_ids(values.get("stop_token_ids", []), bounds),
-            ignore_eos=f.flag(values.get("ignore_eos", d.ignore_eos), "ignore_eos"))
+            ignore_eos=f.flag(values.get("ignore_eos", d.ignore_eos), "ignore_eos"),
+            logprobs=_optional_logprobs(values.get("logprobs"), "logprobs"),
+            prompt_logprobs=_optional_logprobs(values.get("prompt_logprobs"), "prompt_logprobs"),
+            presence_penalty=f.number(values.get("presence_penalty", 0.0), "presence_penalty", -MAX_PENALTY, MAX_PENALTY),
+            frequency_penalty=f.number(values.get("frequency_penalty", 0.0), "frequency_penalty", -MAX_PENALTY,
+                                       MAX_PENALTY),
+            repetition_penalty=f.number(values.get("repetition_penalty", 1.0), "repetition_penalty", 0.0,
+                                        MAX_REPETITION_PENALTY, open_low=True),
+            logit_bias=_logit_bias(values.get("logit_bias", []), bounds))
     except Refused as refusal:
         raise Refused(f"bad sampling: {refusal.reason}") from None
+
+
+def _optional_logprobs(value: Any, what: str) -> int | None:
+    return None if value is None else f.count(value, what, 0, MAX_LOGPROBS)
+
+
+def _logit_bias(value: Any, bounds: Bounds) -> tuple[tuple[int, float], ...]:
+    if not isinstance(value, list | tuple) or len(value) > MAX_LOGIT_BIAS:
+        raise Refused(f"logit_bias must be a list of at most {MAX_LOGIT_BIAS} [token_id, bias] pairs")
+    pairs = []
+    for pair in value:
+        if not isinstance(pair, list | tuple) or len(pair) != 2:
+            raise Refused("logit_bias entries must be [token_id, bias] pairs")
+        pairs.append((f.count(pair[0], "logit_bias token_id", 0, bounds.vocab_size - 1),
+                      f.number(pair[1], "logit_bias bias", -100.0, 100.0)))
+    return tuple(pairs)
 
 
 def _stops(value: Any) -> tuple[str, ...]:

@@ -13,6 +13,8 @@ Needs vLLM (`make test-vllm`); skipped with that reason otherwise.
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from harness.cluster_procs import ClusterProcs
@@ -102,3 +104,17 @@ def test_vllm_prefix_caching_serves_a_shared_opening_within_a_tenant_only():
     cached = [r.trace.num_cached_tokens for r in results]
     assert cached[0] == 0 and cached[1] >= 2 * 128 and cached[1] % 128 == 0 and cached[2] == 0
     assert [r.token_ids for r in results] == reference
+
+
+def test_logprobs_and_penalties_pass_through_vllm(prompts):
+    """vLLM's own logprobs reach the client (greedy: the chosen token is the likeliest), prompt
+    logprobs come from the vLLM prefill node, and logit_bias is vLLM's to apply."""
+    with ClusterProcs(num_prefill=1, num_decode=1, model=MODEL, kv_quant="raw", settings=VLLM_ENGINE) as cluster, \
+            client_for(cluster) as client:
+        sampling = dataclasses.replace(greedy(8), logprobs=2, prompt_logprobs=1)
+        result = client.generate_blocking(prompts[0], sampling)
+        assert len(result.token_ids) == 8
+        assert all(t.logprobs is not None and t.logprobs.top[0][0] == t.token_id for t in result.tokens)
+        assert len(result.prompt_logprobs) == len(prompts[0]) and result.prompt_logprobs[0] is None
+        forced = client.generate_blocking(prompts[0], dataclasses.replace(greedy(3), logit_bias=((42, 100.0),)))
+        assert forced.token_ids == [42, 42, 42]

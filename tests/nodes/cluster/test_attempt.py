@@ -9,6 +9,7 @@ import time
 from nodes.cluster import ClusterClient, RequestTrace, StreamToken
 from nodes.cluster.attempt import Attempt, AttemptOwner, AttemptSpec, PrefillBacklog
 from nodes.engines.base import SamplingParams
+from nodes.wire import TokenBody
 
 
 class Delivered:
@@ -31,6 +32,11 @@ class Delivered:
 
     def bounce_off_drain(self):
         raise AssertionError("no drain here")
+
+    prompt_logprobs = ()
+
+    def keep_prompt_logprobs(self, values):
+        self.prompt_logprobs = self.prompt_logprobs or values
 
     @property
     def prefill_backlog(self):
@@ -58,18 +64,18 @@ def test_the_next_attempt_resumes_from_what_was_delivered():
 def test_a_resumed_attempt_continues_the_indices_and_drops_what_was_delivered():
     owner = Delivered(delivered=[7, 8, 9])
     attempt = Attempt(owner, spec(base=3, max_tokens=7))
-    attempt.deliver(0, 10, "a")   # relative index 0 of the resumed request is stream index 3
-    attempt.deliver(0, 10, "a")   # a retried prefill's first token again: dropped
+    attempt.deliver(TokenBody(0, 10, "a"))   # relative index 0 of the resumed request is stream index 3
+    attempt.deliver(TokenBody(0, 10, "a"))   # a retried prefill's first token again: dropped
     assert [(t.index, t.token_id) for t in owner.emitted[3:]] == [(3, 10)]
 
 
 def test_tokens_after_a_gap_wait_for_it():
     owner = Delivered()
     attempt = Attempt(owner, spec())
-    attempt.deliver(1, 11, "b")
-    attempt.deliver(2, 12, "c")
+    attempt.deliver(TokenBody(1, 11, "b"))
+    attempt.deliver(TokenBody(2, 12, "c"))
     assert owner.emitted == [] and sorted(attempt.pending) == [1, 2]
-    attempt.deliver(0, 10, "a")
+    attempt.deliver(TokenBody(0, 10, "a"))
     assert [t.token_id for t in owner.emitted] == [10, 11, 12] and not attempt.pending
 
 

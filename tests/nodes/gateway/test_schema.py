@@ -53,7 +53,8 @@ def test_unknown_model_is_404_model_not_found():
     ({"model": MODEL}, "prompt"),
     ({"model": MODEL, "prompt": ""}, "prompt"),
     ({"model": MODEL, "prompt": 5}, "prompt"),
-    ({"model": MODEL, "prompt": ["a", "b"]}, "prompt"),
+    ({"model": MODEL, "prompt": ["a", 5]}, "prompt"),
+    ({"model": MODEL, "prompt": ["a"] * 65}, "prompt"),
     ({"model": MODEL, "prompt": "hi", "max_tokens": "5"}, "max_tokens"),
     ({"model": MODEL, "prompt": "hi", "max_tokens": 0}, "max_tokens"),
     ({"model": MODEL, "prompt": "hi", "max_tokens": 101}, "max_tokens"),
@@ -62,10 +63,19 @@ def test_unknown_model_is_404_model_not_found():
     ({"model": MODEL, "prompt": "hi", "top_p": 0}, "top_p"),
     ({"model": MODEL, "prompt": "hi", "stream": "yes"}, "stream"),
     ({"model": MODEL, "prompt": "hi", "stop": [1]}, "stop"),
-    ({"model": MODEL, "prompt": "hi", "n": 2}, "n"),
+    ({"model": MODEL, "prompt": "hi", "n": 17}, "n"),
+    ({"model": MODEL, "prompt": ["a"] * 8, "n": 9}, "n"),
     ({"model": MODEL, "prompt": "hi", "best_of": 3}, "best_of"),
-    ({"model": MODEL, "prompt": "hi", "logprobs": 2}, "logprobs"),
-    ({"model": MODEL, "prompt": "hi", "presence_penalty": 1}, "presence_penalty"),
+    ({"model": MODEL, "prompt": "hi", "logprobs": 21}, "logprobs"),
+    ({"model": MODEL, "prompt": "hi", "logprobs": True}, "logprobs"),
+    ({"model": MODEL, "prompt": "hi", "presence_penalty": 2.5}, "presence_penalty"),
+    ({"model": MODEL, "prompt": "hi", "frequency_penalty": "x"}, "frequency_penalty"),
+    ({"model": MODEL, "prompt": "hi", "repetition_penalty": 0}, "repetition_penalty"),
+    ({"model": MODEL, "prompt": "hi", "logit_bias": {"a": 1}}, "logit_bias"),
+    ({"model": MODEL, "prompt": "hi", "logit_bias": {"5": 101}}, "5"),
+    ({"model": MODEL, "prompt": "hi", "logit_bias": [1]}, "logit_bias"),
+    ({"model": MODEL, "prompt": "hi", "echo": True, "logprobs": 1, "stream": True}, "echo"),
+    ({"model": MODEL, "prompt": "hi", "suffix": "x"}, "suffix"),
     ({"model": MODEL, "prompt": "hi", "seed": 1.5}, "seed"),
     ({"model": MODEL, "prompt": "hi", "stream_options": 1}, "stream_options"),
 ])
@@ -107,3 +117,22 @@ def test_tokenize_a_chat_applies_the_template():
     request = parse({"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}, chat=True)
     ids, _ = tokenize(request, tokenizer, 2048, 16)
     assert tokenizer.decode(ids, skip_special_tokens=False).endswith("<|im_start|>assistant\n")
+
+
+def test_openai_sampling_extras_are_read():
+    api = parse({"model": MODEL, "prompt": ["a", [1, 2]], "n": 3, "logprobs": 5, "echo": True, "max_tokens": 0,
+                 "presence_penalty": 0.5, "frequency_penalty": -1, "repetition_penalty": 1.2,
+                 "logit_bias": {"7": -100, "3": 2.5}})
+    assert (api.num_prompts, api.n, api.logprobs, api.echo, api.max_tokens) == (2, 3, 5, True, 0)
+    assert api.prompt_item(1).prompt_token_ids == (1, 2) and api.prompt_item(0).prompt == "a"
+    assert (api.presence_penalty, api.frequency_penalty, api.repetition_penalty) == (0.5, -1.0, 1.2)
+    assert api.logit_bias == ((3, 2.5), (7, -100.0))
+
+
+def test_chat_logprobs_are_a_flag_with_top_logprobs():
+    messages = [{"role": "user", "content": "hi"}]
+    assert parse({"model": MODEL, "messages": messages, "logprobs": True, "top_logprobs": 3}, chat=True).logprobs == 3
+    assert parse({"model": MODEL, "messages": messages, "logprobs": True}, chat=True).logprobs == 0
+    assert parse({"model": MODEL, "messages": messages}, chat=True).logprobs is None
+    assert refused({"model": MODEL, "messages": messages, "top_logprobs": 3}, chat=True).param == "top_logprobs"
+    assert refused({"model": MODEL, "messages": messages, "echo": True}, chat=True).param == "echo"

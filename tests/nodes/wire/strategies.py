@@ -44,8 +44,15 @@ sampling = st.builds(wire.SamplingParams, temperature=st.floats(0, 100), top_k=s
                      top_p=st.floats(0.01, 1), seed=st.none() | st.integers(-(2**63), 2**64 - 1),
                      max_tokens=st.integers(1, 2**31 - 1),
                      stop=st.lists(st.text(min_size=1, max_size=8), max_size=8).map(tuple),
-                     stop_token_ids=st.lists(token_ids, max_size=8).map(tuple), ignore_eos=st.booleans())
-tokens = st.builds(wire.TokenBody, st.integers(0, BOUNDS.max_tokens - 1), token_ids, st.text(max_size=30))
+                     stop_token_ids=st.lists(token_ids, max_size=8).map(tuple), ignore_eos=st.booleans(),
+                     logprobs=st.none() | st.integers(0, 20), prompt_logprobs=st.none() | st.integers(0, 20),
+                     presence_penalty=st.floats(-2, 2), frequency_penalty=st.floats(-2, 2),
+                     repetition_penalty=st.floats(0.01, 10),
+                     logit_bias=st.lists(st.tuples(token_ids, st.floats(-100, 100)), max_size=4).map(tuple))
+logprob_values = st.floats(-1e9, 0)
+logprobs = st.none() | st.builds(wire.TokenLogprobs, logprob_values,
+                                 st.lists(st.tuples(token_ids, logprob_values), max_size=20).map(tuple))
+tokens = st.builds(wire.TokenBody, st.integers(0, BOUNDS.max_tokens - 1), token_ids, st.text(max_size=30), logprobs)
 stats = st.dictionaries(st.text(max_size=64), st.integers(0, 2**63 - 1) | st.floats(0, 1e18), max_size=5)
 transfers = st.builds(wire.TransferReport, no_id | ids, st.text(max_size=32), st.text(max_size=32), counts, counts,
                       counts, counts, counts, seconds)
@@ -58,7 +65,7 @@ bodies: dict[type, st.SearchStrategy] = {
     # kv_offset: the leading tokens the decode node holds, always fewer than the prompt's
     wire.PrefillRequestBody: prompts.flatmap(lambda prompt: st.builds(
         wire.PrefillRequestBody, st.just(prompt), sampling, ids, endpoints, ids, ids, st.booleans(),
-        st.one_of(st.just(""), ids), st.integers(0, len(prompt) - 1))),
+        st.one_of(st.just(""), ids), st.integers(0, len(prompt) - 1), st.integers(0, len(prompt) - 1))),
     wire.KvReadyBody: st.builds(wire.KvReadyBody, ids, ids, token_ids),
     wire.ControlBody: st.one_of(st.just(wire.ControlBody("drain")),
                                 st.sampled_from(wire.SWITCH_ROLES).map(lambda role: wire.ControlBody("role", role))),
@@ -69,10 +76,10 @@ bodies: dict[type, st.SearchStrategy] = {
     wire.TransferReport: transfers,
     wire.PrefillDoneBody: st.builds(wire.PrefillDoneBody, no_id | ids, st.none() | tokens, st.none() | transfers,
                                     st.builds(wire.PrefillTimings, optional_seconds, optional_seconds,
-                                              optional_seconds), stats),
+                                              optional_seconds), stats, st.lists(logprobs, max_size=8).map(tuple)),
     wire.DecodeDoneBody: st.builds(wire.DecodeDoneBody, no_id | ids, st.none() | st.sampled_from(wire.FINISH_REASONS),
                                    st.lists(tokens, max_size=BOUNDS.max_tokens).map(tuple),
                                    st.none() | st.sampled_from(wire.PlanKind), st.builds(wire.Usage, counts, counts),
                                    st.builds(wire.DecodeTimings, optional_seconds, optional_seconds,
-                                             optional_seconds), stats),
+                                             optional_seconds), stats, st.lists(logprobs, max_size=8).map(tuple)),
 }

@@ -1,0 +1,67 @@
+"""One choice of a response built from its cluster stream (pure: no I/O): text, logprobs, echo.
+
+Contract: `ChoiceBuilder(index, api_request, generation, tokenizer)`:
+- `opening()` -> (text, logprobs field | None): what comes before the completion, which is the
+  echoed prompt (completions `echo`: its text, and with `logprobs` its tokens' logprobs, the first
+  None) or nothing;
+- `add(token)` -> (text, logprobs field | None) for one StreamToken (the field only when the request
+  asked for logprobs), accumulated for the whole choice;
+- `choice(finish_reason)` -> `Choice`: the opening and every token added.
+`echo` with `max_tokens` 0 scores the prompt only: the one token the cluster generates is dropped
+(the choice ends with "length", no completion tokens), as OpenAI's legacy completions did.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from nodes.gateway.logprobs_format import LogprobsFormat, Scored, text_length
+from nodes.gateway.openai_format import Choice
+
+
+class ChoiceBuilder:
+    def __init__(self, index: int, api_request: Any, generation: Any, tokenizer: Any) -> None:
+        self.index, self.api, self.generation, self.tokenizer = index, api_request, generation, tokenizer
+        self.format = LogprobsFormat(tokenizer, api_request.chat) if api_request.logprobs is not None else None
+        self.scored_only = api_request.echo and api_request.max_tokens == 0
+        self.texts: list[str] = []
+        self.scored: list[Scored] = []
+        self.opening_text, self.opening_scored = "", list[Scored]()
+        self.offset = 0   # completions: characters of token strings so far (text_offset)
+
+    def opening(self) -> tuple[str, dict[str, Any] | None]:
+        """Call it before streaming, or after a JSON response's stream (when the prompt logprobs,
+        which come with a FINAL, are in): either way it is the choice's start."""
+        if not self.api.echo:
+            return "", None
+        text = self.api.prompt if self.api.prompt is not None else self.tokenizer.decode(self.generation.prompt)
+        self.opening_text = text
+        if self.format is None:
+            return text, None
+        found = self.generation.prompt_logprobs
+        self.opening_scored = [Scored(t, found[i] if i < len(found) else None)
+                               for i, t in enumerate(self.generation.prompt)]
+        return text, self._field(self.opening_scored)
+
+    def add(self, token: Any) -> tuple[str, dict[str, Any] | None]:
+        if self.scored_only:
+            return "", None
+        self.texts.append(token.text)
+        if self.format is None:
+            return token.text, None
+        scored = [Scored(token.token_id, token.logprobs)]
+        self.scored.extend(scored)
+        return token.text, self._field(scored)
+
+    def _field(self, scored: list[Scored]) -> dict[str, Any]:
+        assert self.format is not None
+        field = self.format.field(scored, self.offset)
+        self.offset += text_length(field)
+        return field
+
+    def choice(self, finish_reason: str | None) -> Choice:
+        logprobs = None
+        if self.format is not None:
+            logprobs = self.format.field(self.opening_scored + self.scored)
+        return Choice(self.index, self.opening_text + "".join(self.texts), "length" if self.scored_only else finish_reason,
+                      logprobs)
