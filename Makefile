@@ -14,7 +14,7 @@ FUZZ_SECONDS ?= 600
 
 .PHONY: help install test test-no-amx test-gpu test-all lint demo broker node prefill decode cluster planner colocated \
         gateway client model model-info \
-        install-vllm test-vllm install-ray ray-up ray-status ray-down test-ray \
+        install-vllm test-vllm install-ray ray-up ray-status ray-down test-ray install-browser dashboard-shots \
         bench-bus bench-scale bench-scheduler bench-kv bench-kv-quality bench-engine bench-kernels bench-engine-cuda bench-kv-memory bench-gateway bench bench-prefix bench-quick bench-lend bench-elastic bench-elastic-quick chaos fuzz clean
 
 help:            ## list the targets
@@ -75,6 +75,12 @@ ray-down: install-ray ## drain and stop every component (and the Ray head ray-up
 
 test-ray: install-ray ## the tests marked ray: a local three-raylet Ray cluster on 127.0.0.1 (~100 s)
 	$(BIN)/pytest -m ray $(PYTEST_ARGS)
+
+install-browser: ## headless Chromium (Debian's package) for the /dashboard browser test and screenshots
+	apt-get install -y chromium
+
+dashboard-shots: install ## redo docs/img/dashboard-{load,failover}.png on a real cluster under load (~3.5 min)
+	$(BENCH) -m harness.dashboard_screenshots
 
 test-vllm: install-vllm ## install vLLM, then run exactly the tests marked vllm (pdbus+vLLM vs plain vLLM)
 	$(BIN)/pytest -m vllm $(PYTEST_ARGS)

@@ -37,7 +37,7 @@ from aiohttp import web
 
 from bus.log import get_logger
 from nodes.config_file import SettingsError
-from nodes.gateway import http, http_log, websocket
+from nodes.gateway import dashboard, http, http_log, websocket
 from nodes.gateway.api_errors import ApiError, error_body
 from nodes.gateway.backend import Backend, ModelInfo
 from nodes.gateway.gateway_metrics import GatewayMetrics
@@ -125,6 +125,7 @@ def build_app(gateway: Gateway) -> web.Application:
         web.post("/v1/completions", http.completions), web.post("/v1/chat/completions", http.chat_completions),
         web.get("/v1/models", http.models), web.get("/v1/stream", websocket.stream),
         web.get("/health", http.health), web.get("/ready", http.ready), web.get("/metrics", http.metrics)])
+    dashboard.install(app, gateway)   # /dashboard, /dashboard/events, /dashboard/snapshot
     return app
 
 

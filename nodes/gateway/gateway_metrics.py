@@ -3,7 +3,8 @@
 Contract: `GatewayMetrics()`; `observe_request(endpoint, outcome)`, `observe_stream(...)` at the end
 of every generation (TTFT, TPOT, inter-token latency, end-to-end, stage times, KV bytes and
 compression ratio, failovers, retries, failures by code, tokens), `set_services(ready)` from
-/ready, `in_flight` / `buffered` gauges; `render() -> (bytes, content_type)` for GET /metrics.
+/ready, `in_flight` / `buffered` gauges; `render() -> (bytes, content_type)` for GET /metrics;
+each of `observers` is handed what observe_request and observe_stream are (the dashboard's window).
 Names: `pdbus_*`, seconds and bytes in base units, counters end in `_total`.
 Every label value is from a fixed set: a failure's code is `wire.code_label(code)` (a code
 a node invents is `other`). What a node reported (the trace's timings, the decode FINAL's `stats`,
@@ -42,6 +43,7 @@ class GatewayMetrics:
     def __init__(self) -> None:
         disable_created_metrics()   # process-wide: the `_created` series only double the output
         self.registry = r = CollectorRegistry()
+        self.observers: list[Any] = []   # the same values, unbucketed (nodes/gateway/dashboard.py)
         self.requests = Counter("pdbus_requests_total", "Requests by endpoint and outcome", ["endpoint", "outcome"],
                                 registry=r)
         self.ttft = Histogram("pdbus_time_to_first_token_seconds", "Time to first token", buckets=LATENCY_BUCKETS,
@@ -101,6 +103,8 @@ class GatewayMetrics:
 
     def observe_request(self, endpoint: str, outcome: str) -> None:
         self.requests.labels(endpoint, outcome).inc()
+        for observer in self.observers:
+            observer.observe_request(endpoint, outcome)
 
     def observe_stream(self, trace: Any, usage: dict[str, int], token_times: list[float], started: float,
                        ended: float) -> None:
@@ -117,6 +121,8 @@ class GatewayMetrics:
         self.tokens.labels("completion").inc(usage.get("completion_tokens", 0))
         self.tokens.labels("prompt_cached").inc(usage.get("cached_tokens", 0))
         self.tokens.labels("prompt_kv_held").inc(getattr(trace, "num_kv_held_tokens", 0))
+        for observer in self.observers:
+            observer.observe_stream(trace, usage, token_times, started, ended)
 
     def _observe_trace(self, trace: Any) -> None:
         for name in STAGES:
