@@ -11,6 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from nodes.engines.grammar_spec import GrammarSpec
+
 if TYPE_CHECKING:
     import torch
 
@@ -46,6 +48,7 @@ class SamplingParams:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0
     logit_bias: tuple[tuple[int, float], ...] = ()   # (token id, bias added to its logit)
+    grammar: GrammarSpec | None = None      # structured output: the text must match it (grammar.py)
 
     def __post_init__(self) -> None:
         self._check_counts()
@@ -81,9 +84,9 @@ class SamplingParams:
 
     @property
     def processes_logits(self) -> bool:
-        """Whether logits change before sampling (penalties, bias): then greedy needs them too."""
+        """Whether logits change before sampling (penalties, bias, a grammar): greedy needs them too."""
         return bool(self.presence_penalty or self.frequency_penalty or self.repetition_penalty != 1.0
-                    or self.logit_bias)
+                    or self.logit_bias or self.grammar is not None)
 
     @property
     def is_greedy(self) -> bool:

@@ -11,8 +11,10 @@ rather than over-committing memory. Torch threads are pinned at construction (`n
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -28,6 +30,7 @@ from nodes.engines.base import (
     PrefillPass,
     PrefillRequest,
     PrefillResult,
+    SamplingParams,
     TokenEvent,
 )
 from nodes.engines.batch_pack import pack
@@ -46,6 +49,9 @@ from nodes.engines.prefix_leases import DecodePrefixes, Lease
 from nodes.engines.sampling import new_generator, sample
 from nodes.engines.session_cache import CachedSession, SessionCache
 from nodes.engines.step_schedule import ScheduledChunk, Sequence, schedule
+
+if TYPE_CHECKING:   # llguidance is imported at the first request with a grammar
+    from nodes.engines.grammar import GrammarCompiler
 
 __all__ = ["DTYPES", "EngineStats", "KVMemoryError", "LlamaEngine", "resolve_dtype"]
 
@@ -106,7 +112,7 @@ class LlamaEngine(Engine):
     def prefill(self, requests: Seq[PrefillRequest]) -> list[PrefillResult]:
         results = run_prefill(self.runner, self.tokenizer, requests, max_batch_tokens=self.config.max_batch_tokens,
                               max_model_len=self.max_model_len, eos_token_ids=self.eos_token_ids,
-                              cache=self.prefix_cache)
+                              cache=self.prefix_cache, grammars=lambda: self.grammars)
         self.stats.num_prefilled_tokens += sum(r.num_prompt_tokens - r.num_cached_tokens for r in results)
         self.stats.num_prefix_cached_tokens += sum(r.num_cached_tokens for r in results)
         return results
@@ -114,7 +120,13 @@ class LlamaEngine(Engine):
     def start_prefill(self, requests: Seq[PrefillRequest], *, chunk_tokens: int) -> PrefillPass:
         return ChunkedPrefill(self.runner, self.tokenizer, requests, chunk_tokens=chunk_tokens,
                               max_model_len=self.max_model_len, eos_token_ids=self.eos_token_ids, stats=self.stats,
-                              cache=self.prefix_cache)
+                              cache=self.prefix_cache, grammars=lambda: self.grammars)
+
+    @functools.cached_property
+    def grammars(self) -> GrammarCompiler:
+        """Structured output's compiler (llguidance), built at the first request with a grammar."""
+        from nodes.engines.grammar import GrammarCompiler
+        return GrammarCompiler(self.tokenizer, self.runner.config.vocab_size)
 
     def prefix_holdings(self, limit: int) -> dict[str, int]:
         return self.prefix_cache.holdings(limit)
@@ -132,6 +144,11 @@ class LlamaEngine(Engine):
     def add_request(self, request: DecodeRequest) -> Admission:
         if any(seq.request_id == request.request_id for seq in self.running):
             return Admission("rejected", f"request {request.request_id} is already running")
+        try:
+            processor = RequestLogits.for_request(request.sampling, request.prompt_token_ids,
+                                                  request.num_output_tokens, self._grammars_for(request.sampling))
+        except ValueError as exc:   # a grammar this engine cannot compile: it never will
+            return Admission("rejected", str(exc))
         lease = self.prefixes.lease(request.request_id) if request.cached_prefix_tokens else None
         if request.cached_prefix_tokens and (lease is None or lease.num_tokens < request.cached_prefix_tokens):
             return Admission("rejected", f"no cached prefix of {request.cached_prefix_tokens} tokens is held "
@@ -142,7 +159,7 @@ class LlamaEngine(Engine):
         for session_id in plan.evict_sessions:
             self.planner.drop_session(session_id)
         reused = self.planner.take_session(plan.reuse_session) if plan.reuse_session else None
-        seq = self._new_sequence(request, plan.num_reserved_tokens)
+        seq = self._new_sequence(request, plan.num_reserved_tokens, processor)
         seq.cache_salt, seq.prefix_keys = request.cache_salt, self.prefixes.keys(request.prompt_token_ids,
                                                                                request.cache_salt)
         self.prefixes.observe(seq.prefix_keys)
@@ -159,7 +176,10 @@ class LlamaEngine(Engine):
             self.slots.forget(reused)
         return plan.admission
 
-    def _new_sequence(self, request: DecodeRequest, num_reserved: int) -> Sequence:
+    def _grammars_for(self, sampling: SamplingParams) -> GrammarCompiler | None:
+        return self.grammars if sampling.grammar is not None else None
+
+    def _new_sequence(self, request: DecodeRequest, num_reserved: int, processor: RequestLogits | None) -> Sequence:
         sampling = request.sampling
         # The context may end before max_tokens does: then the request ends with "length" there.
         max_tokens = num_reserved - len(request.prompt_token_ids)
@@ -167,8 +187,7 @@ class LlamaEngine(Engine):
         seq = Sequence(request.request_id, list(request.prompt_token_ids), len(request.prompt_token_ids),
                        sampling, tracker, num_reserved,
                        session_id=request.session_id, generator=new_generator(sampling.seed),
-                       processor=RequestLogits.for_request(sampling, request.prompt_token_ids,
-                                                           request.num_output_tokens))
+                       processor=processor)
         if request.first_token_id is not None:
             # The prefill node sampled (and streamed) this token: replay it so text, penalties and
             # the seeded random stream continue exactly where the prefill node left them.

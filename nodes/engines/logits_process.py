@@ -11,8 +11,10 @@ Contract:
      p when positive, multiplied by p otherwise;
   3. `frequency_penalty` f and `presence_penalty` r: each output token's logit less
      `f * count + r` (prompt tokens are not counted).
-  Temperature, top-k and top-p follow in sampling.py. A grammar mask (structured output) is applied
-  by the same `apply`, last, when the request has one.
+  4. a grammar (structured output, `sampling.grammar`): the tokens it does not allow next become
+     -inf, so any sampler picks an allowed one. `for_request(..., grammars=GrammarCompiler)` builds
+     the request's `GrammarState`, advanced by the prompt's output tail (a resume).
+  Temperature, top-k and top-p follow in sampling.py.
 - `token_logprobs(logits, rows, tokens, ks) -> list[TokenLogprobs]`: for each `rows[i]` of `logits`
   (the model's raw output: vLLM's default `raw_logprobs`), `tokens[i]`'s log-softmax value and the
   `ks[i]` likeliest tokens' (likeliest first, as torch.topk orders them);
@@ -48,10 +50,21 @@ class RequestLogits:
 
     @classmethod
     def for_request(cls, sampling: SamplingParams, prompt: Sequence[int], num_output_tokens: int = 0,
-                    grammar: Any = None) -> RequestLogits | None:
-        if not sampling.processes_logits and grammar is None:
+                    grammars: Any = None) -> RequestLogits | None:
+        """None when nothing changes the logits. ValueError: a grammar that does not compile."""
+        if not sampling.processes_logits:
             return None
+        grammar = None
+        if sampling.grammar is not None:
+            if grammars is None:
+                raise ValueError("structured output needs the engine's grammar compiler")
+            grammar = grammars.new_state(sampling.grammar)
         return cls(sampling, prompt, num_output_tokens, grammar)
+
+    @property
+    def grammar_done(self) -> bool:
+        """The grammar is complete: nothing but EOS may follow (the request ends)."""
+        return self._grammar is not None and self._grammar.is_terminated()
 
     def accept(self, token_id: int) -> None:
         self.counts[token_id] += 1
@@ -71,7 +84,8 @@ class RequestLogits:
             counts = torch.tensor(list(self.counts.values()), dtype=torch.float32)
             row.index_add_(0, ids, -(s.frequency_penalty * counts + s.presence_penalty))
         if self._grammar is not None:
-            self._grammar.mask(row)
+            from nodes.engines.grammar import apply_masks  # llguidance: imported only when a request uses it
+            apply_masks(row.unsqueeze(0), [self._grammar])
 
     def _repetition(self, row: torch.Tensor, penalty: float) -> None:
         assert self._prompt_ids is not None

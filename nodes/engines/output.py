@@ -1,7 +1,8 @@
 """Per-request output: incremental text and the decision to stop. Plain Python, no torch.
 
 Contract: `OutputTracker.push(token_id) -> (text, finish_reason)` for each sampled token in order.
-- stop token ids and EOS (unless `ignore_eos`) end the request with "stop"; their text is not emitted.
+- stop token ids and EOS (unless `ignore_eos` without a grammar) end the request with "stop"; their
+  text is not emitted.
 - a stop string ends it with "stop"; the text is cut just before the stop string (OpenAI semantics).
   Because a stop string can span tokens, up to `len(longest stop) - 1` characters are held back
   until they can no longer start one, so no emitted text ever has to be taken back.
@@ -20,8 +21,9 @@ class OutputTracker:
                  max_tokens: int | None = None) -> None:
         self._detokenizer = tokenizer.new_detokenizer()
         self._sampling = sampling
+        # A grammar ends with EOS whatever `ignore_eos` says: once complete it allows nothing else.
         self._end_ids = frozenset(sampling.stop_token_ids) | (
-            frozenset() if sampling.ignore_eos else frozenset(eos_token_ids))
+            frozenset() if sampling.ignore_eos and sampling.grammar is None else frozenset(eos_token_ids))
         self._max_tokens = sampling.max_tokens if max_tokens is None else min(max_tokens, sampling.max_tokens)
         self._holdback = max((len(s) for s in sampling.stop), default=1) - 1
         self._text = ""          # all text decoded so far (after any stop-string cut)

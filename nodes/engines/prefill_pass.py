@@ -20,7 +20,7 @@ queued prompts reach `max_batch_tokens`, or when the oldest has waited `max_wait
 from __future__ import annotations
 
 from collections import deque
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -33,16 +33,18 @@ from nodes.engines.output import OutputTracker
 from nodes.engines.prefix_cache import PrefixCache, block_hashes, seed_kv
 from nodes.engines.sampling import new_generator, sample
 
+Grammars = Callable[[], Any] | None   # the engine's GrammarCompiler, built when a prompt first needs it
+
 
 def run_prefill(runner: LlamaRunner, tokenizer, requests: Sequence[PrefillRequest], *,
                 max_batch_tokens: int, max_model_len: int, eos_token_ids: tuple[int, ...],
-                cache: PrefixCache | None = None) -> list[PrefillResult]:
+                cache: PrefixCache | None = None, grammars: Grammars = None) -> list[PrefillResult]:
     for request in requests:
         _validate(request, max_model_len, runner.config.vocab_size)
     results: list[PrefillResult] = []
     for group in _pack(requests, max_batch_tokens):
         results.extend(_prefill_group(runner, tokenizer, [_Prompt.start(r, cache) for r in group], eos_token_ids,
-                                      cache))
+                                      cache, grammars))
     return results
 
 
@@ -71,11 +73,11 @@ def _pack(requests: Sequence[PrefillRequest], max_batch_tokens: int) -> list[lis
 
 
 def _prefill_group(runner: LlamaRunner, tokenizer, group: list[_Prompt], eos_token_ids: tuple[int, ...],
-                   cache: PrefixCache | None) -> list[PrefillResult]:
+                   cache: PrefixCache | None, grammars: Grammars) -> list[PrefillResult]:
     """One forward pass over each prompt's tokens past its cached prefix."""
     logits = _forward(runner, [(prompt, prompt.num_computed, prompt.num_tokens - prompt.num_computed)
                                for prompt in group])
-    return _first_tokens(tokenizer, group, logits, eos_token_ids, cache)
+    return _first_tokens(tokenizer, group, logits, eos_token_ids, cache, grammars)
 
 
 def _forward(runner: LlamaRunner, plan: list[tuple[_Prompt, int, int]]) -> torch.Tensor:
@@ -111,12 +113,14 @@ def _forward(runner: LlamaRunner, plan: list[tuple[_Prompt, int, int]]) -> torch
 
 
 def _first_tokens(tokenizer, prompts: list[_Prompt], logits: torch.Tensor, eos_token_ids: tuple[int, ...],
-                  cache: PrefixCache | None) -> list[PrefillResult]:
+                  cache: PrefixCache | None, grammars: Grammars = None) -> list[PrefillResult]:
     """Sample each finished prompt's first token (logits row i is prompts[i]'s last position), and
     keep its full blocks in the prefix cache."""
     params = [p.request.sampling for p in prompts]
     processors = [RequestLogits.for_request(p.request.sampling, p.request.prompt_token_ids,
-                                            p.request.num_output_tokens) for p in prompts]
+                                            p.request.num_output_tokens,
+                                            grammars() if grammars and p.request.sampling.grammar else None)
+                  for p in prompts]
     firsts = sample(logits, params, [new_generator(p.seed) for p in params], processors)
     logprobs = sampled_logprobs(logits, params, firsts)
     results = []
@@ -209,13 +213,13 @@ class ChunkedPrefill(PrefillPass):
 
     def __init__(self, runner: LlamaRunner, tokenizer, requests: Sequence[PrefillRequest], *, chunk_tokens: int,
                  max_model_len: int, eos_token_ids: tuple[int, ...], stats: Any = None,
-                 cache: PrefixCache | None = None) -> None:
+                 cache: PrefixCache | None = None, grammars: Grammars = None) -> None:
         if chunk_tokens < 1:
             raise ValueError(f"chunk_tokens must be >= 1, got {chunk_tokens}")
         for request in requests:
             _validate(request, max_model_len, runner.config.vocab_size)
         self.runner, self.tokenizer, self.chunk_tokens = runner, tokenizer, chunk_tokens
-        self.eos_token_ids, self.stats, self.cache = eos_token_ids, stats, cache
+        self.eos_token_ids, self.stats, self.cache, self.grammars = eos_token_ids, stats, cache, grammars
         self._prompts = [_Prompt.start(r, cache) for r in requests]
         self.num_steps = 0
 
@@ -244,7 +248,7 @@ class ChunkedPrefill(PrefillPass):
             self.stats.num_prefilled_tokens += sum(num_tokens for _, _, num_tokens in prompts)
             self.stats.num_prefix_cached_tokens += sum(p.num_cached for p in finished)
         self._prompts = [p for p in self._prompts if p.num_computed < p.num_tokens]
-        return _first_tokens(self.tokenizer, finished, logits, self.eos_token_ids, self.cache)
+        return _first_tokens(self.tokenizer, finished, logits, self.eos_token_ids, self.cache, self.grammars)
 
 
 class PrefillBatcher:

@@ -55,6 +55,8 @@ from nodes.engines.vllm_args import (
 )
 from nodes.engines.vllm_mailbox import CAPTURE_PARAM, KV_KEY_PARAM, MAILBOX
 
+NO_GRAMMARS = "structured output (a grammar) is served by the built-in engine, not by vLLM engines yet"
+
 
 @dataclass(slots=True)
 class _Running:
@@ -166,6 +168,8 @@ class VllmEngine(Engine):
     def add_request(self, request: DecodeRequest) -> Admission:
         if request.request_id in self._running:
             return Admission("rejected", f"request {request.request_id} is already running")
+        if request.sampling.grammar is not None:
+            return Admission("rejected", NO_GRAMMARS)
         admission = self.check_admission(request)
         if not admission.ok:
             return admission
@@ -278,6 +282,8 @@ class VllmEngine(Engine):
         from vllm import SamplingParams as VllmSampling
         from vllm.sampling_params import RequestOutputKind
 
+        if sampling.grammar is not None:
+            raise ValueError(NO_GRAMMARS)
         transfer = {KV_KEY_PARAM: kv_key} | ({CAPTURE_PARAM: True} if capture else {})
         # pdbus's OutputTracker decides EOS, stop ids and stop strings; vLLM only samples.
         # Logprobs are vLLM's own (its default raw_logprobs mode: the model's distribution, as ours);

@@ -6,7 +6,9 @@ Contract: `ChoiceBuilder(index, api_request, generation, tokenizer)`:
   None) or nothing;
 - `add(token)` -> (text, logprobs field | None) for one StreamToken (the field only when the request
   asked for logprobs), accumulated for the whole choice;
-- `choice(finish_reason)` -> `Choice`: the opening and every token added.
+- `choice(finish_reason)` -> `Choice`: the opening and every token added. A chat request that
+  offers tools holds its text back (`holds_text`: `add` returns none of it) and parses it at the end
+  into content and `tool_calls` (finish_reason `tool_calls` when there are calls).
 `echo` with `max_tokens` 0 scores the prompt only: the one token the cluster generates is dropped
 (the choice ends with "length", no completion tokens), as OpenAI's legacy completions did.
 """
@@ -17,6 +19,7 @@ from typing import Any
 
 from nodes.gateway.logprobs_format import LogprobsFormat, Scored, text_length
 from nodes.gateway.openai_format import Choice
+from nodes.gateway.tool_calls import parse_tool_calls
 
 
 class ChoiceBuilder:
@@ -24,6 +27,8 @@ class ChoiceBuilder:
         self.index, self.api, self.generation, self.tokenizer = index, api_request, generation, tokenizer
         self.format = LogprobsFormat(tokenizer, api_request.chat) if api_request.logprobs is not None else None
         self.scored_only = api_request.echo and api_request.max_tokens == 0
+        tools = api_request.tools
+        self.tools = tools if api_request.chat and tools is not None and tools.offered else None
         self.texts: list[str] = []
         self.scored: list[Scored] = []
         self.opening_text, self.opening_scored = "", list[Scored]()
@@ -47,11 +52,16 @@ class ChoiceBuilder:
         if self.scored_only:
             return "", None
         self.texts.append(token.text)
+        shown = "" if self.holds_text else token.text
         if self.format is None:
-            return token.text, None
+            return shown, None
         scored = [Scored(token.token_id, token.logprobs)]
         self.scored.extend(scored)
-        return token.text, self._field(scored)
+        return shown, self._field(scored)
+
+    @property
+    def holds_text(self) -> bool:
+        return self.tools is not None
 
     def _field(self, scored: list[Scored]) -> dict[str, Any]:
         assert self.format is not None
@@ -63,5 +73,9 @@ class ChoiceBuilder:
         logprobs = None
         if self.format is not None:
             logprobs = self.format.field(self.opening_scored + self.scored)
-        return Choice(self.index, self.opening_text + "".join(self.texts), "length" if self.scored_only else finish_reason,
-                      logprobs)
+        text: str | None = self.opening_text + "".join(self.texts)
+        calls: list[dict[str, Any]] = []
+        if self.tools is not None:
+            text, calls = parse_tool_calls(text or "", self.tools.offered, forced=self.tools.forced)
+        reason = "length" if self.scored_only else ("tool_calls" if calls else finish_reason)
+        return Choice(self.index, text, reason, logprobs, calls or None)

@@ -186,8 +186,10 @@ async def _send_stream(response: web.StreamResponse, served: Served, shaper: Sha
         if text or logprobs:
             await send(shaper.chunk(text, index, logprobs))
     for builder, relay in zip(builders, served.relays, strict=True):
-        await send(shaper.final_chunk(builder.choice(_result(relay).finish_reason).finish_reason, served.info(),
-                                      index=builder.index))
+        choice = builder.choice(_result(relay).finish_reason)
+        if builder.holds_text and (choice.text or choice.tool_calls):
+            await send(shaper.tool_chunk(choice))
+        await send(shaper.final_chunk(choice.finish_reason, served.info(), index=builder.index))
     if served.api_request.include_usage:
         await send(shaper.usage_chunk(_usage(served)))
     await within(timeout, response.write(b"data: [DONE]\n\n"))

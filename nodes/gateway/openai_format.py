@@ -5,7 +5,8 @@ Contract: `Shaper(request, model_name, response_id, created)` builds, for its ki
 chat): `chunk(text, index, logprobs)`, `first_chunk(index)` (chat's role delta; None for
 completions), `final_chunk(finish_reason, pdbus, text, index)`, `usage_chunk(usage)`,
 `response(text, finish_reason, usage, pdbus)` (one choice) and `response_choices(choices, usage,
-pdbus)` (each a `Choice`: index, text, finish_reason, logprobs field).
+pdbus)` (each a `Choice`: index, text, finish_reason, logprobs field, chat tool calls);
+`tool_chunk(choice)`: a held-back chat choice's content and `tool_calls` as one delta.
 `pdbus_info(trace, kv_mode, session_id=None)` says which nodes served the request, the KV mode,
 failovers and timings (`session_id`: the client's own id, shown instead of the cluster's);
 `pdbus_headers(info)` is the same as `X-Pdbus-*` headers, each value cut to printable ASCII
@@ -70,9 +71,10 @@ class Choice:
     """One finished choice of a response: its text, why it ended, its `logprobs` field (or None)."""
 
     index: int
-    text: str
+    text: str | None                 # None: only tool calls
     finish_reason: str | None
     logprobs: dict[str, Any] | None = None
+    tool_calls: list[dict[str, Any]] | None = None   # chat: parsed from the text (nodes/gateway/tool_calls.py)
 
 
 class Shaper:
@@ -105,6 +107,13 @@ class Shaper:
             choice = {"index": index, "text": text, "logprobs": None, "finish_reason": finish_reason}
         return self._chunk(choice, pdbus=pdbus)
 
+    def tool_chunk(self, choice: Choice) -> dict[str, Any]:
+        """A chat choice whose text was held back (tools offered): its content and calls at once."""
+        delta: dict[str, Any] = {"content": choice.text} if choice.text else {}
+        if choice.tool_calls:
+            delta["tool_calls"] = [{"index": i, **call} for i, call in enumerate(choice.tool_calls)]
+        return self._chunk({"index": choice.index, "delta": delta, "logprobs": None, "finish_reason": None})
+
     def usage_chunk(self, usage: dict[str, int]) -> dict[str, Any]:
         return {"id": self.id, "object": self.object, "created": self.created, "model": self.model,
                 "choices": [], "usage": usage_body(usage)}
@@ -120,7 +129,10 @@ class Shaper:
 
     def _choice(self, choice: Choice) -> dict[str, Any]:
         if self.chat:
-            return {"index": choice.index, "message": {"role": "assistant", "content": choice.text},
-                    "logprobs": choice.logprobs, "finish_reason": choice.finish_reason}
+            message: dict[str, Any] = {"role": "assistant", "content": choice.text}
+            if choice.tool_calls:
+                message["tool_calls"] = choice.tool_calls
+            return {"index": choice.index, "message": message, "logprobs": choice.logprobs,
+                    "finish_reason": choice.finish_reason}
         return {"index": choice.index, "text": choice.text, "logprobs": choice.logprobs,
                 "finish_reason": choice.finish_reason}

@@ -22,9 +22,12 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nodes.engines.engine_types import MAX_LOGIT_BIAS, MAX_LOGPROBS
-from nodes.gateway import fields
+from nodes.engines.grammar_spec import GrammarSpec
+from nodes.gateway import fields, structured
 from nodes.gateway.api_errors import ApiError, bad_request
 from nodes.gateway.fields import MAX_DEPTH, MAX_SESSION_ID_CHARS, boolean, integer, number, string, text
+from nodes.gateway.tool_calls import ToolConfig
+from nodes.gateway.tool_prompt import render_prompt, template_messages
 
 __all__ = ["MAX_DEPTH", "MAX_SESSION_ID_CHARS", "ApiRequest", "parse_request", "tokenize"]
 
@@ -66,6 +69,8 @@ class ApiRequest:
     frequency_penalty: float = 0.0
     repetition_penalty: float = 1.0    # vLLM's extension
     logit_bias: tuple[tuple[int, float], ...] = ()
+    grammar: GrammarSpec | None = None       # response_format, guided_*, or a forced tool call
+    tools: ToolConfig | None = None          # chat: the tools offered and tool_choice
 
     @property
     def num_prompts(self) -> int:
@@ -100,6 +105,8 @@ def _refuse_unsupported(body: dict, chat: bool) -> None:
         raise bad_request("best_of is supported only equal to n (every choice is returned)", "best_of")
     if body.get("suffix"):
         raise bad_request("'suffix' is not supported", "suffix")
+    if body.get("parallel_tool_calls") not in (None, True, False):
+        raise bad_request("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
     if chat and body.get("echo") not in (None, False):
         raise bad_request("'echo' is a completions field", "echo")
     del best_of
@@ -165,6 +172,9 @@ def _messages(body: dict) -> tuple[dict, ...]:
     messages = body.get("messages")
     if not isinstance(messages, list) or not messages:
         raise bad_request("'messages' must be a non-empty list", "messages")
+    if any(isinstance(m, dict) and (m.get("role") == "tool" or m.get("tool_calls")) for m in messages):
+        template_messages(messages, native=False)   # validates (400 naming messages); rendered at tokenize
+        return tuple(messages)
     parsed = []
     for index, message in enumerate(messages):
         if not isinstance(message, dict) or message.get("role") not in ("system", "user", "assistant", "developer"):
@@ -202,8 +212,10 @@ def parse_request(body: Any, *, chat: bool, model_name: str, max_tokens_limit: i
     echo = False if chat else boolean(body, "echo")
     if echo and boolean(body, "stream") and body.get("logprobs") is not None:
         raise bad_request("'echo' with 'logprobs' is served as a JSON response, not streamed", "echo")
-    known = COMMON | ({"messages"} if chat else {"prompt"})
+    known = COMMON | structured.FIELDS | ({"messages"} if chat else {"prompt"})
+    grammar, tools = structured.read_structured(body, chat)
     return ApiRequest(
+        grammar=grammar, tools=tools,
         more_prompts=tuple(text if text is not None else ids for text, ids in prompts[1:]),  # type: ignore[misc]
         n=n, logprobs=_logprobs(body, chat), echo=echo,
         presence_penalty=number(body, "presence_penalty", 0.0, -2.0, 2.0),
@@ -230,15 +242,24 @@ def _model(body: dict, model_name: str) -> str:
     return model
 
 
+def _chat_prompt(request: ApiRequest, tokenizer: Any) -> str:
+    messages = list(request.messages or ())
+    with_tools = request.tools is not None and (request.tools.offered or any(
+        m.get("role") == "tool" or m.get("tool_calls") for m in messages))
+    if with_tools:
+        assert request.tools is not None
+        return render_prompt(tokenizer, messages, request.tools)
+    try:
+        return tokenizer.apply_chat_template(messages)
+    except Exception as exc:   # a template that raises (e.g. roles out of order) is the client's input
+        raise bad_request(f"the messages do not fit the model's chat template: {exc}", "messages") from exc
+
+
 def tokenize(request: ApiRequest, tokenizer: Any, max_model_len: int, default_max_tokens: int
              ) -> tuple[tuple[int, ...], int]:
     """(prompt token ids, max_tokens) for the request; 400 when it cannot fit the context."""
     if request.chat:
-        try:
-            text = tokenizer.apply_chat_template(list(request.messages or ()))
-        except Exception as exc:   # a template that raises (e.g. roles out of order) is the client's input
-            raise bad_request(f"the messages do not fit the model's chat template: {exc}", "messages") from exc
-        ids = tuple(tokenizer.encode(text))
+        ids = tuple(tokenizer.encode(_chat_prompt(request, tokenizer)))
     elif request.prompt_token_ids is not None:
         ids = request.prompt_token_ids
         if any(t < 0 or t >= tokenizer.vocab_size for t in ids):

@@ -31,7 +31,7 @@ def test_a_plain_completion_request_keeps_every_sampling_field():
 
 
 def test_unknown_fields_are_ignored_and_listed():
-    assert parse({"model": MODEL, "prompt": "hi", "foo": 1, "guided_json": {}}).ignored_fields == ("foo", "guided_json")
+    assert parse({"model": MODEL, "prompt": "hi", "foo": 1, "priority": 0}).ignored_fields == ("foo", "priority")
 
 
 def test_the_session_header_is_used_when_the_body_has_none():
