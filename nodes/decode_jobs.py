@@ -233,6 +233,8 @@ def plan_body(job: DecodeJob, node_id: str, data_endpoint: str) -> wire.PlanBody
         return wire.PlanBody.remote(node_id, data_endpoint, transfer_id, job.num_cached_tokens)
     if job.plan == wire.PlanKind.CACHED:
         return wire.PlanBody.cached(node_id, job.num_cached_tokens)
+    if job.plan == wire.PlanKind.FORKED:
+        return wire.PlanBody(wire.PlanKind.FORKED, node_id)
     return wire.PlanBody.local(node_id, job.num_cached_tokens)
 
 

@@ -31,6 +31,7 @@ from bus.kv import TransferResult
 from bus.log import get_logger
 from bus.messages import Cancel, Direct, Request
 from nodes import wire
+from nodes.decode_forks import ForkGroups
 from nodes.decode_jobs import (
     DecodeJob,
     KvArrived,
@@ -57,6 +58,7 @@ class DecodeWork(GuardedWork):
         self.settings, self.engine, self.kv_thread = settings, engine, kv_thread
         self.always_local = always_local
         self.jobs: dict[str, DecodeJob] = {}
+        self.forks = ForkGroups()
         self.kv = KvLanding(settings, engine, kv_thread, self.jobs, lambda event: self.endpoint.inbox.put(event))
         self.bounds = engine_bounds(engine)
         self.counters: Counter[str] = Counter()   # refused / dropped / failed, by kind
@@ -172,10 +174,14 @@ class DecodeWork(GuardedWork):
             return
         job = DecodeJob(request.request_id, body.prompt, body.sampling, body.session_id, wire.PlanKind.REMOTE,
                         cache_salt=body.cache_salt, num_output_tokens=body.num_delivered)
-        self._plan(job, wire.PrefillMode.LOCAL if self._lends(body) else body.prefill)
         job.clock.mark("received")
+        if self._forked(job, body):
+            return
+        self._plan(job, wire.PrefillMode.LOCAL if self._lends(body) else body.prefill)
         if job.plan == wire.PlanKind.REMOTE:
             admitted = self._reserve(job)
+            if admitted and body.fork_group and not (body.num_delivered or job.num_held_tokens):
+                self.forks.lead(body.fork_group, job.request_id, job.prompt, job.cache_salt)
         else:
             local = DecodeRequest(job.request_id, job.prompt, job.sampling, session_id=job.session_id,
                                   cached_prefix_tokens=job.num_held_tokens, cache_salt=job.cache_salt,
@@ -190,6 +196,28 @@ class DecodeWork(GuardedWork):
                 return
         if admitted:
             self._send_plan(job)
+
+    def _forked(self, job: DecodeJob, body: wire.DecodeRequestBody) -> bool:
+        """A later choice of a prompt whose first choice waits here for its KV: plan `forked` and
+        wait for that KV (nodes/decode_forks.py); False when there is no such leader."""
+        leader = None if body.num_delivered else self.forks.leader_for(body.fork_group, job.prompt, job.cache_salt)
+        if leader is None:
+            return False
+        job.plan = wire.PlanKind.FORKED
+        if self._reserve(job):
+            self.forks.follow(leader, job.request_id)
+            self.counters["plan.forked"] += 1
+            self._send_plan(job)
+        return True
+
+    def _start_followers(self, leader: DecodeJob, kv: Any) -> None:
+        for follower_id in self.forks.end(leader.request_id):
+            follower = self.jobs.pop(follower_id, None)
+            if follower is None or not follower.waiting:
+                continue
+            follower.clock.mark("kv_arrived")
+            self._start(follower, DecodeRequest(follower_id, follower.prompt, follower.sampling, kv=kv,
+                                                session_id=follower.session_id, cache_salt=follower.cache_salt))
 
     def _plan(self, job: DecodeJob, mode: wire.PrefillMode) -> None:
         # A short rest is prefilled here only while the node is not busy (decode_jobs.plan_job says
@@ -302,13 +330,15 @@ class DecodeWork(GuardedWork):
         job.kv_raw_bytes, job.kv_wire_bytes = result.stats.raw_bytes, result.stats.wire_bytes
         self.num_kv_bytes_received += result.stats.wire_bytes
         job.clock.mark("kv_arrived")
-        request = DecodeRequest(job.request_id, job.prompt, job.sampling, kv=self.kv.received_kv(result),
+        kv = self.kv.received_kv(result)
+        request = DecodeRequest(job.request_id, job.prompt, job.sampling, kv=kv,
                                 first_token_id=job.kv_ready[transfer_id], session_id=job.session_id,
                                 cached_prefix_tokens=job.num_held_tokens, cache_salt=job.cache_salt,
                                 num_output_tokens=job.num_output_tokens)
         del self.jobs[job.request_id]
         try:
             self._start(job, request)
+            self._start_followers(job, kv)
         finally:
             self.kv.give_back_arrived(job)   # the engine copied what it admitted; the rest is unused
 
@@ -350,6 +380,11 @@ class DecodeWork(GuardedWork):
         job ends failed, or cancelled by its client."""
         job = self.jobs.pop(request_id, None)
         self.engine.release_prefix(request_id)
+        self.forks.drop(request_id)
+        for follower_id in self.forks.end(request_id):   # a leader gone before its KV: they have none
+            self._release(follower_id, "the request it forked from ended")
+            self.endpoint.reply_error(follower_id, wire.Code.KV_FAILED, "the choice it forked from ended before "
+                                      "its KV arrived", node_id=self.endpoint.node_id)
         stage = "kv_wait" if job is not None and job.waiting else "decode"
         if job is not None and job.waiting:
             self.kv.cancel(job, reason)

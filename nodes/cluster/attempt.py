@@ -124,6 +124,8 @@ class AttemptSpec:
     plan_timeout_s: float            # the wait for a plan (the broker may queue the request meanwhile)
     retry_delay_s: float             # the pause before a prefill re-send whose failure names none
     cache_salt: str = ""             # the prefill node's prefix-cache scope (the gateway's tenant)
+    fork_group: str = ""             # the n choices of one prompt (nodes/decode_forks.py)
+    route_key: str = ""              # the decode routing key when not the session's (a choice's leader's)
 
 
 class Attempt:
@@ -157,7 +159,7 @@ class Attempt:
     def _decode_key(self) -> str:
         """The session's key, or none once a decode node failed this request with a bad reply."""
         failed = any(f.startswith(f"{Code.BAD_REPLY}@") for f in self.trace.failures)
-        return "" if failed else self.spec.session_id
+        return "" if failed else (self.spec.route_key or self.spec.session_id)
 
     @contextlib.contextmanager
     def _contained(self, stream: ReplyStream, service: str, body: Any, node_id: str) -> Iterator[None]:
@@ -185,7 +187,7 @@ class Attempt:
         spec = self.spec
         mode = wire.PrefillMode.LOCAL if spec.local else wire.PrefillMode.AUTO
         body = wire.DecodeRequestBody(spec.prompt, spec.sampling, spec.session_id, mode, spec.base, spec.cache_salt,
-                                      self.owner.prefill_backlog.num_tokens)
+                                      self.owner.prefill_backlog.num_tokens, spec.fork_group)
         started = time.monotonic()
         decode = self._open(wire.DECODE, wire.to_wire(body), key=self._decode_key())
         try:

@@ -87,7 +87,8 @@ class ClusterClient:
         self.close()
 
     def generate(self, prompt: Sequence[int] | str, sampling: wire.SamplingParams | None = None, *,
-                 session_id: str | None = None, request_id: str | None = None, cache_salt: str = "") -> Generation:
+                 session_id: str | None = None, request_id: str | None = None, cache_salt: str = "",
+                 fork_group: str = "", route_key: str = "") -> Generation:
         if isinstance(prompt, str):
             if self.tokenizer is None:
                 raise ValueError("a text prompt needs ClusterClient(tokenizer=...)")
@@ -97,9 +98,11 @@ class ClusterClient:
             raise ValueError("empty prompt")
         sampling, session_id = sampling or wire.SamplingParams(), session_id or uuid.uuid4().hex
         wire.check_request(prompt, sampling, session_id)   # wire.Uncarriable: nothing is sent
-        if cache_salt:
-            wire.check_routing_key(cache_salt, "cache_salt")
-        return Generation(self, prompt, sampling, session_id, request_id or uuid.uuid4().hex, cache_salt)
+        for value, name in ((cache_salt, "cache_salt"), (fork_group, "fork_group"), (route_key, "route_key")):
+            if value:
+                wire.check_routing_key(value, name)
+        return Generation(self, prompt, sampling, session_id, request_id or uuid.uuid4().hex, cache_salt,
+                          fork_group=fork_group, route_key=route_key)
 
     def generate_blocking(self, prompt: Sequence[int] | str, sampling: wire.SamplingParams | None = None,
                           **options: Any) -> GenerationResult:

@@ -35,9 +35,11 @@ class Generation:
     """One request's token stream (async iterator of StreamToken); created by `generate`."""
 
     def __init__(self, client: ClusterClient, prompt: tuple[int, ...], sampling: wire.SamplingParams,
-                 session_id: str, request_id: str, cache_salt: str = "") -> None:
+                 session_id: str, request_id: str, cache_salt: str = "", *, fork_group: str = "",
+                 route_key: str = "") -> None:
         self.client, self.prompt, self.sampling = client, prompt, sampling
         self.request_id, self.session_id, self.cache_salt = request_id, session_id, cache_salt
+        self.fork_group, self.route_key = fork_group, route_key
         self.trace = RequestTrace(request_id, session_id)
         self.tokens: list[StreamToken] = []
         self.finish_reason: str | None = None
@@ -121,7 +123,8 @@ class Generation:
         # a local prefill at once instead of finding out again, one round trip per request.
         local = local or time.monotonic() < self.client.no_prefill_node_until
         return AttemptSpec(self.request_id, self.session_id, self.prompt + delivered, sampling, len(delivered),
-                           local, self.client.plan_timeout_s, self.client.retry_delay_s, self.cache_salt)
+                           local, self.client.plan_timeout_s, self.client.retry_delay_s, self.cache_salt,
+                           self.fork_group, self.route_key)
 
     # -- the attempts ------------------------------------------------------------------------
 

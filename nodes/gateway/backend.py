@@ -76,11 +76,13 @@ class Backend:
         self._ready_lock = asyncio.Lock()
 
     def start_generation(self, request: ApiRequest, request_id: str, session_id: str, cache_salt: str = "",
-                         choice: int = 0) -> Any:
+                         choice: int = 0, fork: tuple[str, str] = ("", "")) -> Any:
         """The cluster request on `session_id` (the cluster's, tenant-scoped), its prompt's cached
         prefixes shared only under `cache_salt`; 400 for what it cannot run, including anything the
         bus could not carry (the last guard before the bus). `choice` k of `n` samples with seed
-        `seed + k` (when a seed is given), so the n choices differ and each is reproducible."""
+        `seed + k` (when a seed is given), so the n choices differ and each is reproducible;
+        `fork` (group, routing key): the n choices of one prompt, routed together so the later ones
+        may decode from the first one's KV (nodes/decode_forks.py)."""
         ids, max_tokens = tokenize(request, self.model.tokenizer, self.max_model_len, self.config.default_max_tokens)
         self._check_bias(request)
         try:
@@ -91,9 +93,10 @@ class Backend:
                                       prompt_logprobs=request.logprobs if request.echo else None,
                                       presence_penalty=request.presence_penalty,
                                       frequency_penalty=request.frequency_penalty,
-                                      repetition_penalty=request.repetition_penalty, logit_bias=request.logit_bias)
+                                      repetition_penalty=request.repetition_penalty, logit_bias=request.logit_bias,
+                                      grammar=request.grammar)
             return self.client.generate(ids, sampling, session_id=session_id, request_id=request_id,
-                                        cache_salt=cache_salt)
+                                        cache_salt=cache_salt, fork_group=fork[0], route_key=fork[1])
         except Uncarriable as exc:
             raise bad_request(f"the request cannot be sent to the cluster: {exc.why}",
                               _field_of(exc.path, request.chat)) from None

@@ -157,12 +157,17 @@ class Served:
         salt = "" if config.share_prefix_cache else self.tenant
         session = cluster_session_id(self.tenant, self.session_id)
         for prompt in range(api_request.num_prompts):
+            first = prompt * api_request.n
+            # The n samples of a prompt: one group, routed by its first one's session, so the others
+            # may decode from the KV its prefill sends (one prefill, one transfer).
+            fork = (f"{self.request_id}/{prompt}", session if first == 0 else f"{session}~{first}") \
+                if api_request.n > 1 else ("", "")
             for sample in range(api_request.n):
-                index = prompt * api_request.n + sample
+                index = first + sample
                 # Choice 0 is the request itself; the others run beside it as cluster requests of their own.
                 generation = self.gateway.backend.start_generation(
                     api_request.prompt_item(prompt), self.request_id if index == 0 else f"{self.request_id}-{index}",
-                    session if index == 0 else f"{session}~{index}", salt, choice=sample)
+                    session if index == 0 else f"{session}~{index}", salt, choice=sample, fork=fork)
                 self.relays.append(Relay(generation, config.stream_buffer_tokens, config.stall_timeout_s))
                 self.gateway.relays.add(self.relays[-1])
 

@@ -40,6 +40,7 @@ class PlanKind(StrEnum):
     REMOTE = "remote"   # send me the KV: a prefill node prefills, its KV comes to my data endpoint
     CACHED = "cached"   # a short suffix prefilled here on top of the session's cached KV
     LOCAL = "local"     # prefilled here (asked for, or a colocated node)
+    FORKED = "forked"   # from the KV of a sibling request of the same prompt (`fork_group`) here
 
 
 class PrefillMode(StrEnum):
@@ -58,6 +59,9 @@ class DecodeRequestBody:
     # Prompt tokens the client has waiting at prefill nodes now (not counting this request): a
     # decode node with a light batch may prefill this one itself rather than queue it there.
     prefill_backlog_tokens: int = 0
+    # The n choices of one prompt name one group; a later one may decode from the KV the first
+    # one's prefill sends here (nodes/decode_forks.py) instead of a prefill of its own.
+    fork_group: str = ""
 
 
 @dataclass(frozen=True, slots=True)

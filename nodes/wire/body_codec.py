@@ -71,13 +71,14 @@ def claims(kind: type, value: Any) -> bool:
 # -- writers ---------------------------------------------------------------------------------
 _SAMPLING_DEFAULTS = SamplingParams()
 _OPTIONAL_SAMPLING = ("logprobs", "prompt_logprobs", "presence_penalty", "frequency_penalty", "repetition_penalty",
-                      "logit_bias")
+                      "logit_bias", "grammar")
 
 
 def _sampling(s: SamplingParams) -> dict[str, Any]:
     values = dataclasses.asdict(s)
     values["stop"], values["stop_token_ids"] = list(s.stop), list(s.stop_token_ids)
     values["logit_bias"] = [list(pair) for pair in s.logit_bias]
+    values["grammar"] = None if s.grammar is None else s.grammar.to_wire()
     for name in _OPTIONAL_SAMPLING:   # left out at their defaults: most requests use none of them
         if getattr(s, name) == getattr(_SAMPLING_DEFAULTS, name):
             del values[name]
@@ -100,6 +101,8 @@ def _decode_request(b: DecodeRequestBody) -> dict[str, Any]:
             "prefill": str(b.prefill), "resume": {"num_delivered": b.num_delivered} if b.num_delivered else None}
     if b.prefill_backlog_tokens:
         body["prefill_backlog_tokens"] = b.prefill_backlog_tokens
+    if b.fork_group:
+        body["fork_group"] = b.fork_group
     return body | {"cache_salt": b.cache_salt} if b.cache_salt else body
 
 

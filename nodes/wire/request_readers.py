@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from nodes.engines.engine_types import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_PENALTY, MAX_REPETITION_PENALTY
+from nodes.engines.grammar_spec import MAX_GRAMMAR_CHARS, GrammarSpec
 from nodes.wire import field_readers as f
 from nodes.wire.bodies import (
     CONTROL_ACTIONS,
@@ -38,7 +39,8 @@ def decode_request(value: Any, bounds: Bounds) -> DecodeRequestBody:
     session_id = None if body.get("session_id") in (None, "") else f.an_id(body, "session_id")
     return DecodeRequestBody(prompt, sampling(body.get("sampling", {}), bounds), session_id, mode,
                              _num_delivered(body.get("resume")), f.an_id_or_empty(body, "cache_salt"),
-                             f.count(body.get("prefill_backlog_tokens", 0), "prefill_backlog_tokens"))
+                             f.count(body.get("prefill_backlog_tokens", 0), "prefill_backlog_tokens"),
+                             f.an_id_or_empty(body, "fork_group"))
 
 
 def _num_delivered(resume: Any) -> int:
@@ -106,13 +108,29 @@ def sampling(value: Any, bounds: Bounds) -> SamplingParams:
                                        MAX_PENALTY),
             repetition_penalty=f.number(values.get("repetition_penalty", 1.0), "repetition_penalty", 0.0,
                                         MAX_REPETITION_PENALTY, open_low=True),
-            logit_bias=_logit_bias(values.get("logit_bias", []), bounds))
+            logit_bias=_logit_bias(values.get("logit_bias", []), bounds),
+            grammar=_grammar(values.get("grammar")))
     except Refused as refusal:
         raise Refused(f"bad sampling: {refusal.reason}") from None
 
 
 def _optional_logprobs(value: Any, what: str) -> int | None:
     return None if value is None else f.count(value, what, 0, MAX_LOGPROBS)
+
+
+def _grammar(value: Any) -> GrammarSpec | None:
+    """null, or {"kind", "source"} whose grammar compiles (checked without a tokenizer: what only
+    this engine's vocabulary could refuse is the engine's `rejected` at admission)."""
+    if value is None:
+        return None
+    from nodes.engines.grammar_check import check_grammar  # llguidance: loaded by the first grammar
+    try:
+        spec = GrammarSpec.from_wire(value)
+        check_grammar(spec)
+    except ValueError:   # the library's words may quote the schema: never echoed from here
+        raise Refused(f"grammar must be {{kind, source}} of a known kind that compiles, source at most "
+                      f"{MAX_GRAMMAR_CHARS} characters") from None
+    return spec
 
 
 def _logit_bias(value: Any, bounds: Bounds) -> tuple[tuple[int, float], ...]:

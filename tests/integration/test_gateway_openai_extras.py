@@ -168,3 +168,25 @@ def test_echo_and_logprobs_on_a_colocated_node_equal_the_disaggregated_ones(serv
     assert local["logprobs"]["token_logprobs"][0] is None
     assert local["logprobs"]["token_logprobs"][1:] == pytest.approx(disaggregated["logprobs"]["token_logprobs"][1:],
                                                                     abs=0.05)
+
+
+def test_n_choices_share_one_prefill_and_one_kv_transfer(served):
+    """The cluster client's side of `n`: the later choices of a prompt name the first one's fork
+    group and route key, plan `forked` on its decode node and never reach a prefill node."""
+    import asyncio
+
+    from nodes.engines.base import SamplingParams
+    from tests.integration.cluster_helpers import client_for
+
+    async def run() -> list:
+        async with client_for(served[0]) as client:
+            sampling = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)
+            generations = [client.generate(list(range(30, 60)), sampling, session_id=f"fork~{i}", fork_group="g1",
+                                           route_key="fork~0") for i in range(3)]
+            return await asyncio.gather(*(g.collect() for g in generations))
+
+    leader, *followers = asyncio.run(run())
+    assert leader.trace.plans == ["remote"] and len(leader.trace.prefill_node_ids) == 1
+    for follower in followers:
+        assert follower.trace.plans == ["forked"] and follower.trace.prefill_node_ids == []
+        assert follower.token_ids == leader.token_ids

@@ -56,7 +56,7 @@ class FakeClient:
         self.behaviour = "ok"
         self.generations: list[FakeGeneration] = []
 
-    def generate(self, prompt, sampling, *, session_id=None, request_id=None, cache_salt=""):
+    def generate(self, prompt, sampling, *, session_id=None, request_id=None, cache_salt="", **fork):
         self.generations.append(FakeGeneration(prompt, sampling, self.behaviour))
         return self.generations[-1]
 

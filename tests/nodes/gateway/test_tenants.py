@@ -31,7 +31,7 @@ class SessionClient(FakeClient):
         self.session_ids: list[str] = []
         self.cache_salts: list[str] = []
 
-    def generate(self, prompt, sampling, *, session_id=None, request_id=None, cache_salt=""):
+    def generate(self, prompt, sampling, *, session_id=None, request_id=None, cache_salt="", **fork):
         plan = "cached" if session_id in self.session_ids else "remote"
         self.session_ids.append(session_id)
         self.cache_salts.append(cache_salt)

@@ -8,6 +8,7 @@ import msgpack
 from hypothesis import strategies as st
 
 from nodes import wire
+from nodes.engines.grammar_spec import GrammarSpec
 
 BOUNDS = wire.Bounds(vocab_size=512, max_model_len=256, max_tokens=16)
 SECRET = "s3cret-value"
@@ -48,7 +49,10 @@ sampling = st.builds(wire.SamplingParams, temperature=st.floats(0, 100), top_k=s
                      logprobs=st.none() | st.integers(0, 20), prompt_logprobs=st.none() | st.integers(0, 20),
                      presence_penalty=st.floats(-2, 2), frequency_penalty=st.floats(-2, 2),
                      repetition_penalty=st.floats(0.01, 10),
-                     logit_bias=st.lists(st.tuples(token_ids, st.floats(-100, 100)), max_size=4).map(tuple))
+                     logit_bias=st.lists(st.tuples(token_ids, st.floats(-100, 100)), max_size=4).map(tuple),
+                     grammar=st.none() | st.sampled_from([
+                         GrammarSpec.json_object(), GrammarSpec.regex("[a-z]{1,8}"), GrammarSpec.choice(["yes", "no"]),
+                         GrammarSpec.json_schema({"type": "object", "properties": {"a": {"type": "integer"}}})]))
 logprob_values = st.floats(-1e9, 0)
 logprobs = st.none() | st.builds(wire.TokenLogprobs, logprob_values,
                                  st.lists(st.tuples(token_ids, logprob_values), max_size=20).map(tuple))
@@ -61,7 +65,7 @@ optional_seconds = st.none() | seconds
 bodies: dict[type, st.SearchStrategy] = {
     wire.DecodeRequestBody: st.builds(wire.DecodeRequestBody, prompts, sampling, st.none() | ids,
                                       st.sampled_from(wire.PrefillMode), counts, st.one_of(st.just(""), ids),
-                                      counts),
+                                      counts, st.one_of(st.just(""), ids)),
     # kv_offset: the leading tokens the decode node holds, always fewer than the prompt's
     wire.PrefillRequestBody: prompts.flatmap(lambda prompt: st.builds(
         wire.PrefillRequestBody, st.just(prompt), sampling, ids, endpoints, ids, ids, st.booleans(),
