@@ -15,6 +15,7 @@ FUZZ_SECONDS ?= 600
 .PHONY: help install test test-no-amx test-gpu test-all lint demo broker node prefill decode cluster planner colocated \
         gateway client model model-info \
         install-vllm test-vllm install-ray ray-up ray-status ray-down test-ray install-browser dashboard-shots \
+        install-eval eval test-eval \
         bench-bus bench-scale bench-scheduler bench-kv bench-kv-quality bench-engine bench-kernels bench-engine-cuda bench-kv-memory bench-gateway bench bench-prefix bench-quick bench-lend bench-elastic bench-elastic-quick chaos fuzz clean
 
 help:            ## list the targets
@@ -75,6 +76,23 @@ ray-down: install-ray ## drain and stop every component (and the Ray head ray-up
 
 test-ray: install-ray ## the tests marked ray: a local three-raylet Ray cluster on 127.0.0.1 (~100 s)
 	$(BIN)/pytest -m ray $(PYTEST_ARGS)
+
+# lm-evaluation-harness as a client (docs/EVAL.md): lm-eval in .venv-eval, a venv layered on .venv
+# (harness/eval/install.sh: .venv's packages, torch included, are seen and not installed again).
+EVAL_VENV  := .venv-eval
+EVAL_STAMP := $(EVAL_VENV)/.installed
+
+$(EVAL_STAMP): $(STAMP) harness/eval/install.sh
+	bash harness/eval/install.sh $(VENV) $(EVAL_VENV)
+	touch $(EVAL_STAMP)
+
+install-eval: $(EVAL_STAMP) ## add lm-eval 0.4.13 in .venv-eval, on top of .venv (no second torch, .venv unchanged)
+
+eval: install-eval ## lm-eval's scores: engine offline, cluster raw and int8 KV (int8-raw with a CI), vLLM if found (~7 min; EVAL_MODEL=tiny, ARGS=...)
+	flock /tmp/pdbus-bench.lock $(EVAL_VENV)/bin/python -m harness.eval $(if $(EVAL_MODEL),--model $(EVAL_MODEL)) $(ARGS)
+
+test-eval: install-eval ## the eval tests with lm-eval importable (tests/harness/test_eval*.py)
+	$(EVAL_VENV)/bin/python -m pytest tests/harness/test_eval_offline.py tests/harness/test_eval_stats.py tests/harness/test_eval_tasks.py $(PYTEST_ARGS)
 
 install-browser: ## headless Chromium (Debian's package) for the /dashboard browser test and screenshots
 	apt-get install -y chromium
@@ -188,4 +206,4 @@ fuzz: install    ## hostile traffic at a live local cluster for FUZZ_SECONDS (60
 	flock /tmp/pdbus-bench.lock $(PY) -m harness.fuzz --seconds $(FUZZ_SECONDS) $(ARGS)
 
 clean:           ## remove the venv and caches (not the model cache)
-	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis *.egg-info
+	rm -rf $(VENV) $(EVAL_VENV) .pytest_cache .ruff_cache .mypy_cache .hypothesis *.egg-info

@@ -1,0 +1,1 @@
+"""lm-eval task definitions for `make eval` (YAML), their data (jsonl) and loader (task_data.py)."""
