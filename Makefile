@@ -16,7 +16,7 @@ FUZZ_SECONDS ?= 600
         gateway client model model-info \
         install-vllm test-vllm install-ray ray-up ray-status ray-down test-ray install-browser dashboard-shots \
         install-eval eval test-eval \
-        bench-bus bench-scale bench-scheduler bench-kv bench-kv-quality bench-engine bench-kernels bench-engine-cuda bench-kv-memory bench-gateway bench bench-prefix bench-quick bench-lend bench-elastic bench-elastic-quick chaos fuzz clean
+        bench-bus bench-scale bench-scheduler bench-kv bench-kv-quality bench-engine bench-kernels bench-engine-cuda bench-kv-memory bench-gateway bench bench-prefix bench-quick bench-lend bench-grammar bench-elastic bench-elastic-quick chaos fuzz clean
 
 help:            ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -188,6 +188,9 @@ bench-prefix: install ## shared system prompts, then multi-turn chats: pdbus wit
 
 bench-quick: install ## the same comparison on a reduced sweep (< 10 min here): table, results/serve-quick-*.json, PNG
 	$(BENCH) -m harness.bench.serve --config $(CONFIG) --quick $(ARGS)
+
+bench-grammar: install ## structured output: llguidance vs xgrammar compile and per-token mask cost on SmolLM2's vocabulary (~3 min)
+	$(BENCH) -m harness.bench.grammar_mask
 
 bench-lend: install ## two cores at 1 req/s (random 512 +- 90 % in, 64 out): with and without lending, vs vLLM (~8 min; needs vLLM)
 	$(BENCH) -m harness.bench.serve --config $(CONFIG) --systems pdbus-disagg,pdbus-disagg-nolend,vllm --workload random \
