@@ -59,6 +59,13 @@ def load_model_info(spec: str, model_dir: str | None = None) -> ModelInfo:
     return ModelInfo(Tokenizer.from_folder(folder), int(config.get("max_position_embeddings", 2048)))
 
 
+def _logprobs(request: ApiRequest) -> int | None:
+    """What the client asked; at least the sampled token's own when `best_of` ranks the samples."""
+    if request.logprobs is None and request.samples > request.n:
+        return 0
+    return request.logprobs
+
+
 def _field_of(path: str, chat: bool) -> str:
     """The API field behind a cluster body path: `sampling.stop[1]` -> `stop`."""
     if path.startswith("prompt_token_ids"):
@@ -89,7 +96,7 @@ class Backend:
             seed = None if request.seed is None else (request.seed + choice) % (2 ** 64)
             sampling = SamplingParams(temperature=request.temperature, top_k=request.top_k, top_p=request.top_p,
                                       seed=seed, max_tokens=max(1, max_tokens), stop=request.stop,
-                                      ignore_eos=request.ignore_eos, logprobs=request.logprobs,
+                                      ignore_eos=request.ignore_eos, logprobs=_logprobs(request),
                                       prompt_logprobs=request.logprobs if request.echo else None,
                                       presence_penalty=request.presence_penalty,
                                       frequency_penalty=request.frequency_penalty,

@@ -15,6 +15,7 @@ after `stall_timeout_s`.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import time
 from typing import Any
@@ -25,7 +26,7 @@ from bus.log import get_logger
 from nodes.cluster import ClusterError
 from nodes.gateway.api_errors import ApiError, bad_request, error_body
 from nodes.gateway.choices import ChoiceBuilder
-from nodes.gateway.openai_format import Shaper, pdbus_headers
+from nodes.gateway.openai_format import Choice, Shaper, pdbus_headers
 from nodes.gateway.relay import StalledConsumer, within
 from nodes.gateway.schema import MAX_DEPTH, parse_request
 from nodes.gateway.served import GATEWAY, IDENTITY, TENANT, Served, cluster_error
@@ -104,14 +105,32 @@ async def _complete(served: Served, shaper: Shaper) -> web.Response:
         raise cluster_error(exc) from exc
     info = served.info()
     choices = [b.choice(_result(relay).finish_reason) for b, relay in zip(builders, served.relays, strict=True)]
-    body = shaper.response_choices(choices, _usage(served), info)
+    body = shaper.response_choices(best_choices(choices, served), _usage(served), info)
     return web.json_response(body, headers=pdbus_headers(info), dumps=_dumps)
 
 
 def _builders(served: Served) -> list[ChoiceBuilder]:
     tokenizer = served.gateway.backend.model.tokenizer
-    return [ChoiceBuilder(i, served.api_request.prompt_item(i // served.api_request.n), relay.generation, tokenizer)
-            for i, relay in enumerate(served.relays)]
+    return [ChoiceBuilder(i, served.api_request.prompt_item(i // served.api_request.samples), relay.generation,
+                          tokenizer) for i, relay in enumerate(served.relays)]
+
+
+def best_choices(choices: list[Choice], served: Served) -> list[Choice]:
+    """With `best_of` k > n: each prompt's n samples of highest total logprob (vLLM's ranking),
+    numbered again 0.. in that order; otherwise every choice."""
+    api = served.api_request
+    if api.samples == api.n:
+        return choices
+    kept: list[Choice] = []
+    for prompt in range(api.num_prompts):
+        span = range(prompt * api.samples, (prompt + 1) * api.samples)
+        ranked = sorted(span, key=lambda i: -_total_logprob(served.relays[i]))[:api.n]
+        kept.extend(dataclasses.replace(choices[i], index=len(kept)) for i in ranked)
+    return kept
+
+
+def _total_logprob(relay: Any) -> float:
+    return sum(t.logprobs.logprob for t in _result(relay).tokens if t.logprobs is not None)
 
 
 def _result(relay: Any) -> Any:
@@ -125,7 +144,7 @@ def _usage(served: Served) -> dict[str, int]:
     api, usage = served.api_request, {"prompt_tokens": 0, "completion_tokens": 0, "cached_tokens": 0}
     for index, relay in enumerate(served.relays):
         result = _result(relay).usage
-        if index % api.n == 0:
+        if index % api.samples == 0:
             usage["prompt_tokens"] += int(result.get("prompt_tokens", 0))
             usage["cached_tokens"] += int(result.get("cached_tokens", 0))
         if not (api.echo and api.max_tokens == 0):

@@ -2,16 +2,17 @@
 
 Contract: `parse_request(body, chat=..., config=..., session_header=None) -> ApiRequest` or
 `ApiError` (400) naming the offending field. Accepted: `model` (must be the served name),
-`prompt` (a string, a list of token ids, or a one-element list of either) or `messages` (role +
-string content or text parts), `max_tokens` (chat also `max_completion_tokens`), `temperature`,
-`top_p`, `top_k`, `seed`, `stop` (string or list), `n` (1 only), `stream`,
-`stream_options.include_usage`, `user`, `ignore_eos` (vLLM's extension), `session_id` (or the
-`X-Session-Id` header; visible ASCII, at most MAX_SESSION_ID_CHARS). Every value is held to what
-the cluster's bus carries (nodes/gateway/fields.py: UTF-8 text, 64-bit integers, finite numbers,
-at most MAX_DEPTH levels of nesting), so an accepted request can always be sent. Features we do
-not serve (`n` > 1, several prompts, `logprobs`, `echo`, `best_of` > 1, non-zero penalties,
-`suffix`, tools) are refused clearly; any other field is ignored and listed in `ignored_fields`
-(the caller logs them; printable ASCII, at most 32), as vLLM does.
+`prompt` (a string, a list of token ids, or a list of up to MAX_PROMPTS of either) or `messages`
+(role + string content or text parts; tool calls and tool results), `max_tokens` (chat also
+`max_completion_tokens`; 0 with `echo`), `temperature`, `top_p`, `top_k`, `seed`, `stop`, `n`
+and `best_of` (>= n, not streamed), `logprobs` / `top_logprobs`, `echo`, the penalties and
+`logit_bias`, `stream`, `stream_options.include_usage`, `user`, `ignore_eos` (vLLM's extension),
+`session_id` (or the `X-Session-Id` header; visible ASCII, at most MAX_SESSION_ID_CHARS), and the
+output constraints of nodes/gateway/structured.py. Every value is held to what the cluster's bus
+carries (nodes/gateway/fields.py: UTF-8 text, 64-bit integers, finite numbers, at most MAX_DEPTH
+levels of nesting), so an accepted request can always be sent. `suffix` is refused clearly; any
+other field is ignored and listed in `ignored_fields` (the caller logs them; printable ASCII, at
+most 32), as vLLM does.
 `tokenize(request, tokenizer, max_model_len)` turns it into prompt token ids and checks the
 context length (400 `context_length_exceeded`).
 """
@@ -63,6 +64,7 @@ class ApiRequest:
     ignored_fields: tuple[str, ...] = field(default=())
     more_prompts: tuple[str | tuple[int, ...], ...] = ()   # completions: the batch's other prompts
     n: int = 1
+    best_of: int | None = None         # samples per prompt when more than n (the best n are returned)
     logprobs: int | None = None        # alternatives per token (chat: `top_logprobs` when `logprobs`)
     echo: bool = False                 # completions: the prompt, and its logprobs, before the completion
     presence_penalty: float = 0.0
@@ -75,6 +77,11 @@ class ApiRequest:
     @property
     def num_prompts(self) -> int:
         return 1 + len(self.more_prompts)
+
+    @property
+    def samples(self) -> int:
+        """Cluster requests per prompt: `best_of` when given, else `n`."""
+        return self.best_of or self.n
 
     def prompt_item(self, index: int) -> ApiRequest:
         """This request for its `index`-th prompt alone (completions batches)."""
@@ -99,17 +106,23 @@ def _stop(body: dict) -> tuple[str, ...]:
     return tuple(text(s, "stop") for s in stops if s)
 
 
+def _best_of(body: dict, n: int) -> int | None:
+    """`best_of` k >= n samples, of which the n with the highest total logprob are returned."""
+    best_of = integer(body, "best_of", 1, MAX_N)
+    if best_of is not None and best_of < n:
+        raise bad_request(f"'best_of' must be at least n ({n})", "best_of")
+    if best_of is not None and best_of > n and boolean(body, "stream"):
+        raise bad_request("'best_of' above n is not streamed (its choices are known at the end)", "best_of")
+    return best_of
+
+
 def _refuse_unsupported(body: dict, chat: bool) -> None:
-    n = integer(body, "n", 1, MAX_N) or 1
-    if (best_of := integer(body, "best_of", 1, fields.INT64_MAX)) not in (None, n):
-        raise bad_request("best_of is supported only equal to n (every choice is returned)", "best_of")
     if body.get("suffix"):
         raise bad_request("'suffix' is not supported", "suffix")
     if body.get("parallel_tool_calls") not in (None, True, False):
         raise bad_request("'parallel_tool_calls' must be a boolean", "parallel_tool_calls")
     if chat and body.get("echo") not in (None, False):
         raise bad_request("'echo' is a completions field", "echo")
-    del best_of
 
 
 def _logprobs(body: dict, chat: bool) -> int | None:
@@ -207,8 +220,9 @@ def parse_request(body: Any, *, chat: bool, model_name: str, max_tokens_limit: i
         raise bad_request("'stream_options' must be an object", "stream_options")
     prompts = [(None, None)] if chat else _prompts(body)
     (prompt, token_ids), n = prompts[0], integer(body, "n", 1, MAX_N) or 1
-    if len(prompts) * n > MAX_CHOICES:
-        raise bad_request(f"prompts x n is at most {MAX_CHOICES}", "n")
+    best_of = _best_of(body, n)
+    if len(prompts) * (best_of or n) > MAX_CHOICES:
+        raise bad_request(f"prompts x n (or best_of) is at most {MAX_CHOICES}", "n")
     echo = False if chat else boolean(body, "echo")
     if echo and boolean(body, "stream") and body.get("logprobs") is not None:
         raise bad_request("'echo' with 'logprobs' is served as a JSON response, not streamed", "echo")
@@ -217,7 +231,7 @@ def parse_request(body: Any, *, chat: bool, model_name: str, max_tokens_limit: i
     return ApiRequest(
         grammar=grammar, tools=tools,
         more_prompts=tuple(text if text is not None else ids for text, ids in prompts[1:]),  # type: ignore[misc]
-        n=n, logprobs=_logprobs(body, chat), echo=echo,
+        n=n, best_of=best_of, logprobs=_logprobs(body, chat), echo=echo,
         presence_penalty=number(body, "presence_penalty", 0.0, -2.0, 2.0),
         frequency_penalty=number(body, "frequency_penalty", 0.0, -2.0, 2.0),
         repetition_penalty=number(body, "repetition_penalty", 1.0, 1e-9, 10.0), logit_bias=_logit_bias(body),

@@ -157,12 +157,12 @@ class Served:
         salt = "" if config.share_prefix_cache else self.tenant
         session = cluster_session_id(self.tenant, self.session_id)
         for prompt in range(api_request.num_prompts):
-            first = prompt * api_request.n
-            # The n samples of a prompt: one group, routed by its first one's session, so the others
+            first = prompt * api_request.samples
+            # The samples of a prompt: one group, routed by its first one's session, so the others
             # may decode from the KV its prefill sends (one prefill, one transfer).
             fork = (f"{self.request_id}/{prompt}", session if first == 0 else f"{session}~{first}") \
-                if api_request.n > 1 else ("", "")
-            for sample in range(api_request.n):
+                if api_request.samples > 1 else ("", "")
+            for sample in range(api_request.samples):
                 index = first + sample
                 # Choice 0 is the request itself; the others run beside it as cluster requests of their own.
                 generation = self.gateway.backend.start_generation(

@@ -10,24 +10,12 @@ import json
 import time
 
 import httpx
-import openai
 import pytest
 
-from tests.integration.gateway_helpers import TINY_NAME, gateway_cluster
+from tests.integration.gateway_helpers import TINY_NAME
 
 pytestmark = pytest.mark.integration
 PROMPT = "Once upon a time there was a little model"
-
-
-@pytest.fixture(scope="module")
-def served():
-    with gateway_cluster() as (cluster, gateway):
-        yield cluster, gateway
-
-
-@pytest.fixture
-def client(served):
-    return openai.OpenAI(base_url=served[1].url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 def test_completion_non_streaming_with_transparency_headers(client):

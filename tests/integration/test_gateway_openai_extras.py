@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 
 import httpx
-import openai
 import pytest
 
 from tests.integration.gateway_helpers import TINY_NAME, gateway_cluster
@@ -17,17 +16,6 @@ from tests.integration.gateway_helpers import TINY_NAME, gateway_cluster
 pytestmark = pytest.mark.integration
 PROMPT = "Once upon a time there was a little model"
 GREEDY = {"model": TINY_NAME, "temperature": 0, "ignore_eos": True}
-
-
-@pytest.fixture(scope="module")
-def served():
-    with gateway_cluster() as (cluster, gateway):
-        yield cluster, gateway
-
-
-@pytest.fixture
-def client(served):
-    return openai.OpenAI(base_url=served[1].url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 def post(served, body: dict, path: str = "/v1/completions") -> dict:
@@ -190,3 +178,16 @@ def test_n_choices_share_one_prefill_and_one_kv_transfer(served):
     for follower in followers:
         assert follower.trace.plans == ["forked"] and follower.trace.prefill_node_ids == []
         assert follower.token_ids == leader.token_ids
+
+
+def test_best_of_returns_the_samples_of_highest_total_logprob(served):
+    body = {"model": TINY_NAME, "prompt": "Hello", "max_tokens": 6, "temperature": 1.0, "seed": 3, "logprobs": 0}
+    every = post(served, {**body, "n": 4})["choices"]
+    totals = sorted((sum(c["logprobs"]["token_logprobs"]), c["text"]) for c in every)
+    best = post(served, {**body, "n": 2, "best_of": 4})
+    assert [c["index"] for c in best["choices"]] == [0, 1]
+    assert [c["text"] for c in best["choices"]] == [text for _, text in reversed(totals[-2:])]
+    assert best["usage"]["completion_tokens"] == 24   # every sample is generated
+    refused = httpx.post(served[1].url + "/v1/completions", json={**body, "n": 2, "best_of": 4, "stream": True},
+                         timeout=30)
+    assert refused.status_code == 400 and refused.json()["error"]["param"] == "best_of"

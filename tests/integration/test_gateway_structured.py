@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 
 import httpx
-import openai
 import pytest
 
 from tests.integration.gateway_helpers import TINY_NAME, gateway_cluster
@@ -24,17 +23,6 @@ WEATHER = {"type": "function", "function": {"name": "get_weather", "description"
                                                            "properties": {"city": {"enum": ["Paris", "Oslo"]}},
                                                            "required": ["city"]}}}
 MESSAGES = [{"role": "user", "content": "What is the weather in Paris?"}]
-
-
-@pytest.fixture(scope="module")
-def served():
-    with gateway_cluster() as (cluster, gateway):
-        yield cluster, gateway
-
-
-@pytest.fixture
-def client(served):
-    return openai.OpenAI(base_url=served[1].url + "/v1", api_key="unused", max_retries=0, timeout=60)
 
 
 @pytest.mark.parametrize("temperature", [0.0, 1.0])

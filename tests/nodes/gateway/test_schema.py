@@ -65,7 +65,7 @@ def test_unknown_model_is_404_model_not_found():
     ({"model": MODEL, "prompt": "hi", "stop": [1]}, "stop"),
     ({"model": MODEL, "prompt": "hi", "n": 17}, "n"),
     ({"model": MODEL, "prompt": ["a"] * 8, "n": 9}, "n"),
-    ({"model": MODEL, "prompt": "hi", "best_of": 3}, "best_of"),
+    ({"model": MODEL, "prompt": "hi", "best_of": 17}, "best_of"),
     ({"model": MODEL, "prompt": "hi", "logprobs": 21}, "logprobs"),
     ({"model": MODEL, "prompt": "hi", "logprobs": True}, "logprobs"),
     ({"model": MODEL, "prompt": "hi", "presence_penalty": 2.5}, "presence_penalty"),
@@ -136,3 +136,11 @@ def test_chat_logprobs_are_a_flag_with_top_logprobs():
     assert parse({"model": MODEL, "messages": messages}, chat=True).logprobs is None
     assert refused({"model": MODEL, "messages": messages, "top_logprobs": 3}, chat=True).param == "top_logprobs"
     assert refused({"model": MODEL, "messages": messages, "echo": True}, chat=True).param == "echo"
+
+
+def test_best_of_is_at_least_n_and_not_streamed():
+    api = parse({"model": MODEL, "prompt": "hi", "n": 2, "best_of": 5})
+    assert (api.n, api.best_of, api.samples) == (2, 5, 5)
+    assert refused({"model": MODEL, "prompt": "hi", "n": 3, "best_of": 2}).param == "best_of"
+    assert refused({"model": MODEL, "prompt": "hi", "best_of": 3, "stream": True}).param == "best_of"
+    assert refused({"model": MODEL, "prompt": ["a"] * 16, "best_of": 5}).param == "n"
