@@ -31,26 +31,24 @@ from bus.kv import TransferResult
 from bus.log import get_logger
 from bus.messages import Cancel, Direct, Request
 from nodes import wire
+from nodes.decode_admission import DecodeAdmission
 from nodes.decode_forks import ForkGroups
 from nodes.decode_jobs import (
     DecodeJob,
     KvArrived,
     KvReadyRefusal,
     done_body,
-    plan_body,
-    plan_job,
     prefill_here,
-    refusal_code,
 )
 from nodes.decode_kv import KvLanding
-from nodes.engines.base import DecodeRequest, Engine, KvUsage, TokenEvent
+from nodes.engines.base import DecodeRequest, Engine, TokenEvent
 from nodes.node_settings import NodeSettings
 from nodes.runtime import GuardedWork, LoopThread, engine_bounds
 
 __all__ = ["DecodeWork", "KvArrived"]
 
 
-class DecodeWork(GuardedWork):
+class DecodeWork(GuardedWork, DecodeAdmission):
     service = wire.DECODE
 
     def __init__(self, settings: NodeSettings, engine: Engine, kv_thread: LoopThread, *,
@@ -154,12 +152,6 @@ class DecodeWork(GuardedWork):
             self._mib_per_block = self.engine.kv_layout.num_bytes(block_size) / 2**20
         return self._mib_per_block
 
-    def _num_available_blocks(self, usage: KvUsage) -> int:
-        """Blocks a new request could get: free ones plus kept sessions' and prefixes' (evicted
-        LRU-first when needed) but for pinned ones, minus those reserved for requests whose KV is
-        on its way."""
-        return usage.num_free_blocks + usage.num_session_blocks - usage.num_pinned_blocks - self._reserved_blocks()
-
     def close(self) -> None:
         self.kv.close()
 
@@ -196,94 +188,6 @@ class DecodeWork(GuardedWork):
                 return
         if admitted:
             self._send_plan(job)
-
-    def _forked(self, job: DecodeJob, body: wire.DecodeRequestBody) -> bool:
-        """A later choice of a prompt whose first choice waits here for its KV: plan `forked` and
-        wait for that KV (nodes/decode_forks.py); False when there is no such leader."""
-        leader = None if body.num_delivered else self.forks.leader_for(body.fork_group, job.prompt, job.cache_salt)
-        if leader is None:
-            return False
-        job.plan = wire.PlanKind.FORKED
-        if self._reserve(job):
-            self.forks.follow(leader, job.request_id)
-            self.counters["plan.forked"] += 1
-            self._send_plan(job)
-        return True
-
-    def _start_followers(self, leader: DecodeJob, kv: Any) -> None:
-        for follower_id in self.forks.end(leader.request_id):
-            follower = self.jobs.pop(follower_id, None)
-            if follower is None or not follower.waiting:
-                continue
-            follower.clock.mark("kv_arrived")
-            self._start(follower, DecodeRequest(follower_id, follower.prompt, follower.sampling, kv=kv,
-                                                session_id=follower.session_id, cache_salt=follower.cache_salt))
-
-    def _plan(self, job: DecodeJob, mode: wire.PrefillMode) -> None:
-        # A short rest is prefilled here only while the node is not busy (decode_jobs.plan_job says
-        # why). Prompt logprobs need every prompt position computed: no kept KV is started from.
-        whole = job.sampling.prompt_logprobs is not None
-        plan_job(job, local=self.always_local or mode == wire.PrefillMode.LOCAL,
-                 num_session=self.engine.cached_session_tokens(job.session_id) if job.session_id and not whole else 0,
-                 short=self.settings.local_suffix_tokens if self._has_spare_compute() and not whole else 0,
-                 hold=lambda: 0 if whole else self.engine.hold_prefix(job.request_id, job.prompt, job.cache_salt))
-
-    def _lends(self, body: wire.DecodeRequestBody) -> bool:
-        """Prefill this prompt here though a prefill node could: it would queue there behind the
-        client's backlog while this node, with a light batch, has compute to spare."""
-        lend = self.settings.lend
-        if not (0 < len(body.prompt) <= lend.prefill_tokens and body.prefill == wire.PrefillMode.AUTO):
-            return False
-        if body.prefill_backlog_tokens < lend.min_backlog_tokens or self._num_requests() >= lend.max_running:
-            return False
-        self.counters["plan.lent"] += 1
-        return True
-
-    def _num_requests(self) -> int:
-        """Requests holding KV here: running in the engine, or admitted and waiting for their KV."""
-        return self.engine.num_running + sum(j.waiting for j in self.jobs.values())
-
-    def _has_spare_compute(self) -> bool:
-        return self._num_requests() < self.settings.local_prefill_max_running
-
-    def _reserve(self, job: DecodeJob) -> bool:
-        """Admit a remote-prefill request: hold its blocks until its KV arrives."""
-        admission = self.engine.check_admission(DecodeRequest(job.request_id, job.prompt, job.sampling))
-        fits = (admission.ok and admission.num_blocks_needed <= self._num_available_blocks(self.engine.kv_usage())
-                and self._num_requests() < self.engine.max_num_seqs)
-        if not fits:
-            code = refusal_code(admission)
-            if code == wire.Code.FULL:
-                self.num_blocks_wanted = max(self.num_blocks_wanted, admission.num_blocks_needed, 1)
-            return self._refuse(job, code, admission.reason or "no KV room for a waiting request")
-        job.reserve(admission.num_blocks_needed, time.monotonic() + self.settings.kv_timeout_s)
-        self.jobs[job.request_id] = job
-        return True
-
-    def _start(self, job: DecodeJob, request: DecodeRequest) -> bool:
-        admission = self.engine.add_request(request)
-        if not admission.ok:
-            return self._refuse(job, refusal_code(admission), admission.reason)
-        job.start()
-        job.clock.mark("admitted")
-        self.jobs[job.request_id] = job
-        return True
-
-    def _refuse(self, job: DecodeJob, code: wire.Code, reason: str) -> bool:
-        self.engine.release_prefix(job.request_id)
-        job.fail()
-        self.publish_capacity()   # so the policy skips us on the client's retry
-        self.endpoint.reply_error(job.request_id, code, reason, node_id=self.endpoint.node_id)
-        self.log.info("decode_refused", request_id=job.request_id, code=code, reason=reason)
-        return False
-
-    def _send_plan(self, job: DecodeJob) -> None:
-        plan = plan_body(job, self.endpoint.node_id, self.endpoint.core.data_endpoint)
-        job.clock.mark("planned")
-        self.endpoint.reply(job.request_id, wire.to_wire(plan))
-
-    def _reserved_blocks(self) -> int:
-        return sum(j.num_blocks for j in self.jobs.values() if j.waiting)
 
     # -- KV arrival ------------------------------------------------------------------------
     def _on_kv_arrived(self, result: TransferResult) -> None:
