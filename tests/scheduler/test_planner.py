@@ -336,3 +336,32 @@ def test_gauges_give_the_pressures_and_pool_sizes():
     assert gauges["decode_pressure"] == pytest.approx(0.5) and gauges["decode_queued"] == 1
     assert (gauges["serving_nodes"], gauges["draining_nodes"]) == (3, 1)
     assert gauges["decode_hot"] == 1.0 and gauges["prefill_hot"] == 1.0
+
+
+def test_a_switch_that_made_the_slo_worse_is_not_made_again_within_the_dwell():
+    """A colocated pair, TPOT hot: the split (prefill pool refilled) is tried; if TTFT then misses
+    worse than the pair did, the planner rejoins it and does not split again within
+    `regret_dwell_s`, where it would otherwise flip every cooldown."""
+    config = PlannerConfig(**{**_fields(CONFIG), **SMALL, "regret_dwell_s": 600})
+    planner = Planner(config)
+    both = pools([], [decode_cap(3, switchable=1), decode_cap(9, switchable=1)])
+    (at, split), = feed(planner, both, T0, 60, signals=Signals(ttft_p90_s=2.4, tpot_p90_s=0.1))
+    assert (split.role, split.node_id) == ("prefill", "decode-0")
+    pair = stats_body({"decode-0": ("prefill", prefill_cap(0, switchable=1)),
+                       "decode-1": ("decode", decode_cap(3, switchable=1))})
+    worse = Signals(ttft_p90_s=6.0, tpot_p90_s=0.04)   # 3.0x the TTFT target, before 1.2x / 2.0x: worse
+    (at, rejoin), = feed(planner, pair, at + 5, 120, signals=worse)
+    assert rejoin.role == "decode" and planner.metrics["regrets.prefill"] == 1
+    assert feed(planner, both, at + 5, 300, signals=Signals(ttft_p90_s=2.4, tpot_p90_s=0.1)) == []
+    assert planner.metrics["held.regret"] > 0
+
+
+def test_a_switch_that_helped_is_not_regretted():
+    config = PlannerConfig(**{**_fields(CONFIG), **SMALL})
+    planner = Planner(config)
+    pair = pools([prefill_cap(0, switchable=1)], [decode_cap(3, switchable=1)])
+    (at, colocate), = feed(planner, pair, T0, 60, signals=Signals(ttft_p90_s=4.0, tpot_p90_s=0.02))
+    both = stats_body({"prefill-0": ("decode", decode_cap(3, switchable=1)),
+                       "decode-0": ("decode", decode_cap(2, switchable=1))})
+    feed(planner, both, at + 5, 200, signals=Signals(ttft_p90_s=1.5, tpot_p90_s=0.03))
+    assert not any(k.startswith("regrets.") for k in planner.metrics)

@@ -36,12 +36,13 @@ from harness.bench.serve.systems import PdbusSystem
 # process loads the model. Targets: TTFT p90 2 s (the chat SLO; a document phase's p90 is a
 # document's TTFT, past it whenever prefill queues), TPOT p90 80 ms (the SLO is 100 ms; at 50 ms
 # the colocated pair's own chunked prefills, p90 ~55 ms, split it again within a chat phase: run of
-# 12-05 15:26). Timings for phases of minutes; the p90s over 10 s.
+# 12-05 15:26). Timings for phases of minutes; the p90s over 10 s. A switch judged worse is not
+# repeated for 120 s, more than a phase: at 60 s the pair split again the moment it ran out (18:40).
 ELASTIC_PLANNER: dict[str, object] = {
     "min_prefill": 0, "max_prefill": 1, "min_decode": 1, "max_decode": 2, "max_nodes": 2,
     "interval_s": 1.0, "sustain_s": 5.0, "cooldown_s": 10.0, "settle_timeout_s": 60.0, "missing_grace_s": 10.0,
     "prefill_cold_batches": 0.0, "decode_cold_use": 0.0, "ttft_p90_target_s": 2.0, "tpot_p90_target_s": 0.08,
-    "slo_window_s": 10.0,
+    "slo_window_s": 10.0, "regret_dwell_s": 120.0,
 }
 ELASTIC_ENV = {"PDBUS__NODE__DRAIN_TIMEOUT_S": "10.0"}   # a switch waits this long for the old role's work
 QUICK_PHASED = ([2.0], 90.0)          # (chat phases' req/s, seconds per phase)
