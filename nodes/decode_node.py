@@ -170,6 +170,7 @@ class DecodeWork(GuardedWork, DecodeAdmission):
         if self._forked(job, body):
             return
         self._plan(job, wire.PrefillMode.LOCAL if self._lends(body) else body.prefill)
+        first = None   # a token this node streams before the engine's: see prefill_here
         if job.plan == wire.PlanKind.REMOTE:
             admitted = self._reserve(job)
             if admitted and body.fork_group and not (body.num_delivered or job.num_held_tokens):
@@ -178,16 +179,13 @@ class DecodeWork(GuardedWork, DecodeAdmission):
             local = DecodeRequest(job.request_id, job.prompt, job.sampling, session_id=job.session_id,
                                   cached_prefix_tokens=job.num_held_tokens, cache_salt=job.cache_salt,
                                   num_output_tokens=job.num_output_tokens)
-            first = None
             if job.sampling.prompt_logprobs is not None:
                 local, first = prefill_here(self.engine, job, local)
             admitted = self._start(job, local)
-            if admitted and first is not None:
-                self._send_plan(job)
-                self._on_token(first)
-                return
         if admitted:
             self._send_plan(job)
+            if first is not None:
+                self._on_token(first)
 
     # -- KV arrival ------------------------------------------------------------------------
     def _on_kv_arrived(self, result: TransferResult) -> None:

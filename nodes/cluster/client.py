@@ -3,12 +3,16 @@ docs/CLUSTER.md (what the gateway wraps). No torch: it imports only the bus and 
 
 Contract:
     async with ClusterClient("tcp://127.0.0.1:5555", tokenizer=None, max_retries=3) as client:
-        generation = client.generate(prompt_token_ids | text, sampling, session_id=None, request_id=None)
-        async for token in generation:      # StreamToken(index, token_id, text), each index once, in order
+        generation = client.generate(prompt_token_ids | text, sampling, session_id=None, request_id=None,
+                                     cache_salt="", fork_group="", route_key="")
+        async for token in generation:      # StreamToken(index, token_id, text, logprobs), each index once, in order
             ...
-        generation.result                    # GenerationResult: token_ids, text, finish_reason, usage, trace
+        generation.result                    # GenerationResult: token_ids, text, finish_reason, usage, trace,
+                                             #   tokens, prompt_logprobs (with `sampling.prompt_logprobs`)
         await generation.aclose()            # or generation.cancel(): aborts both streams (KV freed)
     client.generate_blocking(...) -> GenerationResult   (from a thread with no running loop)
+`fork_group` and `route_key`: the n samples of one prompt name one group and route by the first
+one's key, so the later ones may decode from its KV (plan `forked`, nodes/decode_forks.py).
 `trace` (RequestTrace, nodes/cluster/results.py) says which nodes served the request, the plans,
 every failure, whether a failover or the local-prefill fallback happened, and the stage timings.
 Failures: a decode node lost, stalled or timing out -> resume on another decode node with the

@@ -26,7 +26,6 @@ import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from types import SimpleNamespace
 from typing import Any
 
 from nodes.engines.base import (
@@ -205,13 +204,12 @@ class VllmEngine(Engine):
             self.stats.num_imported_tokens += num_cached
             self.stats.num_prefilled_tokens += max(0, run.num_prompt_tokens - num_cached)
         events = []
-        completion = output.outputs[0] if output.outputs else SimpleNamespace(token_ids=(), logprobs=None)
-        for i, token_id in enumerate(completion.token_ids):
+        token_ids, logprobs = (output.outputs[0].token_ids, output.outputs[0].logprobs) if output.outputs else ((), None)
+        for i, token_id in enumerate(token_ids):
             text, finish_reason = run.tracker.push(int(token_id))
             self.stats.num_generated_tokens += 1
             events.append(TokenEvent(run.request_id, int(token_id), text, run.tracker.num_tokens - 1, finish_reason,
-                                     passed_logprobs(completion.logprobs, i, int(token_id),
-                                                     run.logprobs)))
+                                     passed_logprobs(logprobs, i, int(token_id), run.logprobs)))
             if finish_reason is not None:
                 break
         if run.tracker.finish_reason is None and output.finished:
