@@ -75,6 +75,20 @@ def _ws_type(answer: str | bytes) -> str:
         return "undecodable"
 
 
+async def warm_extras(url: str, timeout: float = 60.0) -> list[int]:
+    """Serve one request of each feature that loads a library on first use (the grammar library:
+    ~50 MiB once, in the gateway and the nodes), so the RSS baseline holds it and growth means a
+    leak. Returns the HTTP statuses."""
+    bodies = [("/v1/completions", {"model": MODEL_NAME, "prompt": "Hello", "max_tokens": 4, "n": 2, "logprobs": 1,
+                                   "response_format": {"type": "json_object"}}),
+              ("/v1/chat/completions", {"model": MODEL_NAME, "max_tokens": 4, "messages": [{"role": "user",
+                                                                                            "content": "hi"}],
+                                        "tool_choice": "required", "tools": [{"type": "function", "function": {
+                                            "name": "f", "parameters": {"type": "object"}}}]})]
+    async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(timeout)) as http:
+        return [(await http.post(path, json=body)).status_code for path, body in bodies]
+
+
 async def complete(url: str, max_tokens: int = 8, timeout: float = 60.0, prompt: str = "Hello, world") -> dict[str, Any]:
     body = {"model": MODEL_NAME, "prompt": prompt, "max_tokens": max_tokens, "temperature": 0.0,
             "ignore_eos": True, "stream": True}

@@ -2,8 +2,9 @@
 
 Contract (pure, like harness/fuzz/strategies.py): `http_request() -> (kind, raw request bytes)`,
 `ws_messages -> [str | bytes]`: generated JSON (wrong types, huge ints, lone surrogates, NaN,
-deep nesting, huge strings) in otherwise plausible completion and chat bodies, and odd request
-lines and headers.
+deep nesting, huge strings) in otherwise plausible completion and chat bodies, with the OpenAI
+extras (n, best_of, logprobs, echo, penalties, logit_bias, response_format with schemas the
+grammar library refuses or once panicked on, guided_*, tools), and odd request lines and headers.
 """
 
 from __future__ import annotations
@@ -32,9 +33,31 @@ COMMON = {"model": st.just(MODEL_NAME), "max_tokens": st.integers(1, 4), "temper
           "stream": st.booleans(), "stream_options": st.fixed_dictionaries({"include_usage": st.booleans()}),
           "ignore_eos": st.booleans(), "session_id": st.text(max_size=12), "stop": st.lists(st.text(max_size=4),
                                                                                          max_size=2)}
-completion = jmutated({**COMMON, "prompt": st.one_of(st.text(min_size=1, max_size=20), tokens)})
-chat = jmutated({**COMMON, "messages": st.lists(jmutated({"role": st.sampled_from(["user", "system", "x"]),
-                                                          "content": st.text(max_size=20)}), min_size=1, max_size=2)})
+# The OpenAI extras (logprobs, n, penalties, structured output, tools), each sometimes present:
+# schemas include one that made llguidance 1.9.1 panic (non-ASCII in `required`).
+SCHEMAS = [{"type": "object"}, {"required": "\u00e9" * 80}, {"type": "string", "pattern": "(("},
+           {"anyOf": [{"$ref": "#/nope"}]}, {"type": "integer", "minimum": 5, "maximum": 1}]
+FORMATS = st.sampled_from([{"type": "json_object"}, {"type": "text"}, {"type": "xml"}]
+                          + [{"type": "json_schema", "json_schema": {"name": "s", "schema": x}} for x in SCHEMAS])
+TOOLS = st.lists(st.fixed_dictionaries({"type": st.just("function"), "function": st.fixed_dictionaries({
+    "name": st.sampled_from(["get", "bad name!", "x" * 80]), "parameters": st.sampled_from(SCHEMAS)})}), max_size=2)
+EXTRAS = {"n": st.integers(1, 2), "best_of": st.integers(1, 3), "logprobs": st.integers(0, 3),
+          "presence_penalty": st.floats(-2, 2), "logit_bias": st.dictionaries(st.sampled_from(["1", "70", "x", "-1"]),
+                                                                              st.floats(-100, 100), max_size=2),
+          "response_format": FORMATS, "guided_regex": st.sampled_from(["[a-z]{1,3}", "((", ".*" * 50]),
+          "guided_choice": st.lists(st.text(max_size=3), max_size=3)}
+extras = st.fixed_dictionaries({}, optional=EXTRAS)
+completion = st.builds(lambda body, more: {**body, **more},
+                       jmutated({**COMMON, "prompt": st.one_of(st.text(min_size=1, max_size=20), tokens),
+                                 "echo": st.booleans()}), extras)
+chat = st.builds(lambda body, more: {**body, **more},
+                 jmutated({**COMMON, "messages": st.lists(jmutated({"role": st.sampled_from(["user", "system", "tool",
+                                                                                            "assistant", "x"]),
+                                                                    "content": st.text(max_size=20)}),
+                                                          min_size=1, max_size=2)}),
+                 st.fixed_dictionaries({}, optional={"tools": TOOLS, "tool_choice": st.sampled_from(
+                     ["auto", "required", "none", {"type": "function", "function": {"name": "get"}}]),
+                     "top_logprobs": st.integers(0, 3), "logprobs": st.booleans(), "response_format": FORMATS}))
 RAW_JSON = [b'"' + b"x" * (1 << 21) + b'"', b"[" * 100_000 + b"]" * 100_000, b'{"a":' * 50_000 + b"1" + b"}" * 50_000, b"9" * 100_000, b"NaN",
             b'{"prompt": "\xff\xfe"}', b'{"prompt": "\\ud800", "model": "' + MODEL_NAME.encode() + b'"}', b"{",
             b'{"model": 1e999999, "prompt": -Infinity}', b'{"max_tokens": 1, "max_tokens": "x"}', b"\x00" * 64]
