@@ -7,7 +7,10 @@ by the app's middleware. Streaming sends its headers when the first token is rea
 the cluster refuses (overloaded, rejected) still gets a real HTTP status; `X-Pdbus-Decode-Node` is
 then known, the rest of what served the request is in the last chunk's `pdbus` object. SSE chunks
 follow OpenAI (`data: {...}` then `data: [DONE]`; with `stream_options.include_usage` a last
-chunk with empty `choices` and the usage). A client that disconnects cancels the handler (aiohttp
+chunk with empty `choices` and the usage). Several choices (`n`, prompt batches, `best_of`) are
+one cluster request each (nodes/gateway/served.py): a JSON response lists them (with `best_of`,
+the n of highest total logprob), a stream interleaves their chunks by `index` and ends each with
+its own final chunk; text, logprobs, echo and tool calls are shaped by nodes/gateway/choices.py. A client that disconnects cancels the handler (aiohttp
 `handler_cancellation`), which aborts the cluster request; a client that stops reading is cut off
 after `stall_timeout_s`.
 """
