@@ -4,7 +4,10 @@ Contract: `run_prefill(runner, tokenizer, requests, max_batch_tokens=..., ...) -
 in request order. Prompts are packed into forward passes of at most `max_batch_tokens` tokens (a
 longer prompt runs alone); each prompt writes its KV straight into its own exact-size export
 tensor [layers, 2, kv_heads, prompt_tokens, head_dim], so exporting costs no copy (on a GPU, one copy
-out to the CPU, `exported_kv`). Only each prompt's last position gets logits.
+out to the CPU, `exported_kv`). Only each prompt's last position gets logits, except for a prompt
+whose sampling asks `prompt_logprobs`: every position of it does, its prefix cache is not read
+(cached KV has no logits), and its result carries each prompt token's log-probabilities. The first
+token is sampled under the request's processing (penalties, bias, grammar: logits_process.py).
 
 `ChunkedPrefill` is the same batch as an interruptible pass (`Engine.start_prefill`): each `step()`
 is one forward pass over the batch's next `chunk_tokens` prompt tokens (`plan_chunk`: the rest of the
