@@ -2,7 +2,10 @@
 
 One engine serves either side or both. `step()` has nano-vllm's shape: `schedule()` picks this
 step's chunks (decode tokens first, then prefill chunks), `_run()` packs them into one forward pass
-(`batch_pack.py`), `_postprocess()` samples, streams and retires finished requests. Admission
+(`batch_pack.py`), `_postprocess()` samples (each request's penalties, bias and grammar applied
+first: `logits_process.py`; its logprobs when asked), streams and retires finished requests. A
+grammar that does not compile is `rejected` at admission; the compiler (llguidance) is built at the
+first request with one. Admission
 (`admission.py`) charges each request its KV reservation (prompt + max_tokens, in blocks) and the
 padded slot cache it implies, evicting least-recently-used kept KV first (finished sessions, shared
 prefixes: `session_cache.py`; never one held for a request, `prefix_leases.py`), and answers "full"
