@@ -24,6 +24,7 @@ LOADER_SETTINGS = frozenset({"model", "model_dir", "kind"})   # read by the node
 ENGINE_KINDS = ("torch", "vllm")
 MAX_LOGPROBS = 20            # alternatives per token (OpenAI's top_logprobs bound)
 MAX_LOGIT_BIAS = 1024        # entries of `logit_bias`
+MAX_BIAS = 100.0             # |a logit_bias value| (OpenAI's range)
 MAX_PENALTY = 2.0            # |presence_penalty|, |frequency_penalty| (OpenAI's range)
 MAX_REPETITION_PENALTY = 10.0
 
@@ -79,7 +80,7 @@ class SamplingParams:
                              f"got {self.repetition_penalty}")
         if len(self.logit_bias) > MAX_LOGIT_BIAS:
             raise ValueError(f"logit_bias has at most {MAX_LOGIT_BIAS} entries")
-        if any(token < 0 or not -100.0 <= bias <= 100.0 for token, bias in self.logit_bias):
+        if any(token < 0 or not -MAX_BIAS <= bias <= MAX_BIAS for token, bias in self.logit_bias):
             raise ValueError("logit_bias maps token ids >= 0 to biases in [-100, 100]")
 
     @property

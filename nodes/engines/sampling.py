@@ -37,25 +37,24 @@ def greedy_tokens(logits: torch.Tensor) -> list[int]:
 def sample(logits: torch.Tensor, params: Sequence[SamplingParams],
            generators: Sequence[torch.Generator | None],
            processors: Sequence[RequestLogits | None] | None = None) -> list[int]:
-    processed = {i: p for i, p in enumerate(processors or ()) if p is not None}
-    if processed:
-        logits = _processed(logits, processed)
     tokens = greedy_tokens(logits)
-    random_rows = [i for i, p in enumerate(params) if not p.is_greedy]
-    if random_rows:
-        chosen = _sample_random(logits[random_rows].float().cpu(), [params[i] for i in random_rows],
-                                [generators[i] for i in random_rows])
-        for row, token in zip(random_rows, chosen, strict=True):
-            tokens[row] = token
+    processors = processors or [None] * len(params)
+    # Only the rows that are processed or sampled at random come to the CPU (a copy, changed in place).
+    rows = [i for i, (p, proc) in enumerate(zip(params, processors, strict=True)) if proc is not None or not p.is_greedy]
+    if not rows:
+        return tokens
+    work = logits[rows].float().cpu()
+    for k, row in enumerate(rows):
+        if (processor := processors[row]) is not None:
+            processor.apply(work[k])
+    random = [k for k, row in enumerate(rows) if not params[row].is_greedy]
+    for k, token in zip(range(len(rows)), greedy_tokens(work), strict=True):
+        tokens[rows[k]] = token   # processed greedy rows: the argmax after processing
+    if random:
+        chosen = _sample_random(work[random], [params[rows[k]] for k in random], [generators[rows[k]] for k in random])
+        for k, token in zip(random, chosen, strict=True):
+            tokens[rows[k]] = token
     return tokens
-
-
-def _processed(logits: torch.Tensor, processors: dict[int, RequestLogits]) -> torch.Tensor:
-    """The batch's logits on the CPU in float32 with each processed row changed (a copy)."""
-    logits = logits.float().cpu().clone()
-    for row, processor in processors.items():
-        processor.apply(logits[row])
-    return logits
 
 
 def _sample_random(logits: torch.Tensor, params: list[SamplingParams],

@@ -1,9 +1,9 @@
 """One choice of a response built from its cluster stream (pure: no I/O): text, logprobs, echo.
 
 Contract: `ChoiceBuilder(index, api_request, generation, tokenizer)`:
-- `opening()` -> (text, logprobs field | None): what comes before the completion, which is the
-  echoed prompt (completions `echo`: its text, and with `logprobs` its tokens' logprobs, the first
-  None) or nothing;
+- `opening()` -> text: what comes before the completion, which is the echoed prompt (completions
+  `echo`: its text; with `logprobs`, the choice's field starts with its tokens' logprobs, the first
+  None; echo with logprobs is never streamed, so only `choice` shows them) or nothing;
 - `add(token)` -> (text, logprobs field | None) for one StreamToken (the field only when the request
   asked for logprobs), accumulated for the whole choice;
 - `choice(finish_reason)` -> `Choice`: the opening and every token added. A chat request that
@@ -34,19 +34,18 @@ class ChoiceBuilder:
         self.opening_text, self.opening_scored = "", list[Scored]()
         self.offset = 0   # completions: characters of token strings so far (text_offset)
 
-    def opening(self) -> tuple[str, dict[str, Any] | None]:
+    def opening(self) -> str:
         """Call it before streaming, or after a JSON response's stream (when the prompt logprobs,
         which come with a FINAL, are in): either way it is the choice's start."""
         if not self.api.echo:
-            return "", None
-        text = self.api.prompt if self.api.prompt is not None else self.tokenizer.decode(self.generation.prompt)
-        self.opening_text = text
-        if self.format is None:
-            return text, None
-        found = self.generation.prompt_logprobs
-        self.opening_scored = [Scored(t, found[i] if i < len(found) else None)
-                               for i, t in enumerate(self.generation.prompt)]
-        return text, self._field(self.opening_scored)
+            return ""
+        self.opening_text = self.api.prompt if self.api.prompt is not None else \
+            self.tokenizer.decode(self.generation.prompt)
+        if self.format is not None:
+            found = self.generation.prompt_logprobs
+            self.opening_scored = [Scored(t, found[i] if i < len(found) else None)
+                                   for i, t in enumerate(self.generation.prompt)]
+        return self.opening_text
 
     def add(self, token: Any) -> tuple[str, dict[str, Any] | None]:
         if self.scored_only:

@@ -198,8 +198,7 @@ async def _send_stream(response: web.StreamResponse, served: Served, shaper: Sha
     for builder in builders:
         if (opening := shaper.first_chunk(builder.index)) is not None:
             await send(opening)
-        text, _ = builder.opening()   # echo streams the prompt's text (its logprobs: JSON responses only)
-        if text:
+        if text := builder.opening():   # echo streams the prompt's text (its logprobs: JSON responses only)
             await send(shaper.chunk(text, builder.index))
     pending = [] if first is None else [first]
     async for item in _chain(pending, tokens):

@@ -22,7 +22,13 @@ from __future__ import annotations
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from nodes.engines.engine_types import MAX_LOGIT_BIAS, MAX_LOGPROBS
+from nodes.engines.engine_types import (
+    MAX_BIAS,
+    MAX_LOGIT_BIAS,
+    MAX_LOGPROBS,
+    MAX_PENALTY,
+    MAX_REPETITION_PENALTY,
+)
 from nodes.engines.grammar_spec import GrammarSpec
 from nodes.gateway import fields, structured
 from nodes.gateway.api_errors import ApiError, bad_request
@@ -146,7 +152,7 @@ def _logit_bias(body: dict) -> tuple[tuple[int, float], ...]:
     for key in bias:
         if not (isinstance(key, str) and key.isascii() and key.isdigit() and int(key) <= fields.MAX_TOKEN_ID):
             raise bad_request(f"'logit_bias' keys are token ids, got {fields.shown(key)}", "logit_bias")
-        pairs.append((int(key), number(bias, key, 0.0, -100.0, 100.0)))
+        pairs.append((int(key), number(bias, key, 0.0, -MAX_BIAS, MAX_BIAS)))
     return tuple(sorted(pairs))
 
 
@@ -232,9 +238,9 @@ def parse_request(body: Any, *, chat: bool, model_name: str, max_tokens_limit: i
         grammar=grammar, tools=tools,
         more_prompts=tuple(text if text is not None else ids for text, ids in prompts[1:]),  # type: ignore[misc]
         n=n, best_of=best_of, logprobs=_logprobs(body, chat), echo=echo,
-        presence_penalty=number(body, "presence_penalty", 0.0, -2.0, 2.0),
-        frequency_penalty=number(body, "frequency_penalty", 0.0, -2.0, 2.0),
-        repetition_penalty=number(body, "repetition_penalty", 1.0, 1e-9, 10.0), logit_bias=_logit_bias(body),
+        presence_penalty=number(body, "presence_penalty", 0.0, -MAX_PENALTY, MAX_PENALTY),
+        frequency_penalty=number(body, "frequency_penalty", 0.0, -MAX_PENALTY, MAX_PENALTY),
+        repetition_penalty=number(body, "repetition_penalty", 1.0, 1e-9, MAX_REPETITION_PENALTY), logit_bias=_logit_bias(body),
         chat=chat, model=model, prompt=prompt, prompt_token_ids=token_ids,
         messages=_messages(body) if chat else None, max_tokens=_max_tokens(body, chat, max_tokens_limit, echo),
         temperature=number(body, "temperature", 1.0, 0.0, 2.0), top_p=number(body, "top_p", 1.0, 1e-9, 1.0),

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import Any, TypeGuard
 
 from bus.constants import MAX_ID_BYTES
-from nodes.engines.engine_types import TokenLogprobs
+from nodes.engines.engine_types import MAX_LOGPROBS, TokenLogprobs
 from nodes.wire.codes import Code
 
 MAX_TOKEN_ID = 2**31 - 1          # the default vocabulary bound of a reply's token ids
@@ -32,7 +32,6 @@ MAX_STAT_NAME_CHARS = 64
 MAX_FIELDS = 64                   # entries of a stats / usage / timings / transfer map
 MAX_ENDPOINT_BYTES = 512          # tcp://host:port;curve=<64 hex> fits many times over
 MIN_LOGPROB = -1e9                # a log-probability is in [MIN_LOGPROB, 0] (-inf travels as this)
-MAX_TOP_LOGPROBS = 20             # alternatives per position (engine_types.MAX_LOGPROBS)
 MAX_PROMPT_LOGPROBS = 1 << 20     # entries of a FINAL's `prompt_logprobs`
 
 
@@ -154,13 +153,13 @@ def stats(value: Any) -> dict[str, int | float]:
 
 
 def logprobs(value: Any, what: str, vocab_size: int) -> TokenLogprobs | None:
-    """null, or [logprob, [[token_id, logprob], ...]] with at most MAX_TOP_LOGPROBS pairs."""
+    """null, or [logprob, [[token_id, logprob], ...]] with at most MAX_LOGPROBS pairs."""
     if value is None:
         return None
     if not isinstance(value, list | tuple) or len(value) != 2 or not isinstance(value[1], list | tuple) \
-            or len(value[1]) > MAX_TOP_LOGPROBS:
+            or len(value[1]) > MAX_LOGPROBS:
         raise Refused(f"{what} must be null or [logprob, [[token_id, logprob], ...]] with at most "
-                      f"{MAX_TOP_LOGPROBS} pairs")
+                      f"{MAX_LOGPROBS} pairs")
     top = []
     for pair in value[1]:
         if not isinstance(pair, list | tuple) or len(pair) != 2:

@@ -9,7 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from nodes.engines.engine_types import MAX_LOGIT_BIAS, MAX_LOGPROBS, MAX_PENALTY, MAX_REPETITION_PENALTY
+from nodes.engines.engine_types import (
+    MAX_BIAS,
+    MAX_LOGIT_BIAS,
+    MAX_LOGPROBS,
+    MAX_PENALTY,
+    MAX_REPETITION_PENALTY,
+)
 from nodes.engines.grammar_spec import MAX_GRAMMAR_CHARS, GrammarSpec
 from nodes.wire import field_readers as f
 from nodes.wire.bodies import (
@@ -141,7 +147,7 @@ def _logit_bias(value: Any, bounds: Bounds) -> tuple[tuple[int, float], ...]:
         if not isinstance(pair, list | tuple) or len(pair) != 2:
             raise Refused("logit_bias entries must be [token_id, bias] pairs")
         pairs.append((f.count(pair[0], "logit_bias token_id", 0, bounds.vocab_size - 1),
-                      f.number(pair[1], "logit_bias bias", -100.0, 100.0)))
+                      f.number(pair[1], "logit_bias bias", -MAX_BIAS, MAX_BIAS)))
     return tuple(pairs)
 
 
