@@ -84,9 +84,16 @@ async def warm_extras(url: str, timeout: float = 60.0) -> list[int]:
               ("/v1/chat/completions", {"model": MODEL_NAME, "max_tokens": 4, "messages": [{"role": "user",
                                                                                             "content": "hi"}],
                                         "tool_choice": "required", "tools": [{"type": "function", "function": {
-                                            "name": "f", "parameters": {"type": "object"}}}]})]
+                                            "name": "f", "parameters": {"type": "object"}}}]}),
+              ("/v1/completions", {"model": MODEL_NAME, "prompt": "Hi", "max_tokens": 2, "guided_regex": "[a-z]{2}"})]
+    # What the library refuses, and a schema it panics on: their paths allocate on first use too.
+    refused = [{"guided_regex": "(("}, {"response_format": {"type": "json_schema", "json_schema": {
+        "name": "s", "schema": {"required": "\u00e9" * 80}}}}]
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(timeout)) as http:
-        return [(await http.post(path, json=body)).status_code for path, body in bodies]
+        statuses = [(await http.post(path, json=body)).status_code for path, body in bodies]
+        for extra in refused:
+            await http.post("/v1/completions", json={"model": MODEL_NAME, "prompt": "Hi", **extra})
+    return statuses
 
 
 async def complete(url: str, max_tokens: int = 8, timeout: float = 60.0, prompt: str = "Hello, world") -> dict[str, Any]:
