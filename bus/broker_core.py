@@ -11,7 +11,9 @@ Contract:
   the node one heartbeat interval to register again from a new connection (a live node
   reconnects within libzmq's 100 ms and keeps its requests), then it leaves as
   `connection_lost`: a killed node is declared dead in about a third of the liveness window.
-  A frozen or cut-off node keeps its connection and is still judged by its silence.
+  A frozen or cut-off node keeps its connection and is still judged by its silence: a serving
+  node with work by the short window (counted from when the work began), an idle one by the
+  idle window (`HeartbeatConfig.idle_interval_s`, PROTOCOL.md §1.4).
 - Results accumulate in `outbox` (lists `[identity, *frames]` to send as they are) and `events`
   (`bus.broker_tables` events for logs and listeners); the shell takes them with `take_outbox()` /
   `take_events()`. `metrics` counts routed and dropped messages and joins/leaves.
@@ -34,7 +36,7 @@ Contract:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Container
 from typing import Any
 
 from bus import codec
@@ -250,7 +252,9 @@ class BrokerCore(RouteTable):
         self.now = now
         config = self.heartbeat
         probing = now < self.probe_until
+        queued_by = {entry.client for entry in self.queue.by_id.values()} if self.queue.by_id else ()
         for node in list(self.nodes_by_identity.values()):
+            node.timers.engage(self._engaged(node, queued_by), now)
             if node.timers.is_expired(now, config):
                 self._forget(node, LeaveReason.EXPIRED, now)
             elif node.connection_lost_at is not None and now - node.connection_lost_at >= config.interval_s:
@@ -264,6 +268,14 @@ class BrokerCore(RouteTable):
             # Capacity also frees without a CAPACITY report (streams end): retry every tick.
             self.dispatch_queued(now)
             self.expire_queued(now)
+
+    @staticmethod
+    def _engaged(node: Node, queued_by: Container[Node]) -> bool:
+        """A link carries work (PROTOCOL.md §1.4): a serving node's link with no request it serves
+        or awaits, and none of its requests queued here, heartbeats at the idle interval.
+        Gateways and controllers keep the short one (they are few; clients' failover needs it)."""
+        return (node.role not in c.SERVING_ROLES or bool(node.serving) or bool(node.waiting)
+                or node in queued_by)
 
     def shutdown(self, now: float) -> None:
         for node in list(self.nodes_by_identity.values()):

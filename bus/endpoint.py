@@ -19,6 +19,8 @@ Contract (every method is thread-safe and returns at once unless it says it wait
 - `send_control(node_id, body)` (a `control` endpoint: a command map to a serving node; raises
   ProtocolError likewise, or for a body over MAX_CONTROL_BYTES); `change_role(role)`: register
   again in another role on the same links (a node switching between prefill and decode).
+Timers run every heartbeat interval / 5 while a link carries work or is not registered, every
+idle interval / 5 while it is idle (PROTOCOL.md §1.4); work arriving or sent wakes them at once.
 `security=SecurityConfig` (optional): the DEALER speaks CURVE to the broker (`server_key`).
 Payload items are sent zero-copy (bytes, memoryview, numpy buffers, zmq.Frame); received
 payload items are zmq.Frame objects (use `memoryview(frame)` or `frame.bytes`).
@@ -78,6 +80,7 @@ class Endpoint:
         self._loop: asyncio.AbstractEventLoop | None = None
         self._sockets: list[zmq.Socket | None] = [None] * len(self.brokers)
         self._wake: asyncio.Event | None = None
+        self._wait_s = 0.0   # how long the timer loop is waiting now (the link's tick interval)
 
     # -- lifecycle -----------------------------------------------------------------------
 
@@ -192,6 +195,7 @@ class Endpoint:
             self.log.error("endpoint_call_failed", call=getattr(method, "__name__", "?"),
                            error=type(exc).__name__)
         self._flush()
+        self._wake_if_engaged()
 
     def _run(self) -> None:
         loop = uvloop.new_event_loop()
@@ -209,8 +213,11 @@ class Endpoint:
         self._started.set()
         last_tick = time.monotonic()
         while not self._stopping:
+            self._wait_s = self.core.tick_interval()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), self.heartbeat.tick_s)
+                await asyncio.wait_for(self._wake.wait(), self._wait_s)
+            if not self._stopping:
+                self._wake.clear()
             now = time.monotonic()
             # How late this thread ran (GIL or CPU starvation): the margin heartbeats had left.
             gap_ms = int((now - last_tick) * 1000)
@@ -266,6 +273,13 @@ class Endpoint:
             asyncio.get_running_loop().call_soon(self._drain, index)   # more waiting: timers and calls first
         self._dispatch()
         self._flush()
+        self._wake_if_engaged()
+
+    def _wake_if_engaged(self) -> None:
+        """An idle link's timers run 5x less often; work that just arrived (or was sent) makes
+        the timer loop take up the short tick at once."""
+        if self._wake is not None and self._wait_s > self.core.tick_interval():
+            self._wake.set()
 
     def _flush(self) -> None:
         outbox = self.core.take_outbox()

@@ -3,9 +3,10 @@ reply sequence numbers and stream checking. Driven by `(frames, now)`; no socket
 
 Contract for the shell (bus.endpoint):
 - `on_socket_opened(now)` after connecting a fresh DEALER socket (queues READY);
-  `on_frames(frames, now)` per message received; `tick(now) -> bool` every tick, True meaning
-  "close the socket and open a new one now" (broker lost, or registration not acknowledged in
-  time); then send everything `take_outbox()` returns and dispatch `take_events()`.
+  `on_frames(frames, now)` per message received; `tick(now) -> bool` every `tick_interval()`
+  (shorter while the link carries work), True meaning "close the socket and open a new one now"
+  (broker lost, or registration not acknowledged in time); then send everything `take_outbox()`
+  returns and dispatch `take_events()`.
 - Events: the received `Request`, `Direct`, `Control`, `Cancel` (for node code), `Partial`/`Final`/`Error`
   (for the reply stream of a request this node sent), and `LinkUp` / `LinkDown`.
 - App calls (`request`, `reply`, `reply_error`, `direct`, `control_encoded`, `cancel`,
@@ -20,7 +21,9 @@ Contract for the shell (bus.endpoint):
   dropped and counted (`dropped.not_served`), never queued for code that does not read it.
 Liveness (6/PPP, improved): any message from the broker counts as life; HEARTBEAT only after an
 idle interval; broker silent for interval*liveness -> LinkDown, new socket, READY again (with the
-requests in flight), each new attempt after a jittered, doubling, capped back-off.
+requests in flight), each new attempt after a jittered, doubling, capped back-off. A serving
+node with no request it serves or awaits uses the idle interval for both (§1.4), as the broker
+does for it.
 Replies survive a broker restart: the replies we sent (PARTIAL, FINAL, ERROR) and our DIRECTs
 stay in a short `sent_replies` window; at LinkDown those sent from one heartbeat interval before we last heard
 from the broker on are kept, and after the next registration they go out again before the
@@ -114,12 +117,26 @@ class EndpointCore(ServingReplies):
         """Run the timers; True asks the shell for a fresh socket (then `on_socket_opened`)."""
         if not self.registered:
             return now >= self.retry_at
+        self.timers.engage(self.engaged, now)
         if self.timers.is_expired(now, self.heartbeat):
             self._link_down("expired", self.timers.last_seen)
             return True
         if self.timers.heartbeat_due(now, self.heartbeat):
             self.send_now(codec.encode(Heartbeat()), now)
         return False
+
+    @property
+    def engaged(self) -> bool:
+        """§1.4: a serving node's link heartbeats at the idle interval while it serves and awaits
+        no request (and holds no reply to send again); a gateway's or controller's never does."""
+        return self.role not in c.SERVING_ROLES or bool(self.serving or self.streams or self.replay)
+
+    def tick_interval(self) -> float:
+        """How soon the shell should run `tick` again: every interval / 5 while the link is not
+        registered or carries work, every idle interval / 5 while it is idle."""
+        if not self.registered or self.engaged:
+            return self.heartbeat.tick_s
+        return self.heartbeat.idle_interval_s / 5
 
     def close(self, now: float) -> None:
         """Say goodbye (the shell flushes, then closes the socket)."""

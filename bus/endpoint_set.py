@@ -91,6 +91,10 @@ class EndpointSet:
             self._collect(index, now)
         return reopen
 
+    def tick_interval(self) -> float:
+        """The shortest of the links' (`EndpointCore.tick_interval`)."""
+        return min(core.tick_interval() for core in self.cores)
+
     def close(self, now: float) -> None:
         for core in self.cores:
             core.close(now)

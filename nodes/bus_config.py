@@ -2,7 +2,7 @@
 
 Contract:
 - `heartbeat_config(settings, args) -> HeartbeatConfig`: `[heartbeat]`, overridden by the
-  --heartbeat-ms / --liveness flags when `args` has them.
+  --heartbeat-ms / --heartbeat-idle-ms / --liveness flags when `args` has them.
 - `security_config(settings, key_name, endpoint) -> SecurityConfig | None`: this process's CURVE
   settings for a bus at `endpoint` (None: plain TCP). `[security] enabled = "auto"` (the default)
   turns CURVE on for any non-loopback endpoint and stays plain on loopback; `true` / `false` force
@@ -36,10 +36,12 @@ log = get_logger("security")
 
 
 def heartbeat_config(settings: dict, args: argparse.Namespace) -> HeartbeatConfig:
-    """`[heartbeat]` from the config, overridden by --heartbeat-ms / --liveness."""
+    """`[heartbeat]` from the config, overridden by --heartbeat-ms / --heartbeat-idle-ms / --liveness."""
     heartbeat = dict(section(settings, "heartbeat"))
     if getattr(args, "heartbeat_ms", None):
         heartbeat["interval_ms"] = args.heartbeat_ms
+    if getattr(args, "heartbeat_idle_ms", None):
+        heartbeat["idle_interval_ms"] = args.heartbeat_idle_ms
     if getattr(args, "liveness", None):
         heartbeat["liveness"] = args.liveness
     return HeartbeatConfig.from_settings(heartbeat)

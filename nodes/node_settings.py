@@ -88,6 +88,8 @@ def add_node_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--kv-advertise", help="KV data endpoint prefill nodes dial (default: the bound one)")
     parser.add_argument("--key", help="CURVE key pair name in [security] key_dir (default: the role)")
     parser.add_argument("--heartbeat-ms", type=int, help="heartbeat interval in milliseconds")
+    parser.add_argument("--heartbeat-idle-ms", type=int,
+                        help="heartbeat interval of a serving node's link with no request (default 1000)")
     parser.add_argument("--liveness", type=int, help="missed heartbeats before the broker is dead")
     parser.add_argument("--switchable", action="store_true", default=None,
                         help="load both works so a CONTROL can switch prefill <-> decode (default: [node] switchable)")

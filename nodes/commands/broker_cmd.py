@@ -30,6 +30,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--index", type=int, default=0,
                         help="with several brokers in [broker] endpoint (comma-separated): bind the INDEX-th (from 0)")
     parser.add_argument("--heartbeat-ms", type=int, help="heartbeat interval in milliseconds")
+    parser.add_argument("--heartbeat-idle-ms", type=int,
+                        help="heartbeat interval of a serving node's link with no request (default 1000)")
     parser.add_argument("--liveness", type=int, help="missed heartbeats before a node is dead")
     parser.add_argument("--policy", choices=["cluster", "least-outstanding"], default="cluster",
                         help="routing policy: the cluster scheduler (default) or fewest outstanding")

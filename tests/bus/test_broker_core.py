@@ -52,15 +52,31 @@ def test_ready_registers_and_is_acknowledged(broker):
     assert broker.core.metrics["nodes.joined"] == 1
 
 
-def test_silent_node_expires_after_the_liveness_window(pair):
-    pair.tick(0.74)
-    pair.send(G, Heartbeat())
+def test_an_idle_node_expires_after_the_idle_window(pair):
+    pair.keep_alive(2.99, G)   # the gateway keeps the short window: it must heartbeat every 0.25 s
     assert "d1" in pair.core.nodes_by_id
-    pair.tick(0.02)
+    pair.keep_alive(0.05, G)
     assert "d1" not in pair.core.nodes_by_id and "g1" in pair.core.nodes_by_id
     (left,) = [e for e in pair.core.take_events() if isinstance(e, NodeLeft)]
-    assert left.reason == c.LeaveReason.EXPIRED and left.silent_for_s == pytest.approx(0.76)
+    assert left.reason == c.LeaveReason.EXPIRED and left.silent_for_s == pytest.approx(3.0, abs=0.06)
     assert pair.core.metrics["nodes.left.expired"] == 1
+
+
+def test_a_node_with_work_expires_after_the_short_window_from_when_the_work_began(pair):
+    pair.keep_alive(0.9, G)   # idle: 0.9 s of silence is fine
+    pair.send(G, Request("decode", "r1"))
+    pair.keep_alive(0.7, G, step=0.05)   # the short window counts from the request, not the silence
+    assert "d1" in pair.core.nodes_by_id
+    pair.keep_alive(0.15, G, step=0.05)
+    assert "d1" not in pair.core.nodes_by_id
+    (left,) = [e for e in pair.core.take_events() if isinstance(e, NodeLeft)]
+    assert left.reason == c.LeaveReason.EXPIRED and left.lost_request_ids == ("r1",)
+    assert [(m.request_id, m.code) for m in pair.to(G) if isinstance(m, Error)] == [("r1", c.ErrorCode.NODE_LOST)]
+
+
+def test_a_gateway_is_judged_by_the_short_window(pair):
+    pair.keep_alive(0.76, W)
+    assert "g1" not in pair.core.nodes_by_id and "d1" in pair.core.nodes_by_id
 
 
 def test_a_closed_connection_makes_the_broker_probe_every_node_for_one_interval(pair):
@@ -126,13 +142,23 @@ def test_heartbeats_only_on_idle_links(pair):
     pair.tick(0.1)
     assert pair.outgoing() == []
     pair.tick(0.15)
-    assert {dest for dest, m in pair.outgoing() if m == Heartbeat()} == {W, G}
-    pair.send(G, Request("decode", "r1"))   # traffic to W resets its idle timer
+    assert [dest for dest, m in pair.outgoing() if m == Heartbeat()] == [G]   # d1 has no work: 1 s
+    pair.send(G, Request("decode", "r1"))   # traffic to W resets its idle timer; it has work now
     pair.tick(0.2)
     sent = pair.outgoing()
     assert (W, Heartbeat()) not in sent and (G, Heartbeat()) not in sent
     pair.tick(0.05)
     assert (W, Heartbeat()) in pair.outgoing()
+
+
+def test_an_idle_node_is_heartbeaten_at_the_idle_interval(pair):
+    for _ in range(3):
+        pair.send(W, Heartbeat())
+        pair.tick(0.95)
+        assert (W, Heartbeat()) not in pair.outgoing()
+        pair.tick(0.05)
+        assert (W, Heartbeat()) in pair.outgoing()
+        pair.send(G, Heartbeat())
 
 
 def test_request_streams_partials_then_final_to_the_client(pair):

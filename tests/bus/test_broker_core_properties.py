@@ -70,7 +70,7 @@ def test_random_frames_never_break_the_broker(messages):
             codec.parse_header(out[1])
         _check_tables(core)
     # A well-behaved pair registering afterwards is served normally.
-    clock.advance(1.0)
+    clock.advance(HeartbeatConfig(0.25, 3).idle_expiry_s + 0.1)   # every earlier node has expired
     core.tick(clock.now)
     core.on_frames(b"good-worker", codec.encode(Ready("decode", "gw-1")), clock.now)
     core.on_frames(b"good-client", codec.encode(Ready("gateway", "gc-1")), clock.now)

@@ -161,7 +161,7 @@ def test_a_queued_request_id_is_still_in_use(broker):
 
 def test_a_queued_request_whose_nodes_all_left_gets_no_node(broker):
     broker.send(G, Request("decode", "r1"))
-    broker.keep_alive(1.0, G)                     # the only decode node expires
+    broker.keep_alive(3.1, G)                     # the only decode node (idle) expires
     assert [(m.request_id, m.code) for m in broker.to(G) if isinstance(m, Error)] == [
         ("r1", c.ErrorCode.NO_NODE)]
     assert broker.core.metrics["rejected.no_node.decode"] == 1

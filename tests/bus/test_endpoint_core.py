@@ -67,6 +67,7 @@ def test_unknown_role_is_refused():
 
 
 def test_heartbeat_only_when_idle(up, clock):
+    receive(up, Request("decode", "r1", None, (), "g1"), clock.now)   # with work: the short interval
     clock.advance(0.2)
     up.update_capacity({"kv_blocks_free": 1}, clock.now)
     up.tick(clock.now)
@@ -77,6 +78,40 @@ def test_heartbeat_only_when_idle(up, clock):
     clock.advance(0.06)
     up.tick(clock.now)
     assert decoded(up) == [Heartbeat()]
+
+
+def test_a_node_without_work_heartbeats_at_the_idle_interval_and_waits_the_idle_window(up, clock):
+    for _ in range(2):
+        clock.advance(0.95)
+        assert not up.tick(clock.now) and decoded(up) == []
+        clock.advance(0.05)
+        assert not up.tick(clock.now) and decoded(up) == [Heartbeat()]
+    clock.advance(0.9)
+    assert not up.tick(clock.now)
+    clock.advance(0.15)
+    assert up.tick(clock.now) is True   # nothing heard for over 3 s: the broker is lost
+    assert [e for e in up.take_events() if isinstance(e, LinkDown)] == [LinkDown("expired")]
+
+
+def test_timers_run_five_times_less_often_on_an_idle_link(node, up, clock):
+    fresh = EndpointCore("decode", "d2", heartbeat=HB)
+    fresh.on_socket_opened(clock.now)
+    assert fresh.tick_interval() == HB.tick_s   # not registered yet: retries need the short tick
+    assert up.tick_interval() == HB.idle_interval_s / 5
+    receive(up, Request("decode", "r1", None, (), "g1"), clock.now)
+    assert up.engaged and up.tick_interval() == HB.tick_s
+    up.reply("r1", None, (), True, clock.now)   # its FINAL: idle again
+    assert not up.engaged and up.tick_interval() == HB.idle_interval_s / 5
+
+
+def test_a_gateway_keeps_the_short_interval_without_work(clock):
+    gateway = EndpointCore("gateway", "g1", heartbeat=HeartbeatConfig(0.25, 3))
+    gateway.on_socket_opened(clock.now)
+    receive(gateway, Heartbeat(), clock.now)
+    gateway.take_outbox()
+    clock.advance(0.25)
+    gateway.tick(clock.now)
+    assert decoded(gateway) == [Heartbeat()]
 
 
 def test_silent_broker_means_a_new_socket_and_ready_again(up, clock):

@@ -168,3 +168,11 @@ def test_a_gateway_may_not_adopt_requests_it_serves(net):
     from bus.messages import Adopt
     net.brokers[0].on_frames(b"g1/0", codec.encode(Adopt(inflight=("x",))), net.clock.now)
     assert "g1" not in net.brokers[0].nodes_by_id and net.brokers[0].metrics["dropped.malformed"] == 1
+
+
+def test_the_set_ticks_at_its_busiest_links_pace(net):
+    decode = net.sets["d1"]
+    assert decode.tick_interval() == HB.idle_interval_s / 5   # both links idle
+    assert net.sets["g1"].tick_interval() == HB.tick_s          # a gateway's links never idle
+    start(net, "r1")
+    assert decode.tick_interval() == HB.tick_s                  # the link r1 came by carries work

@@ -1,6 +1,7 @@
 """Real broker and node processes over loopback TCP: a killed node is reported dead as soon as
-its connection closes (before the liveness window), a frozen node within the window (measured by the broker itself), a thawed node
-re-registers cleanly, a restarted broker gets its registry back within one liveness window,
+its connection closes (before the liveness window), a frozen idle node within the idle window
+(measured by the broker itself; a frozen node with work: tests/integration/test_cluster_failover.py), a thawed node
+re-registers cleanly, a restarted broker gets its idle nodes back within one idle interval,
 and garbage at the broker's port does not stop it serving.
 Waits poll with generous deadlines (the machine is shared); the timing claims are checked on
 the broker's own measurements (silent_for_s, its log timestamps), not on the test's sleeps."""
@@ -23,7 +24,9 @@ from tests.bus.processes import free_port, python_process, start_broker, start_n
 
 pytestmark = pytest.mark.integration
 WINDOW_S = HeartbeatConfig().expiry_s          # 250 ms x 3
-DETECTION_LIMIT_S = 1.0                        # the claim: a dead or frozen peer in under 1 s
+DETECTION_LIMIT_S = 1.0                        # the claim: a dead peer, or a frozen one with work, in under 1 s
+IDLE_LIMIT_S = HeartbeatConfig().idle_expiry_s + 0.25   # a frozen idle node: 1 s x 3, plus a tick and slack
+IDLE_REJOIN_S = HeartbeatConfig().idle_interval_s + 0.25   # an idle node's next heartbeat, plus a reconnect
 
 
 @pytest.fixture
@@ -86,7 +89,8 @@ def test_sigstop_node_is_reported_dead_then_reregisters_on_sigcont(port, process
     broker.wait_for("node_joined", node_id="sleeper")
     node.signal(signal.SIGSTOP)
     left = broker.wait_for("node_left", node_id="sleeper")
-    assert left["reason"] == "expired" and left["silent_for_s"] < DETECTION_LIMIT_S
+    # Idle (no request): judged by the idle window (PROTOCOL.md §1.4).
+    assert left["reason"] == "expired" and HeartbeatConfig().idle_expiry_s < left["silent_for_s"] < IDLE_LIMIT_S
     node.signal(signal.SIGCONT)
     broker.wait_for("node_joined", node_id="sleeper", count=2)
     node.wait_for("registered", count=2)
@@ -96,7 +100,26 @@ def test_sigstop_node_is_reported_dead_then_reregisters_on_sigcont(port, process
     assert len(broker.find("node_left", node_id="sleeper")) == 1   # no flapping afterwards
 
 
-def test_restarted_broker_gets_its_registry_back_within_one_window(port, processes):
+def test_a_frozen_node_with_a_request_is_reported_dead_within_a_second_after_idling(port, processes):
+    broker = start_broker(port)
+    node = python_process(STALLING_NODE, f"tcp://127.0.0.1:{port}")
+    processes += [broker, node]
+    broker.wait_for("node_joined", node_id="staller")
+    time.sleep(2 * WINDOW_S)   # idle: heartbeating every second, longer than the short window
+    with BusClient(f"tcp://127.0.0.1:{port}", "waiting-client") as client:
+        stream = client.stream("decode", {"prompt": "x"}, timeout=15)
+        assert next(stream).seq == 0   # it has a request now: back to the short interval
+        node.wait_for("replied_once")
+        node.signal(signal.SIGSTOP)
+        with pytest.raises(BusError) as info:
+            next(stream)
+    node.signal(signal.SIGCONT)
+    assert info.value.code == "node_lost"
+    left = broker.wait_for("node_left", node_id="staller")
+    assert left["reason"] == "expired" and left["silent_for_s"] < DETECTION_LIMIT_S
+
+
+def test_restarted_broker_gets_its_idle_nodes_back_within_one_idle_interval(port, processes):
     broker = start_broker(port)
     nodes = [start_node(port, role, f"{role}-1") for role in ("prefill", "decode", "both")]
     processes += nodes
@@ -109,7 +132,9 @@ def test_restarted_broker_gets_its_registry_back_within_one_window(port, process
     started = timestamp(restarted.wait_for("broker_started"))
     for role in ("prefill", "decode", "both"):
         joined = restarted.wait_for("node_joined", node_id=f"{role}-1")
-        assert timestamp(joined) - started < WINDOW_S, f"{role}-1 re-registered late"
+        # Idle nodes: their next heartbeat (within the idle interval) meets DISCONNECT
+        # not_registered and they register again at once (PROTOCOL.md §1.4, §1.6).
+        assert timestamp(joined) - started < IDLE_REJOIN_S, f"{role}-1 re-registered late"
     with BusClient(f"tcp://127.0.0.1:{port}", "checker") as client:
         assert client.call_blocking("decode", timeout=15)[-1].body["node_id"] in {"decode-1", "both-1"}
 
