@@ -5,7 +5,9 @@ Contract: `python -m harness.bench.fleet_bench [--nodes 1000,3000,10000] [--seco
 - Heartbeat load, real processes and sockets (`heartbeat_load`): the real `pdbus broker` (the cluster
   policy unless `--policy` says otherwise; JSON logs) in its own process; `harness.bench.fleet_swarm`
   processes (at most `NODES_PER_SWARM` nodes each: every socket takes two file descriptors) register
-  N idle decode nodes and heartbeat as the protocol says. Over a steady window after every node
+  N idle decode nodes and heartbeat as the protocol says (an idle link every idle interval, 1 s;
+  at the first size also with every link at the 250 ms interval, the protocol before idle links
+  had their own, side by side). Over a steady window after every node
   registered: the broker's CPU (utime + stime from /proc; its Python thread and libzmq's I/O thread
   apart) as percent of one core, the swarms' CPU, messages/s each way, and whether any node was
   lost (the broker's `node_left` log events, the stats service's `nodes_by_role`, DISCONNECTs the
@@ -13,6 +15,8 @@ Contract: `python -m harness.bench.fleet_bench [--nodes 1000,3000,10000] [--seco
   `--capacity-hz` (a busy node reports on every change, at most every 20 ms), and the floor
   (`fleet_floor`: the broker's shell and libzmq with a liveness-only core) under the same swarm.
 - Where the time goes: `BrokerCore` alone, in process, fed the same heartbeats (`fleet_floor.core_cost`).
+- A real idle node's side (`idle_endpoint`): 16 `bus.endpoint.Endpoint`s with no request, their CPU
+  per endpoint, with idle links as now (1 s) and as before (250 ms).
 - Scheduler (`scheduler.simulation`): the decode ring's balance and the key space one join and one
   leave move, exactly, against the ideal 1/(n+1) and 1/n; the bounded-load balance where affordable;
   the cost of one decode placement.
@@ -44,6 +48,7 @@ from harness.bench.bus_bench import cpu_seconds
 from harness.bench.fleet_floor import core_cost
 from harness.bench.fleet_report import heartbeat_line, machine, print_tables, write_results
 from harness.bench.fleet_swarm import raise_fd_limit
+from harness.bench.idle_endpoint import idle_endpoint_cost
 from harness.bench.kv_cpu import thread_cpu_seconds
 from harness.cluster_procs import REPO_ROOT, Proc, free_port
 from scheduler.policy import SchedulerSettings
@@ -58,11 +63,12 @@ BOUNDED_BUDGET_S = 20.0   # the bounded-load balance is measured where its place
 class Swarm:
     """One `fleet_swarm` process: its JSON lines arrive on a queue (read by a thread)."""
 
-    def __init__(self, endpoint: str, first: int, count: int, interval_ms: int, capacity_hz: float,
+    def __init__(self, endpoint: str, first: int, count: int, interval_ms: int, idle_ms: int, capacity_hz: float,
                  register_timeout_s: float = 120.0, window: int = 64) -> None:
         self.process = subprocess.Popen(
             [sys.executable, "-m", "harness.bench.fleet_swarm", endpoint, "--first", str(first),
-             "--count", str(count), "--interval-ms", str(interval_ms), "--capacity-hz", str(capacity_hz),
+             "--count", str(count), "--interval-ms", str(interval_ms), "--idle-interval-ms", str(idle_ms),
+             "--capacity-hz", str(capacity_hz),
              "--register-timeout", str(register_timeout_s), "--window", str(window)],
             cwd=REPO_ROOT, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         self.lines: queue.Queue[dict] = queue.Queue()
@@ -104,14 +110,15 @@ class Swarm:
 class Server:
     """The process the swarms load: the real broker, or the floor (`fleet_floor`: its shell alone)."""
 
-    def __init__(self, kind: str, interval_ms: int, policy: str = "cluster") -> None:
+    def __init__(self, kind: str, interval_ms: int, idle_ms: int, policy: str = "cluster") -> None:
         self.kind, self.endpoint = kind, f"tcp://127.0.0.1:{free_port()}"
         if kind == "broker":
             self.proc = Proc([sys.executable, "-m", "nodes.cli", "broker", "--endpoint", self.endpoint,
-                              "--policy", policy, "--heartbeat-ms", str(interval_ms), "--log-format", "json"])
+                              "--policy", policy, "--heartbeat-ms", str(interval_ms),
+                              "--heartbeat-idle-ms", str(idle_ms), "--log-format", "json"])
             self.proc.wait_for("broker_started", timeout=30)
         else:
-            self.proc = Proc([sys.executable, "-m", "harness.bench.fleet_floor", self.endpoint])
+            self.proc = Proc([sys.executable, "-m", "harness.bench.fleet_floor", self.endpoint, str(idle_ms)])
             time.sleep(0.5)
         self.pid = self.proc.process.pid
 
@@ -169,10 +176,13 @@ def _snapshot(server: Server, swarms: list[Swarm]) -> dict:
 
 def heartbeat_load(num_nodes: int, seconds: float, capacity_hz: float = 0.0, *, server_kind: str = "broker",
                    policy: str = "cluster", settle_s: float = SETTLE_S,
-                   interval_ms: int = int(c.DEFAULT_HEARTBEAT_INTERVAL_S * 1000)) -> dict:
-    """Start the server and `num_nodes` simulated idle nodes; measure a steady window of `seconds`."""
+                   interval_ms: int = int(c.DEFAULT_HEARTBEAT_INTERVAL_S * 1000),
+                   idle_ms: int = int(c.DEFAULT_IDLE_HEARTBEAT_INTERVAL_S * 1000)) -> dict:
+    """Start the server and `num_nodes` simulated idle nodes; measure a steady window of `seconds`.
+    `idle_ms` is the idle links' heartbeat interval (PROTOCOL.md §1.4); `idle_ms == interval_ms`
+    is the protocol before idle links had their own (every link heartbeating every interval)."""
     fd_limit = raise_fd_limit()   # the server and the swarms inherit it
-    server = Server(server_kind, interval_ms, policy)
+    server = Server(server_kind, interval_ms, idle_ms, policy)
     swarms: list[Swarm] = []
     context = zmq.Context()
     try:
@@ -181,7 +191,7 @@ def heartbeat_load(num_nodes: int, seconds: float, capacity_hz: float = 0.0, *, 
         register_timeout_s = 30 + num_nodes / 200
         for first in range(0, num_nodes, NODES_PER_SWARM):
             swarms.append(Swarm(server.endpoint, first, min(NODES_PER_SWARM, num_nodes - first),
-                                interval_ms, capacity_hz, register_timeout_s))
+                                interval_ms, idle_ms, capacity_hz, register_timeout_s))
         registrations = [swarm.next_line(timeout=register_timeout_s + 60) for swarm in swarms]
         register = {"registered": sum(r["registered"] for r in registrations), "fd_limit": fd_limit,
                     "register_s": round(time.monotonic() - started, 2),
@@ -198,7 +208,10 @@ def heartbeat_load(num_nodes: int, seconds: float, capacity_hz: float = 0.0, *, 
             swarm.stop()
         context.term()
     label = f"broker ({policy} policy)" if server_kind == "broker" else "floor (shell + liveness only)"
-    return {"server": label, "nodes": num_nodes, "capacity_hz": capacity_hz, **register,
+    if idle_ms == interval_ms:
+        label += f", idle = {interval_ms} ms (before)"
+    return {"server": label, "nodes": num_nodes, "capacity_hz": capacity_hz, "interval_ms": interval_ms,
+            "idle_ms": idle_ms, "before": idle_ms == interval_ms, **register,
             **_rates(before, after), "nodes_by_role": stats.get("nodes_by_role", {}),
             "stats_error": stats.get("error"), "nodes_left": len(left),
             "left_reasons": sorted({e.get("reason", "?") for e in left})}
@@ -260,12 +273,16 @@ def main(argv: list[str] | None = None) -> int:
     seconds = 3.0 if args.quick else args.seconds
     rows: list[dict] = []
 
-    def measure(num_nodes: int, capacity_hz: float = 0.0, server_kind: str = "broker", policy: str = args.policy) -> None:
-        rows.append(heartbeat_load(num_nodes, seconds, capacity_hz, server_kind=server_kind, policy=policy))
+    def measure(num_nodes: int, capacity_hz: float = 0.0, server_kind: str = "broker", policy: str = args.policy,
+                **interval: int) -> None:
+        rows.append(heartbeat_load(num_nodes, seconds, capacity_hz, server_kind=server_kind, policy=policy,
+                                   **interval))
         print(heartbeat_line(rows[-1]), flush=True)
 
     for num_nodes in sizes:
         measure(num_nodes)
+    before_ms = int(c.DEFAULT_HEARTBEAT_INTERVAL_S * 1000)   # side by side: every link at the short interval
+    measure(sizes[0], idle_ms=before_ms)
     if args.policy == "cluster" and not args.quick:   # the heartbeats alone, without the ring's joins and leaves
         for num_nodes in sizes[1:]:
             measure(num_nodes, policy="least-outstanding")
@@ -273,9 +290,12 @@ def main(argv: list[str] | None = None) -> int:
         measure(sizes[0], capacity_hz=args.capacity_hz)
     measure(sizes[0], server_kind="floor")   # what the shell and libzmq cost without the protocol
     core = [{"nodes": n, **core_cost(n)} for n in sizes]
+    # A real idle node's side: 16 `Endpoint`s in one process, idle links as now and as before.
+    endpoint = [idle_endpoint_cost(16, seconds, idle_ms) for idle_ms in (1000, before_ms)]
     scheduler = scheduler_rows(sizes, args.quick)
     report = {"when": datetime.now(UTC).isoformat(timespec="seconds"), "machine": machine(),
-              "target_pct": TARGET_PCT, "heartbeat": rows, "core": core, "scheduler": scheduler}
+              "target_pct": TARGET_PCT, "heartbeat": rows, "core": core, "endpoint": endpoint,
+              "scheduler": scheduler}
     print_tables(report)
     for path in write_results(report, args.out_dir):
         print(f"wrote {path}")

@@ -1,15 +1,16 @@
 """Where the broker's heartbeat CPU goes: the I/O path's floor and the protocol logic alone.
 
 Contract:
-- `python -m harness.bench.fleet_floor ENDPOINT`: a server on the broker's own shell (a ROUTER
-  with the broker's options, `bus.reactor.RouterReactor` on uvloop, the same tick) around
-  `LivenessCore`, which keeps only the liveness rules: a READY is acknowledged, each link gets a
-  HEARTBEAT once nothing was sent to it for one interval. No validation, registry or policy. Its
-  CPU under the same swarm is the floor any broker on this shell and libzmq pays for the traffic.
+- `python -m harness.bench.fleet_floor ENDPOINT [IDLE_MS]`: a server on the broker's own shell (a
+  ROUTER with the broker's options, `bus.reactor.RouterReactor` on uvloop, the same tick) around
+  `LivenessCore`, which keeps only the liveness rules of idle links: a READY is acknowledged, each
+  link gets a HEARTBEAT once nothing was sent to it for one idle interval (default 1000 ms).
+  No validation, registry or policy. Its CPU under the same swarm is the floor any broker on this
+  shell and libzmq pays for the traffic.
   Prints `ready` once bound; SIGTERM stops it.
 - `core_cost(num_nodes, seconds)`: `BrokerCore` alone, in this process, fed the same steady state
-  as bytes (every node heartbeats once an interval, `tick` every interval / 5): the percent of one
-  core its `on_frames` and its `tick` take (no sockets, no event loop).
+  as bytes (every node heartbeats once an idle interval, `tick` every interval / 5): the percent of
+  one core its `on_frames` and its `tick` take (no sockets, no event loop).
 """
 
 from __future__ import annotations
@@ -55,7 +56,7 @@ class LivenessCore:
         pass
 
 
-def serve(endpoint: str) -> None:
+def serve(endpoint: str, idle_ms: float) -> None:
     import asyncio
     import signal
 
@@ -70,8 +71,8 @@ def serve(endpoint: str) -> None:
                               (zmq.LINGER, 0)):
             socket.setsockopt(option, value)
         socket.bind(endpoint)
-        config = HeartbeatConfig()
-        reactor = RouterReactor(socket, LivenessCore(config.interval_s), config.tick_s)
+        config = HeartbeatConfig(idle_interval_s=idle_ms / 1000)
+        reactor = RouterReactor(socket, LivenessCore(config.idle_interval_s), config.tick_s)
         asyncio.get_running_loop().add_signal_handler(signal.SIGTERM, reactor.stop)
         print("ready", flush=True)
         await reactor.run()
@@ -89,7 +90,8 @@ def core_cost(num_nodes: int, seconds: float = 2.0) -> dict[str, float]:
         core.on_frames(identity, codec.encode(Ready("decode", f"fleet-{i}")), now)
     core.take_outbox()
     core.take_events()
-    num_ticks, per_tick = int(seconds / config.tick_s), max(1, num_nodes // 5)   # each once an interval
+    # Each node once an idle interval (idle links, PROTOCOL.md §1.4).
+    num_ticks, per_tick = int(seconds / config.tick_s), max(1, round(num_nodes * config.tick_s / config.idle_interval_s))
     frames_s = tick_s = 0.0
     k = 0
     for _ in range(num_ticks):
@@ -108,4 +110,4 @@ def core_cost(num_nodes: int, seconds: float = 2.0) -> dict[str, float]:
 
 
 if __name__ == "__main__":
-    serve(sys.argv[1])
+    serve(sys.argv[1], float(sys.argv[2]) if len(sys.argv) > 2 else 1000.0)

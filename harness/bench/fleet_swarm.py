@@ -2,14 +2,15 @@
 each one a node as docs/PROTOCOL.md §1.3–1.4 describes it, and nothing more.
 
 Contract: `python -m harness.bench.fleet_swarm ENDPOINT --first I --count N [--interval-ms 250]
-[--liveness 3] [--capacity-hz R] [--window W]`
+[--idle-interval-ms 1000] [--liveness 3] [--capacity-hz R] [--window W]`
 - Opens N DEALER sockets on one ZeroMQ context; node `fleet-<i>` (i from I) registers with READY as
   a `decode` node with a real decode node's capacity map, at most W READYs awaiting their answer
   at once (patiently: `Swarm.register_all`); the first message from the broker acknowledges it.
-- Registered nodes then behave as idle nodes: they answer nothing; each sends a HEARTBEAT when it
-  has sent nothing for one interval (or, at R per second per node, a CAPACITY instead, which also
-  counts as traffic); any message from the broker is life. As §1.6 says of an endpoint, a node
-  that gets a DISCONNECT or hears nothing for interval x liveness drops its socket (and whatever is
+- Registered nodes then behave as idle nodes (no request: §1.4's idle link): they answer nothing;
+  each sends a HEARTBEAT when it has sent nothing for one idle interval (or, at R per second per
+  node, a CAPACITY instead, which also counts as traffic); any message from the broker is life. As
+  §1.6 says of an endpoint, a node that gets a DISCONNECT or hears nothing for idle interval x
+  liveness drops its socket (and whatever is
   queued on it), opens a fresh one and sends READY (the first retry at once, then a jittered,
   doubling back-off; each socket held one liveness window), and sends nothing else until the
   broker acknowledges it. `links_lost`, `disconnects` and `reconnects` count that churn.
@@ -17,8 +18,8 @@ Contract: `python -m harness.bench.fleet_swarm ENDPOINT --first I --count N [--i
   the registration timed out: the count says how many), then the cumulative `Counters` for every
   `stats` line read on stdin; `stop` (or EOF) ends the process after one last counters line.
 Cheap on purpose, to leave the cores to the broker: nodes are visited from a heap by due time, each
-every interval plus a random part of a timer tick (interval / 5: a real endpoint's timers run every
-tick, so it heartbeats every interval to interval x 1.2): one EVENTS read, the receives waiting,
+every idle interval plus a random part of a timer tick (interval / 5: a real endpoint's timers run
+every tick): one EVENTS read, the receives waiting,
 one send; no poller over all sockets. `worst_send_gap_s` says how late the swarm itself ran.
 """
 
@@ -83,11 +84,11 @@ class SimNode:
 
 
 class Swarm:
-    def __init__(self, endpoint: str, first: int, count: int, interval_s: float, liveness: int,
+    def __init__(self, endpoint: str, first: int, count: int, config: HeartbeatConfig,
                  capacity_hz: float, window: int, fd_limit: int) -> None:
         self.endpoint, self.first, self.count, self.window = endpoint, first, count, window
-        self.config = HeartbeatConfig(interval_s=interval_s, liveness=liveness)
-        self.capacity_per_visit = capacity_hz * interval_s   # at most one report a visit
+        self.config = config
+        self.capacity_per_visit = capacity_hz * config.idle_interval_s   # at most one report a visit
         self.context = zmq.Context(io_threads=1)
         # Room for the sockets a reconnecting fleet has closed and libzmq has not yet reaped, as far
         # as descriptors allow (two a socket).
@@ -152,7 +153,7 @@ class Swarm:
     def _schedule(self, node: SimNode) -> None:
         self.nodes.append(node)
         # A random first visit spreads the nodes' heartbeats over the interval.
-        due = time.monotonic() + random.uniform(0, self.config.interval_s)
+        due = time.monotonic() + random.uniform(0, self.config.idle_interval_s)
         heapq.heappush(self.due, (due, next(self._tie), node))
 
     # -- steady state --------------------------------------------------------------------
@@ -168,14 +169,14 @@ class Swarm:
         return max(0, min(50, int((self.due[0][0] - time.monotonic()) * 1000) + 1))
 
     def visit_due(self, now: float) -> None:
-        due, interval = self.due, self.config.interval_s
+        due, interval, tick = self.due, self.config.idle_interval_s, self.config.tick_s
         while due and due[0][0] <= now:
             at, tie, node = due[0]
             self._visit(node, now)
-            # As a real endpoint: due after one interval, seen at its next timer tick (interval/5).
+            # As a real endpoint: due after one idle interval, seen at its next timer tick.
             # Fallen behind by a whole interval: restart the schedule rather than send a burst.
             base = at if now - at < interval else now
-            heapq.heapreplace(due, (base + interval + random.uniform(0, interval / 5), tie, node))
+            heapq.heapreplace(due, (base + interval + random.uniform(0, tick), tie, node))
 
     def _visit(self, node: SimNode, now: float) -> None:
         self._drain(node, now)
@@ -183,7 +184,7 @@ class Swarm:
             if now >= node.retry_at:
                 self._reconnect(node, now)
             return
-        if now - node.last_heard > self.config.expiry_s:
+        if now - node.last_heard > self.config.idle_expiry_s:
             self.counters.broker_silences += 1
             self._link_lost(node, now)
             return
@@ -279,6 +280,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--first", type=int, default=0)
     parser.add_argument("--count", type=int, required=True)
     parser.add_argument("--interval-ms", type=float, default=250.0)
+    parser.add_argument("--idle-interval-ms", type=float, default=1000.0)
     parser.add_argument("--liveness", type=int, default=3)
     parser.add_argument("--capacity-hz", type=float, default=0.0)
     parser.add_argument("--window", type=int, default=64, help="READYs awaiting acknowledgement at once")
@@ -286,8 +288,9 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     faulthandler.register(signal.SIGUSR1)   # `kill -USR1 <pid>`: where a stuck swarm is
     fd_limit = raise_fd_limit()
-    swarm = Swarm(args.endpoint, args.first, args.count, args.interval_ms / 1000, args.liveness,
-                  args.capacity_hz, args.window, fd_limit)
+    config = HeartbeatConfig(interval_s=args.interval_ms / 1000, liveness=args.liveness,
+                             idle_interval_s=args.idle_interval_ms / 1000)
+    swarm = Swarm(args.endpoint, args.first, args.count, config, args.capacity_hz, args.window, fd_limit)
     started = time.monotonic()
     swarm.register_all(args.register_timeout)
     _emit({"event": "registered", "registered": swarm.counters.registered, "wanted": args.count,
