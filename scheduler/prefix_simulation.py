@@ -52,6 +52,7 @@ from scheduler.prefix_hashes import (
     next_key,
     route_hashes_of,
 )
+from scheduler.ring import RING_BYTES_PER_POINT
 from scheduler.simulation import SimCluster
 
 MODES = ("least-loaded", "ring", "ring+reports")
@@ -167,7 +168,8 @@ def simulate(num_nodes: int, num_requests: int, mode: str, *, num_prefixes: int 
             _round(cluster, caches, queued, drain_tokens, reports=mode == "ring+reports")
     return PrefixRun(hit_tokens / prompt_tokens, ceiling_tokens / prompt_tokens,
                      _max_over_mean(placed), _max_over_mean(computed), peak,
-                     index_bytes(policy) // num_nodes, len(policy.prefill_ring._points) * 2 * 8 // num_nodes,
+                     index_bytes(policy) // num_nodes,
+                     policy.prefill_ring.num_points * RING_BYTES_PER_POINT // num_nodes,
                      policy.metrics["prefill.prefix_reported"] / num_requests)
 
 

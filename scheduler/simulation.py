@@ -198,16 +198,20 @@ def decision_seconds(num_nodes: int, num_decisions: int = 200) -> float:
 
 
 def membership_seconds(num_nodes: int, num_changes: int = 5) -> tuple[float, float]:
-    """Mean time of `ClusterPolicy.on_join` and of `on_leave` for a decode node among `num_nodes`
-    (what the broker spends on a READY and on a node's departure, besides the messages)."""
+    """Mean time of `ClusterPolicy.on_join` and of `on_leave` for a decode node among `num_nodes`,
+    each followed by one ring lookup (the next placement): what the broker spends on a READY and
+    on a node's departure, besides the messages."""
     cluster = SimCluster(ClusterPolicy(), node_ids(num_nodes))
+    ring = cluster.policy.ring
     extra = [f"decode-extra-{i}" for i in range(num_changes)]
     start = time.perf_counter()
     for node_id in extra:
         cluster.join(node_id)
+        ring.lookup(node_id)
     middle = time.perf_counter()
     for node_id in extra:
         cluster.leave(node_id)
+        ring.lookup(node_id)
     return (middle - start) / num_changes, (time.perf_counter() - middle) / num_changes
 
 
