@@ -19,14 +19,16 @@ from harness.bench.bus_bench import cpu_seconds
 from harness.cluster_procs import Proc, free_port
 
 HOLDER = """
-import sys, time
+import os, sys, time
+ready = os.fdopen(os.dup(1), "w")
+os.dup2(2, 1)   # the endpoints' log lines go to stderr: stdout carries only the ready line
 from bus.endpoint import Endpoint
 from bus.liveness import HeartbeatConfig
 broker, count, idle_ms = sys.argv[1], int(sys.argv[2]), float(sys.argv[3])
 config = HeartbeatConfig(idle_interval_s=idle_ms / 1000)
 endpoints = [Endpoint(broker, "decode", f"idle-{i}", heartbeat=config).start() for i in range(count)]
 assert all(e.wait_registered(30) for e in endpoints)
-print("ready", flush=True)
+print("ready", file=ready, flush=True)
 sys.stdin.read()
 for e in endpoints:
     e.stop()
@@ -43,12 +45,10 @@ def idle_endpoint_cost(num_endpoints: int, seconds: float, idle_ms: int, settle_
     try:
         broker.wait_for("broker_started", timeout=30)
         holder = subprocess.Popen([sys.executable, "-c", HOLDER, endpoint, str(num_endpoints), str(idle_ms)],
-                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+                                  stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
+                                  text=True)
         assert holder.stdout is not None
-        for line in holder.stdout:   # the endpoints' log lines come first
-            if line.strip() == "ready":
-                break
-        else:
+        if holder.stdout.readline().strip() != "ready":
             raise AssertionError("the endpoints did not register")
         time.sleep(settle_s)
         before = (cpu_seconds(holder.pid), cpu_seconds(broker.process.pid), time.monotonic())
@@ -56,7 +56,7 @@ def idle_endpoint_cost(num_endpoints: int, seconds: float, idle_ms: int, settle_
         after = (cpu_seconds(holder.pid), cpu_seconds(broker.process.pid), time.monotonic())
     finally:
         if holder is not None:
-            holder.communicate("", timeout=30)
+            holder.communicate("", timeout=60)   # each endpoint says goodbye (up to 2 s each)
         broker.process.terminate()
         broker.process.wait(10)
     window = after[2] - before[2]
