@@ -169,7 +169,7 @@ bench-scheduler: install ## hash-ring balance, sessions moved on join/leave, pre
 	$(PY) -m scheduler.simulation
 	$(PY) -m scheduler.prefix_simulation
 
-bench-scale: install ## token plane (batched vs per-token, 1-256 load-generator nodes, HTTP) and fleet (1,000-10,000 nodes); long: run alone
+bench-scale: install ## token plane (batched vs per-token, 1-256 load-generator nodes, HTTP), 1-4 brokers and gateways, fleet (1,000-10,000 nodes); long: run alone
 	$(BENCH) -m harness.bench.scale_bench $(ARGS)
 	$(BENCH) -m harness.bench.scale_brokers
 	$(BENCH) -m harness.bench.fleet_bench

@@ -54,13 +54,13 @@ class Point:
         return self.streams_per_node + max(1, self.streams_per_node // 4)
 
 
-def run_point(point: Point, settle_s: float = 1.0, brokers: int = 1) -> dict:
+def run_point(point: Point, settle_s: float = 1.0, brokers: int = 1, gateways: int = 1) -> dict:
     with Fleet() as fleet:
         fleet.broker(brokers)
         http = point.transport == "http"
         loadgens = fleet.loadgens(point.nodes, point.nodes_per_process, point.step_s, point.max_batch,
                                   per_token=point.path == "per-token", stamp="text" if http else "field")
-        target = fleet.gateway() if http else fleet.endpoint
+        target = fleet.gateway(workers=gateways) if http else fleet.endpoint
         idle = _broker_idle(fleet, IDLE_S)
         clients = fleet.clients(HTTP_CLIENT if http else BUS_CLIENT, target, point.num_streams,
                                 point.client_processes, point.max_tokens)

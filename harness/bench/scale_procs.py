@@ -128,12 +128,15 @@ class Fleet:
             child.expect("ready", timeout)
         return children
 
-    def gateway(self, timeout: float = 60.0) -> str:
+    def gateway(self, timeout: float = 60.0, workers: int = 1) -> str:
+        """`pdbus gateway` (with `--workers N` > 1: N processes on one port, under a parent that
+        holds it); every one of its processes counts as `gateway` CPU."""
         port = free_port()
         self._gateway = Proc(pdbus("gateway", "--model", "tiny", "--broker", self.endpoint, "--port", str(port),
-                                   "--log-level", "info"), env={"PDBUS__GATEWAY__STALL_TIMEOUT_S": "60"})
-        self._gateway.wait_for("gateway_started", timeout=timeout)
-        self.pids["gateway"].append(self._gateway.process.pid)
+                                   "--workers", str(workers), "--log-level", "info"),
+                             env={"PDBUS__GATEWAY__STALL_TIMEOUT_S": "60"})
+        started = self._gateway.wait_for("gateway_started", timeout=timeout)
+        self.pids["gateway"] += [self._gateway.process.pid, *started.get("pids", [])]
         return f"http://127.0.0.1:{port}"
 
     def _add(self, child: Child) -> Child:
