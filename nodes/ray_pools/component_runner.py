@@ -1,10 +1,14 @@
 """Run one pdbus component (broker, node, gateway) as a child process and keep it running: the body
 of its Ray actor, written without Ray so that tests drive it with plain processes.
 
-Contract: `ComponentRunner(spec, config_text, policy=None, where=dict)` writes the config text to
+Contract: `ComponentRunner(spec, config_text, policy=None, where=dict, roles=None)` writes the config text to
 `config_path(name, text)` (on whichever host the actor landed) and starts `spec.argv` at once, from a
 keeper thread that lives as long as the runner; `supervision.Supervision` decides what an exit
 means (non-zero: start it again after a back-off; 0 or asked to stop: stay down).
+- `roles` (a `RoleBook`: `recall(name) -> role | None`, `remember(name, role)`): where a node's
+  role switches are written as they happen, and read once at the start, so an actor Ray
+  reconstructs (its raylet died) brings its node back in the role it last switched to, not the
+  planned one (the actor clears the entry when it starts fresh).
 - `info() -> dict`: name, kind, role, state, ready, restarts, last_exit, pid (the child's, or
   None), actor_pid, plus `where()` (the actor adds its Ray node and IP).
 - `drain(force=False)`: SIGTERM the child — a node drains (takes no new work, finishes or hands
@@ -35,10 +39,11 @@ import time
 from collections import deque
 from collections.abc import Callable
 from pathlib import Path
+from typing import Protocol
 
 from nodes.launcher import parse_line
 from nodes.ray_pools.pool_plan import CONFIG_SLOT, ComponentSpec
-from nodes.ray_pools.supervision import RestartPolicy, Supervision, argv_for_role
+from nodes.ray_pools.supervision import SWITCHABLE_ROLES, RestartPolicy, Supervision, argv_for_role
 
 _PR_SET_PDEATHSIG = 1
 _prctl = ctypes.CDLL(None, use_errno=True).prctl   # looked up here: no dlopen after fork
@@ -66,13 +71,23 @@ def _killed_with(parent_pid: int) -> Callable[[], None]:
     return preexec
 
 
+class RoleBook(Protocol):
+    """Where a node's current role outlives its actor (Ray's KV store in a pool)."""
+
+    def recall(self, name: str) -> str | None: ...
+
+    def remember(self, name: str, role: str) -> None: ...
+
+
 class ComponentRunner:
     def __init__(self, spec: ComponentSpec, config_text: str, *, policy: RestartPolicy | None = None,
-                 where: Callable[[], dict] = dict) -> None:
-        self.spec, self.where, self.config_text = spec, where, config_text
+                 where: Callable[[], dict] = dict, roles: RoleBook | None = None) -> None:
+        self.spec, self.where, self.config_text, self.roles = spec, where, config_text, roles
         self.config_path = config_path(spec.name, config_text)
         self.argv = resolve_argv(spec.argv, str(self.config_path))
-        self.supervision = Supervision(spec.ready_event, spec.kind, policy)
+        recalled = roles.recall(spec.name) if roles is not None else None
+        role = recalled if recalled in SWITCHABLE_ROLES and spec.kind in SWITCHABLE_ROLES else spec.kind
+        self.supervision = Supervision(spec.ready_event, role, policy)
         self._lock = threading.Lock()
         self._process: subprocess.Popen | None = None
         self._tail: deque[str] = deque(maxlen=TAIL_LINES)
@@ -114,9 +129,14 @@ class ComponentRunner:
             sys.stderr.write(line)
             self._tail.append(line.rstrip("\n"))
             event = parse_line(line)
-            if event is not None:
-                with self._lock:
-                    self.supervision.observe(event)
+            if event is None:
+                continue
+            with self._lock:
+                role = self.supervision.role
+                self.supervision.observe(event)
+                switched = self.supervision.role if self.supervision.role != role else None
+            if switched is not None and self.roles is not None:
+                self.roles.remember(self.spec.name, switched)
 
     # -- what the actor answers ------------------------------------------------------------
 

@@ -11,6 +11,7 @@ Contract:
 - `call(handle, method, *args, timeout) -> value | None`: None when the actor is restarting or gone.
 - `actor_facts(handle) -> dict`: Ray's view — `ray_state`, `ray_restarts` — from the GCS (no
   dashboard needed). `ray_nodes() -> {node_id: ip}` of the live raylets.
+- `KvRoleBook(namespace)`: each node's last switched role, for a reconstructed actor.
 - `save_record(namespace, record)` / `load_record(namespace) -> dict | None` / `drop_record(namespace)`: what `up` started
   (config text, shape, broker addresses, options, whether it started the head), kept in the GCS's
   KV store so `status`, `down` and the planner's actuator read it from any process.
@@ -61,10 +62,35 @@ def stop_local_head() -> None:
 
 
 class ComponentActor(ComponentRunner):
-    """The runner as a Ray actor: it also says which raylet it is on."""
+    """The runner as a Ray actor: it also says which raylet it is on, and keeps its node's role in
+    the GCS's KV store so that a reconstructed actor starts the node in its switched role."""
 
     def __init__(self, spec: ComponentSpec, config_text: str) -> None:
-        super().__init__(spec, config_text, where=_where)
+        context = ray.get_runtime_context()
+        roles = KvRoleBook(context.namespace)
+        if not context.was_current_actor_reconstructed:
+            roles.forget(spec.name)   # a fresh start: the planned role, whatever an old pool left
+        super().__init__(spec, config_text, where=_where, roles=roles)
+
+
+class KvRoleBook:
+    """`component_runner.RoleBook` on the GCS's KV store: outlives any raylet but the head's."""
+
+    def __init__(self, namespace: str) -> None:
+        self.namespace = namespace
+
+    def _key(self, name: str) -> str:
+        return f"roles/{self.namespace}/{name}"
+
+    def recall(self, name: str) -> str | None:
+        raw = internal_kv._internal_kv_get(self._key(name), namespace=KV_NAMESPACE)
+        return raw.decode() if raw else None
+
+    def remember(self, name: str, role: str) -> None:
+        internal_kv._internal_kv_put(self._key(name), role, overwrite=True, namespace=KV_NAMESPACE)
+
+    def forget(self, name: str) -> None:
+        internal_kv._internal_kv_del(self._key(name), namespace=KV_NAMESPACE)
 
 
 def _where() -> dict:
@@ -100,8 +126,12 @@ def kill(handle: Any) -> None:
 
 def actor_facts(handle: Any) -> dict:
     # `ray.util.state` would need the dashboard, which a local pool does not run; the GCS's
-    # actor table answers the same (a developer API, read in this one place).
-    table = ray._private.state.actors(handle._actor_id.hex())
+    # actor table answers the same (a developer API, read in this one place). A Ray that moved
+    # it leaves these columns unknown: the actor's own answer still fills the row.
+    try:
+        table = ray._private.state.actors(handle._actor_id.hex())
+    except (AttributeError, KeyError, TypeError, ValueError):
+        return {}
     return {"ray_state": table.get("State"), "ray_restarts": table.get("NumRestarts", 0),
             "ray_node": table.get("Address", {}).get("NodeID")}
 
@@ -121,3 +151,4 @@ def load_record(namespace: str) -> dict | None:
 
 def drop_record(namespace: str) -> None:
     internal_kv._internal_kv_del(f"pools/{namespace}", namespace=KV_NAMESPACE)
+    internal_kv._internal_kv_del(f"roles/{namespace}/", del_by_prefix=True, namespace=KV_NAMESPACE)

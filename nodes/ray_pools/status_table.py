@@ -5,7 +5,7 @@ Contract:
   (None: it did not answer — restarting, or its raylet is gone), `facts` Ray's view of the actor
   (`ray_state`, `ray_restarts`, `ray_node`), `stats` a broker's `pdbus.broker.stats` body or None.
   Row keys: name, kind, role (the broker's `role_by_node` when it knows the node, else the
-  actor's), state, ready, ray_node, ip, pid, restarts (Ray's restarts of the actor, and the
+  actor's), state, ready, ray_node, ip, pid, actor_pid, restarts (Ray's restarts of the actor, and the
   actor's of its process), load (the node's last capacity report, or the broker's routes).
 - `status_report(rows, nodes, stats) -> dict`: rows plus `pools` (per kind: components, ready),
   the live Ray nodes and the broker stats: what `--json` prints.
@@ -28,7 +28,7 @@ def component_row(name: str, info: dict | None, facts: dict, stats: dict | None)
     return {"name": name, "kind": kind, "role": roles.get(name, info.get("role", kind)),
             "state": info.get("state") or str(facts.get("ray_state", "unknown")).lower(),
             "ready": bool(info.get("ready")), "ray_node": info.get("ray_node") or facts.get("ray_node"),
-            "ip": info.get("ip"), "pid": info.get("pid"),
+            "ip": info.get("ip"), "pid": info.get("pid"), "actor_pid": info.get("actor_pid"),
             "restarts": {"actor": facts.get("ray_restarts", 0), "process": info.get("restarts", 0)},
             "load": _load(name, kind, stats)}
 

@@ -10,7 +10,8 @@ In order, on one pool (each test starts from where the previous one left it):
    fault-free tokens, and the lost raylet's nodes come back on the others;
 5. the planner's `RayActuator` adds a decode node, then drains it (SIGTERM) while it streams:
    every request completes, and the drained node's actor is reaped;
-6. a role switch (CONTROL) survives a restart of the switched node's process;
+6. a role switch (CONTROL) survives a restart of the switched node's process, and a reconstruction
+   of its actor (the role kept in the GCS's KV store);
 7. `down` drains and stops everything, and leaves no process.
 """
 
@@ -271,7 +272,7 @@ def test_the_actuator_adds_a_node_and_drains_it_away_mid_stream(pool, expected):
     wait_until(lambda: not os.path.exists(f"/proc/{added['pid']}"), timeout=10, message="its process gone")
 
 
-def test_a_role_switch_survives_a_restart_of_the_node_process(pool):
+def test_a_role_switch_survives_a_restart_of_the_node_process_and_of_its_actor(pool):
     from bus.endpoint import Endpoint
 
     control = Endpoint(pool.broker, "control", "ray-test-control").start()
@@ -288,6 +289,15 @@ def test_a_role_switch_survives_a_restart_of_the_node_process(pool):
     stats = wait_until(lambda: (s := pool.status()["broker_stats"]) and "decode-1" in s["role_by_node"] and s,
                        timeout=30, message="decode-1 registered again")
     assert stats["role_by_node"]["decode-1"] == "prefill"   # it came back in the role it had switched to
+    # Its actor's worker dies (as with its raylet): Ray reconstructs the actor from the planned
+    # spec (decode), and the role book in the GCS brings the node back as prefill.
+    before = pool.rows()["decode-1"]
+    os.kill(before["actor_pid"], signal.SIGKILL)
+    row = wait_until(lambda: (r := pool.rows().get("decode-1")) and r["ready"] and r["actor_pid"] != before["actor_pid"]
+                     and r, timeout=90, message="decode-1's actor reconstructed")
+    assert row["role"] == "prefill"
+    stats = wait_until(lambda: (s := pool.status()["broker_stats"]) and s["role_by_node"].get("decode-1") == "prefill"
+                       and s, timeout=30, message="decode-1 registered again as prefill")
 
 
 def test_down_drains_and_stops_everything(pool):

@@ -1,6 +1,6 @@
 """The body of a component's Ray actor, with real child processes and no Ray: readiness from the
 child's log, restart after a crash, no restart after exit 0 or a drain, the role a node switched
-to kept across restarts, and the child dying with its actor's process (PR_SET_PDEATHSIG)."""
+to kept across restarts (and, through the role book, across a reconstructed actor), and the child dying with its actor's process (PR_SET_PDEATHSIG)."""
 
 from __future__ import annotations
 
@@ -44,11 +44,11 @@ FAKE = textwrap.dedent("""
 """)
 
 
-def _runner(tmp_path, plan: str, name: str = "prefill-0") -> ComponentRunner:
+def _runner(tmp_path, plan: str, name: str = "prefill-0", roles=None) -> ComponentRunner:
     argv = ("python", "-c", FAKE, "nodes.cli", "prefill", CONFIG_SLOT)
     spec = ComponentSpec(name, "prefill", argv, 1.0,
                          env={"FAKE_PLAN": plan, "FAKE_COUNT": str(tmp_path / "count")})
-    return ComponentRunner(spec, CONFIG, policy=FAST, where=lambda: {"ray_node": "n1"})
+    return ComponentRunner(spec, CONFIG, policy=FAST, where=lambda: {"ray_node": "n1"}, roles=roles)
 
 
 def _until(predicate, timeout: float = 20.0):
@@ -113,6 +113,32 @@ def test_a_node_that_switched_role_restarts_in_its_new_role(tmp_path, runners):
     first, second = _argv_events(runner)
     assert first[:2] == ["nodes.cli", "prefill"] and second[:2] == ["nodes.cli", "decode"]
     assert runner.info()["role"] == "decode"
+
+
+class DictRoleBook(dict):
+    def recall(self, name: str) -> str | None:
+        return self.get(name)
+
+    def remember(self, name: str, role: str) -> None:
+        self[name] = role
+
+
+def test_a_switch_is_written_to_the_role_book_and_a_new_runner_starts_in_that_role(tmp_path, runners):
+    book = DictRoleBook()
+    runners.append(runner := _runner(tmp_path, "switch,ready", roles=book))
+    _until(lambda: runner.info()["ready"])
+    assert book == {"prefill-0": "decode"}
+    runner.close()
+    # The actor Ray reconstructs elsewhere: same spec (planned prefill), the book says decode.
+    runners.append(again := _runner(tmp_path, "ready", roles=book))
+    _until(lambda: again.info()["ready"])
+    assert _argv_events(again)[0][:2] == ["nodes.cli", "decode"] and again.info()["role"] == "decode"
+
+
+def test_a_role_book_entry_that_is_not_a_node_role_is_ignored(tmp_path, runners):
+    runners.append(runner := _runner(tmp_path, "ready", roles=DictRoleBook({"prefill-0": "broker"})))
+    _until(lambda: runner.info()["ready"])
+    assert _argv_events(runner)[0][:2] == ["nodes.cli", "prefill"]
 
 
 def test_the_process_dies_with_the_actor_process(tmp_path):
