@@ -219,7 +219,8 @@ class Endpoint:
             if not self._stopping:
                 self._wake.clear()
             now = time.monotonic()
-            # How late this thread ran (GIL or CPU starvation): the margin heartbeats had left.
+            # The longest gap between timer runs (the planned wait included, GIL or CPU starvation on
+            # top): held against the liveness window, the margin heartbeats had left.
             gap_ms = int((now - last_tick) * 1000)
             self.core.metrics["tick.max_gap_ms"] = max(self.core.metrics["tick.max_gap_ms"], gap_ms)
             last_tick = now

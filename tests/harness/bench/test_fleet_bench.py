@@ -36,8 +36,10 @@ def test_the_floor_server_keeps_the_same_swarm_alive():
 
 @pytest.mark.integration
 def test_idle_endpoints_cost_is_measured_with_real_endpoints_and_broker():
-    row = idle_endpoint_cost(2, seconds=1.0, idle_ms=1000, settle_s=0.3)
-    assert row["endpoints"] == 2 and 0 < row["endpoint_ms_per_s"] < 100 and row["broker_cpu_pct"] >= 0
+    # CPU time comes in 10 ms clock ticks: a few idle endpoints for a second may read 0.
+    row = idle_endpoint_cost(4, seconds=2.0, idle_ms=250, settle_s=0.3)
+    assert row["endpoints"] == 4 and row["window_s"] >= 1.9
+    assert 0 <= row["endpoint_ms_per_s"] < 100 and row["broker_cpu_pct"] >= 0
 
 
 def test_broker_core_alone_is_fed_a_steady_state_without_expiring_anyone():
