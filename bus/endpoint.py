@@ -279,7 +279,9 @@ class Endpoint:
     def _wake_if_engaged(self) -> None:
         """An idle link's timers run 5x less often; work that just arrived (or was sent) makes
         the timer loop take up the short tick at once."""
-        if self._wake is not None and self._wait_s > self.core.tick_interval():
+        # A float compare first: a link with work already ticks fast (the hot path stops here).
+        if (self._wait_s > self.heartbeat.tick_s and self._wake is not None
+                and self._wait_s > self.core.tick_interval()):
             self._wake.set()
 
     def _flush(self) -> None:

@@ -12,6 +12,7 @@ percent of a core. `idle_ms == 250` is the protocol before idle links had their 
 from __future__ import annotations
 
 import argparse
+import subprocess
 import sys
 import time
 
@@ -36,8 +37,6 @@ for e in endpoints:
 
 
 def idle_endpoint_cost(num_endpoints: int, seconds: float, idle_ms: int, settle_s: float = 2.0) -> dict:
-    import subprocess
-
     endpoint = f"tcp://127.0.0.1:{free_port()}"
     broker = Proc([sys.executable, "-m", "nodes.cli", "broker", "--endpoint", endpoint,
                    "--heartbeat-idle-ms", str(idle_ms), "--log-format", "json"])

@@ -27,12 +27,9 @@ from harness.bench.scale_point import Point, run_point
 HTTP_NODES, HTTP_STREAMS_PER_NODE = 4, 16
 
 
-def _counts(text: str) -> list[int]:
-    return [int(part) for part in text.split(",") if part.strip()]
-
-
-def _steps(text: str) -> list[float]:
-    return [float(part) for part in text.split(",") if part.strip()]
+def _numbers(text: str, kind: type = float) -> list:
+    """`"1,2,4"` as numbers of `kind`."""
+    return [kind(part) for part in text.split(",") if part.strip()]
 
 
 def curve(tier: str, counts: list[int], steps: list[float], make_point, run) -> list[dict]:
@@ -69,12 +66,12 @@ def main(argv: list[str] | None = None) -> int:
     skip = {part.strip() for part in args.skip.split(",")}
     written = []
     if "brokers" not in skip:
-        rows = curve("brokers", _counts(args.brokers), _steps(args.steps),
+        rows = curve("brokers", _numbers(args.brokers, int), _numbers(args.steps),
                      lambda step: Point("batched", args.nodes, args.streams_per_node, step, seconds=args.seconds),
                      lambda point, count: run_point(point, brokers=count))
         written.append(_write(args, "brokers", rows))
     if "gateways" not in skip:
-        rows = curve("gateways", _counts(args.gateways), _steps(args.http_steps),
+        rows = curve("gateways", _numbers(args.gateways, int), _numbers(args.http_steps),
                      lambda step: Point("batched", HTTP_NODES, HTTP_STREAMS_PER_NODE, step, transport="http",
                                         seconds=args.seconds, client_processes=args.http_clients),
                      lambda point, count: run_point(point, gateways=count))

@@ -11,8 +11,8 @@ import pytest
 
 from harness.bench.fleet_bench import heartbeat_load, scheduler_rows
 from harness.bench.fleet_floor import core_cost
-from harness.bench.idle_endpoint import idle_endpoint_cost
 from harness.bench.fleet_report import lost_nodes, print_tables, summary, write_results
+from harness.bench.idle_endpoint import idle_endpoint_cost
 
 
 @pytest.mark.integration
