@@ -42,7 +42,9 @@ Decode side (a `pdbus decode` node):
                                             holds non-finite values (verified KV from a buggy or
                                             hostile prefill node), so the node ends those alone.
                                             Runs only on that failure path (may scan their KV).
-                                            Default: [] (the node then ends every running request).
+                                            Default: [] (the node then ends every running request);
+                                            an engine that cannot name them refuses such KV at
+                                            `add_request` instead ("rejected"), as vLLM's does.
     has_unfinished() -> bool                running requests, or events still to hand out.
     num_running: int                        requests holding KV in the engine now (admitted, not
                                             finished or aborted); at most `max_num_seqs`.

@@ -30,7 +30,7 @@ import importlib.metadata
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from nodes.engines.base import EngineConfig
 
@@ -115,9 +115,9 @@ def engine_args(folder: Path, config: EngineConfig, kv_role: str | None, max_mod
     transfer = None
     if kv_role is not None:
         transfer = KVTransferConfig(kv_connector=CONNECTOR_NAME, kv_connector_module_path=CONNECTOR_MODULE,
-                                    kv_role=kv_role, kv_load_failure_policy="recompute")
+                                    kv_role=cast(Any, kv_role), kv_load_failure_policy="recompute")
     return EngineArgs(
-        model=str(folder), tokenizer=str(folder), dtype=resolve_dtype_name(config.dtype, config.device), seed=0,
+        model=str(folder), tokenizer=str(folder), dtype=cast(Any, resolve_dtype_name(config.dtype, config.device)), seed=0,
         enforce_eager=True, enable_prefix_caching=prefix_caching(config, kv_role),
         max_model_len=max_model_len, max_num_seqs=config.max_num_seqs,
         max_num_batched_tokens=max(config.max_batch_tokens, config.prefill_chunk_tokens),

@@ -26,7 +26,9 @@ import math
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, cast
+
+import torch
 
 from nodes.engines.base import (
     Admission,
@@ -90,6 +92,8 @@ class VllmEngine(Engine):
         args = engine_args(model.folder, self.config, KV_ROLES.get(role), self.max_model_len)
         self._llm = LLMEngine.from_engine_args(args)
         cache = self._llm.vllm_config.cache_config
+        if cache.num_gpu_blocks is None:
+            raise RuntimeError("vLLM started without a KV cache (num_gpu_blocks unset)")
         self.block_size, self.num_blocks = int(cache.block_size), int(cache.num_gpu_blocks)
         self._running: dict[str, _Running] = {}
         self._keys = itertools.count()
@@ -124,6 +128,7 @@ class VllmEngine(Engine):
             if not self._llm.has_unfinished_requests():
                 raise RuntimeError(f"vLLM ended {len(requests) - len(first_tokens)} prefill(s) without a token")
             for output in self._llm.step():
+                output = cast(Any, output)   # a RequestOutput here: no pooling model is served
                 if output.finished and output.outputs and output.outputs[0].token_ids:
                     first_tokens[output.request_id] = int(output.outputs[0].token_ids[0])
                     num_cached[output.request_id] = int(output.num_cached_tokens or 0)
@@ -169,6 +174,9 @@ class VllmEngine(Engine):
             return Admission("rejected", f"request {request.request_id} is already running")
         if request.sampling.grammar is not None:
             return Admission("rejected", NO_GRAMMARS)
+        if isinstance(request.kv, torch.Tensor) and not bool(torch.isfinite(request.kv).all()):
+            # vLLM's step cannot name the request whose KV broke it: refused here, it breaks nothing
+            return Admission("rejected", "imported KV holds non-finite values")
         admission = self.check_admission(request)
         if not admission.ok:
             return admission
@@ -308,7 +316,8 @@ def passed_logprobs(positions: Any, index: int, token_id: int, k: int | None) ->
                          tuple((t, value) for _, t, value in ranked[:k]))
 
 
-def _prompt(token_ids: Sequence[int], salt: str) -> dict[str, Any]:
-    """vLLM's TokensPrompt; a salt scopes its prefix cache to the tenant (none: shared)."""
+def _prompt(token_ids: Sequence[int], salt: str) -> Any:
+    """vLLM's TokensPrompt (a dict; typed Any, as vLLM's own unions change between versions); a
+    salt scopes its prefix cache to the tenant (none: shared)."""
     prompt: dict[str, Any] = {"prompt_token_ids": list(token_ids)}
     return prompt | {"cache_salt": salt} if salt else prompt
