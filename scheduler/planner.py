@@ -10,10 +10,13 @@ Contract:
   action did not happen (then only the cooldown holds).
 - `Decision(kind, role, node_id, reason)`: `scale_up` (role: the pool; node_id None), `scale_down`
   (the node to drain), `switch_role` (node_id moves to `role`). `reason` says why, in words.
+- `held_back`: the switch the last `decide` would have made but held for regret (rule 7), its
+  reason naming both layouts' scores; None otherwise (the shell logs each new one).
 - `metrics` (a Counter): `decisions.<kind>.<role>`, `held.<why>` (each snapshot that ended in no
   action, by its reason: `steady`, `waiting`, `cooldown`, `saturated`, `no_room.<role>`,
-  `incomplete.<role>`, `not_cool.<role>`, `slo_missed`, `regret`, `bad_snapshot`), `regrets.<role>`, `snapshots`,
-  `malformed_nodes`, `settled`, `settle_timeout`. `gauges() -> dict[str, float]`: the last snapshot's pressures and pool sizes.
+  `incomplete.<role>`, `not_cool.<role>`, `slo_missed`, `regret`, `bad_snapshot`),
+  `regrets.<role>` (switches into <role> held for regret), `snapshots`, `malformed_nodes`,
+  `settled`, `settle_timeout`. `gauges() -> dict[str, float]`: the last snapshot's pressures and pool sizes.
 
 Rules, in order, each on the pools' *sustained* states (a pool is below its min, above its max,
 hot or cold once that condition, see `planner_config`, has held for `sustain_s` over snapshots at
@@ -43,22 +46,26 @@ most 3 intervals apart):
    is refilled only when decode runs hot too (rule 4), so the two moves do not undo each other.
 6. A pool cold and the other not hot: scale down the pool's idlest node if it is above its min
    and the SLO attainment (when known and targeted) is not below `min_slo_attainment`.
+7. Regret (flap damping): a role switch back into a layout (`planner_memory`) observed within the
+   last `regret_dwell_s` is made only if that layout's stay scored (SLO attainment, else the worst
+   p90 miss) better than the present stay so far by more than a tenth (else `held.regret`,
+   `regrets.<role>`).
 Cool enough to give a node up (rules 5 and 6): nothing of its service queued at the broker and,
 one node smaller, its pressure would stay below the midpoint of its cold and hot thresholds.
-A switch whose worst SLO miss was higher by more than a tenth `cooldown_s + sustain_s` later than
-just before it (`worst_miss`) is regretted: no switch that way for `regret_dwell_s` (`held.regret`).
 Draining nodes are never capacity, never chosen, and count towards `max_nodes` until they leave.
 Colocated (`both`) nodes are in neither pool but count towards `max_nodes`.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass
 
 from scheduler.planner_config import PlannerConfig
+from scheduler.planner_memory import LayoutMemory, after_switch, layout_of, score
 from scheduler.planner_rules import Decision, DecisionKind, PoolView, choose
-from scheduler.planner_signals import POOL_ROLES, PoolLoad, Signals, Snapshot, pool_load
+from scheduler.planner_signals import POOL_ROLES, PoolLoad, Snapshot, pool_load
 
 __all__ = ["Decision", "DecisionKind", "Planner", "PlannerConfig"]
 
@@ -88,27 +95,30 @@ class Planner:
         self._gone_by_us: set[str] = set()      # nodes the planner drained: their leaving is expected
         self._pending: _Pending | None = None
         self._acted_at: float | None = None
-        self._trial: _Trial | None = None         # the last switch, until it is judged
-        self._regrets: dict[str, float] = {}      # role a switch moved a node into -> when judged worse
+        self._memory = LayoutMemory(self.config.regret_dwell_s)
+        self.held_back: Decision | None = None
         self._gauges: dict[str, float] = {}
 
     # -- the shell's side ----------------------------------------------------------------
 
     def decide(self, snapshot: Snapshot, now: float, can_start: bool = True) -> list[Decision]:
         self.metrics["snapshots"] += 1
+        self.held_back = None
         self.metrics["malformed_nodes"] += snapshot.num_malformed
         if not snapshot.valid:
             return self._hold("bad_snapshot")
         view = self._observe(snapshot, now)
-        self._judge(snapshot, now)
         if self._waiting(snapshot, now):
             return []
+        self._memory.observe(layout_of(snapshot), score(snapshot.signals, self.config), now)
         outcome = choose(view, self.config, can_start)
         if isinstance(outcome, str):
             return self._hold(outcome)
-        if self._regretted(outcome, now):
+        if (regret := self._regretted(outcome, snapshot, now)) is not None:
+            self.metrics[f"regrets.{outcome.role}"] += 1
+            self.held_back = dataclasses.replace(outcome, reason=f"{outcome.reason}; held: {regret}")
             return self._hold("regret")
-        self._commit(outcome, view, now, snapshot)
+        self._commit(outcome, view, now)
         return [outcome]
 
     def started(self, node_id: str) -> None:
@@ -237,26 +247,20 @@ class Planner:
             return node is not None and not node.draining
         return pool_load(snapshot, decision.role, 1).size > pending.size_before
 
-    def _judge(self, snapshot: Snapshot, now: float) -> None:
-        """Was the last switch worse than what it replaced? Then that direction waits."""
-        trial = self._trial
-        if trial is None or now < trial.judge_at:
-            return
-        self._trial = None
-        after = worst_miss(snapshot.signals, self.config)
-        if after is not None and after > trial.miss_before * (1 + REGRET_MARGIN):
-            self._regrets[trial.role] = now
-            self.metrics[f"regrets.{trial.role}"] += 1
+    def _regretted(self, decision: Decision, snapshot: Snapshot, now: float) -> str | None:
+        """Why the switch is held (rule 7), or None."""
+        node = snapshot.node(decision.node_id or "")
+        if decision.kind is not DecisionKind.SWITCH_ROLE or node is None:
+            return None
+        here = layout_of(snapshot)
+        there = after_switch(here, node.role, decision.role)
+        if not self._memory.holds_back(here, there, now):
+            return None
+        means = self._memory.means()
+        return (f"layout {there} (prefill, decode, colocated), left within {self.config.regret_dwell_s:.0f}s, "
+                f"scored {means[there]:.2f} over its stay, {here} {means[here]:.2f} so far")
 
-    def _regretted(self, decision: Decision, now: float) -> bool:
-        judged = self._regrets.get(decision.role)
-        return (decision.kind is DecisionKind.SWITCH_ROLE and judged is not None
-                and now - judged < self.config.regret_dwell_s)
-
-    def _commit(self, decision: Decision, view: PoolView, now: float, snapshot: Snapshot) -> None:
-        before = worst_miss(snapshot.signals, self.config)
-        if decision.kind is DecisionKind.SWITCH_ROLE and before is not None:
-            self._trial = _Trial(decision.role, before, now + self.config.cooldown_s + self.config.sustain_s)
+    def _commit(self, decision: Decision, view: PoolView, now: float) -> None:
         self.metrics[f"decisions.{decision.kind}.{decision.role}"] += 1
         size_before = view.pools[decision.role].size
         self._pending = _Pending(decision, now, size_before, decision.node_id)
@@ -268,25 +272,6 @@ class Planner:
     def _hold(self, why: str) -> list[Decision]:
         self.metrics[f"held.{why}"] += 1
         return []
-
-
-REGRET_MARGIN = 0.1   # a switch is worse when its worst miss grew by more than this fraction
-
-
-@dataclass(slots=True)
-class _Trial:
-    role: str          # the role the switch moved a node into
-    miss_before: float
-    judge_at: float
-
-
-def worst_miss(signals: Signals, config: PlannerConfig) -> float | None:
-    """The larger of TTFT p90 / its target and TPOT p90 / its target (1.0: on target); None
-    without a target and its signal."""
-    misses = [p90 / target for p90, target in ((signals.ttft_p90_s, config.ttft_p90_target_s),
-                                               (signals.tpot_p90_s, config.tpot_p90_target_s))
-              if target > 0 and p90 is not None]
-    return max(misses) if misses else None
 
 
 def _gauges_of(view: PoolView, snapshot: Snapshot) -> dict[str, float]:

@@ -11,11 +11,12 @@ a typo never silently leaves a default in place). Defaults, and why:
   before the planner acts on it (hysteresis: a burst is not a trend).
 - `cooldown_s` 60: after an action, no other for this long, and not before the action shows in
   the snapshot or `settle_timeout_s` (180: a node that never starts) has passed.
-- `regret_dwell_s` 180: a role switch judged worse than what it replaced (its worst SLO miss, p90
-  over target, higher by more than a tenth `cooldown_s + sustain_s` after it) is not made again
-  in that direction for this long (`held.regret`): two states that each make the other pool hot
-  (a colocated pair whose TPOT rises under long prompts, split, then prefill hot again) otherwise
-  flip every cooldown. Needs a TTFT or TPOT target; without one nothing is judged.
+- `regret_dwell_s` 180: how long what a layout of the pools scored over its stay (SLO attainment,
+  else the worst p90 miss) is remembered: a role switch back into a layout left within that time
+  is made only if that layout scored clearly better than the present one (`held.regret`;
+  `scheduler.planner_memory`). Two layouts that each make the other pool hot (a colocated pair
+  whose TPOT rises under long prompts, split, then prefill hot again) otherwise flip every
+  cooldown. Needs a TTFT or TPOT target (or attainment); 0 turns the memory off.
 - `missing_grace_s` 60: a node that vanished unasked keeps its pool "incomplete" (no action on it)
   this long: it may be restarting.
 - prefill is hot above `prefill_hot_batches` (2.0) full batches (`max_batch_tokens`, else

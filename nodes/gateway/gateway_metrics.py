@@ -28,7 +28,10 @@ from prometheus_client import (
 
 from nodes.wire import code_label
 
-LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 120.0)
+# Fine around the usual SLO targets (TPOT 50-100 ms, TTFT 0.5-6 s): the planner reads the share of
+# requests within its targets from these buckets (`nodes.planner.slo_signals`).
+LATENCY_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.25, 0.5, 0.75, 1.0, 1.5, 2.0, 2.5, 3.0, 4.0,
+                   5.0, 6.0, 8.0, 10.0, 15.0, 30.0, 60.0, 120.0)
 TOKEN_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32, 0.64, 1.28, 2.56)
 STAGES = ("plan_s", "queue_s", "prefill_s", "kv_transfer_s", "kv_wait_s", "decode_queue_s", "decode_s")
 MAX_VALUE = 2**63 - 1

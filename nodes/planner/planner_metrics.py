@@ -6,7 +6,8 @@ on the planner's path); `render() -> (bytes, content_type)`; `await serve_metric
 port) -> (runner, port)` serves GET /metrics (aiohttp; port 0: any free port).
 Series: `pdbus_planner_decisions_total{kind,role}`, `pdbus_planner_held_total{reason}`
 (snapshots that ended without an action, by reason), `pdbus_planner_wanted_total{role}`
-(scale-ups the actuator could not do), `pdbus_planner_failed_actions_total{kind}`,
+(scale-ups the actuator could not do), `pdbus_planner_regrets_total{role}` (role switches held
+back by the layout memory, the role they would have made), `pdbus_planner_failed_actions_total{kind}`,
 `pdbus_planner_snapshots_total`, `pdbus_planner_malformed_nodes_total` (node reports skipped),
 `pdbus_planner_no_stats_total` (the broker did not answer), and gauges
 `pdbus_planner_pressure{pool}`, `pdbus_planner_nodes{pool}` (active), `pdbus_planner_queued{pool}`
@@ -39,6 +40,8 @@ class _PlannerCollector(Collector):
         yield _labelled(counts, "decisions", "Decisions taken, by kind and pool", ["kind", "role"])
         yield _labelled(counts, "held", "Snapshots that ended without an action, by reason", ["reason"])
         yield _labelled(counts, "wanted", "Scale-ups the actuator could not carry out", ["role"])
+        yield _labelled(counts, "regrets", "Role switches held back by the layout memory, by the role "
+                        "they would have made", ["role"])
         yield _labelled(counts, "failed_actions", "Actions that failed when carried out", ["kind"])
         for name, what in (("snapshots", "Broker snapshots read"), ("malformed_nodes", "Node reports skipped as "
                            "malformed"), ("no_stats", "Ticks without an answer from the broker")):

@@ -105,8 +105,10 @@ def control_endpoint(settings: dict, broker: str, node_id: str = "planner", args
 async def serve_planner(shell: PlannerShell, options: PlannerOptions, stop: asyncio.Event) -> None:
     runner = None
     if options.gateway_metrics_url and shell.signals is Signals:
+        config = options.config
         shell.signals = SloSignals(options.gateway_metrics_url, options.slo_window_s,
-                                   timeout_s=min(1.0, options.config.interval_s))
+                                   timeout_s=min(1.0, config.interval_s),
+                                   targets=(config.ttft_p90_target_s, config.tpot_p90_target_s))
     if options.metrics_port is not None:
         metrics = PlannerMetrics(shell.planner, shell.counts)
         runner, port = await serve_metrics(metrics, options.metrics_host, options.metrics_port)
@@ -118,7 +120,8 @@ async def serve_planner(shell: PlannerShell, options: PlannerOptions, stop: asyn
     finally:
         if runner is not None:
             await runner.cleanup()
-        log.info("planner_stopped", **{k: v for k, v in shell.planner.metrics.items() if k.startswith("decisions.")})
+        log.info("planner_stopped", **{k: v for k, v in shell.planner.metrics.items()
+                                        if k.startswith(("decisions.", "regrets.", "held.regret"))})
 
 
 def _public(config: PlannerConfig) -> dict[str, Any]:

@@ -12,7 +12,8 @@ Contract:
   `planner_decision` (kind, role, node_id, reason, dry_run) and carried out: `switch_role` ->
   CONTROL `{"action": "role", "role"}` to the node, `scale_down` -> `actuator.stop_node`,
   `scale_up` -> `actuator.start_node` (None: logged `planner_wanted`, counted `wanted.<role>`).
-  With `dry_run` nothing is carried out and the core waits out its cooldown only. An action that
+  A switch the core holds for regret (`planner.held_back`) is logged `planner_held` (kind, role,
+  node_id, reason) when the holding starts, not every round. With `dry_run` nothing is carried out and the core waits out its cooldown only. An action that
   raises is logged `planner_action_failed` and counted (`failed_actions.<kind>`); the loop goes on.
 - `await run(stop)`: `tick()` every `config.interval_s` until `stop` is set; a bug in one tick is
   logged (`planner_tick_failed`) and never ends the loop.
@@ -56,6 +57,7 @@ class PlannerShell:
         self.signals = signals or Signals
         self.counts: Counter[str] = Counter()
         self.log = get_logger("planner", dry_run=dry_run)
+        self._held: tuple[str, str, str | None] | None = None   # the switch being held back, if any
 
     async def run(self, stop: asyncio.Event) -> None:
         interval = self.planner.config.interval_s
@@ -76,10 +78,19 @@ class PlannerShell:
             return []
         snapshot = parse_snapshot(body, await asyncio.to_thread(self.signals))
         can_start = await asyncio.to_thread(self.actuator.can_start)
+        held_before = self._held
         decisions = self.planner.decide(snapshot, self.clock(), can_start)
+        self._log_held(held_before)
         for decision in decisions:
             await self._act(decision)
         return decisions
+
+    def _log_held(self, before: tuple[str, str, str | None] | None) -> None:
+        """Log a switch held for regret once, when the planner starts holding it."""
+        held = self.planner.held_back
+        self._held = None if held is None else (str(held.kind), held.role, held.node_id)
+        if held is not None and self._held != before:
+            self.log.info("planner_held", kind=str(held.kind), role=held.role, node_id=held.node_id, reason=held.reason)
 
     async def fetch_stats(self) -> dict | None:
         """The broker's stats body, or None when it does not answer in time."""

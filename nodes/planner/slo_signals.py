@@ -10,12 +10,19 @@ Contract:
   Prometheus's `histogram_quantile` does (a quantile in the `+Inf` bucket is the highest finite
   bound). A bucket that went down means the gateway restarted: `new` alone is the window. None
   when nothing was observed in between (no traffic: no evidence either way).
+- `window_fraction_within(old, new, limit) -> float | None` (pure): the share of the observations
+  between two scrapes that were <= `limit`, interpolated inside its bucket as above (past the
+  highest finite bound: only what the finite buckets hold counts). None when nothing was observed.
 - `fetch_text(url, timeout_s) -> str | None`: one GET; None on any failure. Never raises.
-- `SloSignals(url, window_s, timeout_s, clock, fetch)`: a callable for the planner shell's
-  `signals` hook. Each call scrapes once and returns `Signals(ttft_p90_s, tpot_p90_s)` over the
-  scrapes of the last `window_s` (the newest against the latest one at least `window_s` old, or
+- `SloSignals(url, window_s, timeout_s, clock, fetch, targets)`: a callable for the planner shell's
+  `signals` hook. Each call scrapes once and returns `Signals(slo_attainment, ttft_p90_s,
+  tpot_p90_s)` over the scrapes of the last `window_s` (the newest against the latest one at least `window_s` old, or
   the oldest kept while the window is young); a field is None while unknown. A failed scrape
   gives `Signals()` and is logged once per outage (`planner_slo_unavailable`). Never raises.
+  `targets` = (TTFT, TPOT) targets in seconds (0: none): `slo_attainment` is then estimated as the
+  product of the window's shares within each set target. The gateway's histograms are per
+  metric, not per request, so the product assumes the two independent: an estimate the planner
+  uses only to compare layouts under the same traffic.
 - `gateway_metrics_url(settings, workers=None) -> str | None`: the cluster's own gateway's
   `/metrics`, from `[gateway]` (`workers` overrides its `workers`; a wildcard host is reached on
   loopback; `tls_cert` set: https, which a self-signed certificate makes fail: no signals). None when it cannot be one source: port 0
@@ -61,9 +68,7 @@ def histogram(text: str, name: str) -> dict[float, float] | None:
 
 
 def window_quantile(old: Mapping[float, float] | None, new: Mapping[float, float], q: float) -> float | None:
-    bounds = sorted(new)
-    restarted = old is None or any(new[b] < old.get(b, 0.0) for b in bounds)
-    counts = [new[b] - (0.0 if restarted or old is None else old.get(b, 0.0)) for b in bounds]
+    bounds, counts = _window_counts(old, new)
     total = counts[-1] if counts else 0.0
     if total <= 0:
         return None
@@ -72,6 +77,31 @@ def window_quantile(old: Mapping[float, float] | None, new: Mapping[float, float
         if count >= rank:
             return _inside(bounds, counts, index, rank) if math.isfinite(bound) else _highest_finite(bounds)
     return _highest_finite(bounds)
+
+
+def _window_counts(old: Mapping[float, float] | None, new: Mapping[float, float]) -> tuple[list[float], list[float]]:
+    """The sorted bounds and the cumulative counts observed since `old` (`new` alone after a restart)."""
+    bounds = sorted(new)
+    restarted = old is None or any(new[b] < old.get(b, 0.0) for b in bounds)
+    return bounds, [new[b] - (0.0 if restarted or old is None else old.get(b, 0.0)) for b in bounds]
+
+
+def window_fraction_within(old: Mapping[float, float] | None, new: Mapping[float, float],
+                           limit: float) -> float | None:
+    bounds, counts = _window_counts(old, new)
+    total = counts[-1] if counts else 0.0
+    if total <= 0:
+        return None
+    within, lower, below = 0.0, 0.0, 0.0
+    for bound, count in zip(bounds, counts, strict=True):
+        if not math.isfinite(bound):
+            break
+        if limit >= bound:
+            within, lower, below = count, bound, count
+            continue
+        within = below + (count - below) * (limit - lower) / (bound - lower) if bound > lower else below
+        break
+    return min(1.0, max(0.0, within / total))
 
 
 def _inside(bounds: list[float], counts: list[float], index: int, rank: float) -> float:
@@ -106,8 +136,10 @@ class Scrape:
 class SloSignals:
     def __init__(self, url: str, window_s: float = 30.0, timeout_s: float = 1.0,
                  clock: Callable[[], float] = time.monotonic,
-                 fetch: Callable[[str, float], str | None] = fetch_text) -> None:
+                 fetch: Callable[[str, float], str | None] = fetch_text,
+                 targets: tuple[float, float] = (0.0, 0.0)) -> None:
         self.url, self.window_s, self.timeout_s, self.clock, self.fetch = url, window_s, timeout_s, clock, fetch
+        self.targets = targets
         self.scrapes: deque[Scrape] = deque()
         self.available = True
 
@@ -131,7 +163,16 @@ class SloSignals:
         if len(self.scrapes) < 2:   # one scrape is no window: its counts span the gateway's whole life
             return Signals()
         base = self.scrapes[0]
-        return Signals(ttft_p90_s=_quantile(base.ttft, newest.ttft), tpot_p90_s=_quantile(base.tpot, newest.tpot))
+        return Signals(slo_attainment=self._attainment(base, newest), ttft_p90_s=_quantile(base.ttft, newest.ttft),
+                       tpot_p90_s=_quantile(base.tpot, newest.tpot))
+
+    def _attainment(self, base: Scrape, newest: Scrape) -> float | None:
+        shares = [window_fraction_within(old, new, target)
+                  for old, new, target in ((base.ttft, newest.ttft, self.targets[0]),
+                                           (base.tpot, newest.tpot, self.targets[1]))
+                  if target > 0 and old is not None and new is not None]
+        known = [share for share in shares if share is not None]
+        return math.prod(known) if known else None
 
     def _keep(self, newest: Scrape) -> None:
         """Keep the newest scrape and, as the window's base, the latest one at least `window_s` old."""

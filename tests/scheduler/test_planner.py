@@ -339,21 +339,63 @@ def test_gauges_give_the_pressures_and_pool_sizes():
 
 
 def test_a_switch_that_made_the_slo_worse_is_not_made_again_within_the_dwell():
-    """A colocated pair, TPOT hot: the split (prefill pool refilled) is tried; if TTFT then misses
-    worse than the pair did, the planner rejoins it and does not split again within
-    `regret_dwell_s`, where it would otherwise flip every cooldown."""
+    """A colocated pair, TPOT hot: the split (prefill pool refilled) is tried; TTFT then misses
+    worse than the pair did, so the planner rejoins it and, remembering what the split scored,
+    does not split again within `regret_dwell_s`, where it would otherwise flip every cooldown."""
     config = PlannerConfig(**{**_fields(CONFIG), **SMALL, "regret_dwell_s": 600})
     planner = Planner(config)
     both = pools([], [decode_cap(3, switchable=1), decode_cap(9, switchable=1)])
-    (at, split), = feed(planner, both, T0, 60, signals=Signals(ttft_p90_s=2.4, tpot_p90_s=0.1))
+    missing_both = Signals(ttft_p90_s=2.4, tpot_p90_s=0.1)    # 1.2x / 2.0x the targets: scores 0.5
+    (at, split), = feed(planner, both, T0, 60, signals=missing_both)
     assert (split.role, split.node_id) == ("prefill", "decode-0")
     pair = stats_body({"decode-0": ("prefill", prefill_cap(0, switchable=1)),
                        "decode-1": ("decode", decode_cap(3, switchable=1))})
-    worse = Signals(ttft_p90_s=6.0, tpot_p90_s=0.04)   # 3.0x the TTFT target, before 1.2x / 2.0x: worse
+    worse = Signals(ttft_p90_s=6.0, tpot_p90_s=0.04)   # 3.0x the TTFT target: scores 0.33
     (at, rejoin), = feed(planner, pair, at + 5, 120, signals=worse)
-    assert rejoin.role == "decode" and planner.metrics["regrets.prefill"] == 1
-    assert feed(planner, both, at + 5, 300, signals=Signals(ttft_p90_s=2.4, tpot_p90_s=0.1)) == []
-    assert planner.metrics["held.regret"] > 0
+    assert rejoin.role == "decode" and planner.metrics["held.regret"] == 0
+    assert feed(planner, both, at + 5, 400, signals=missing_both) == []
+    assert planner.metrics["held.regret"] > 0 and planner.metrics["regrets.prefill"] > 0
+    held = planner.held_back
+    assert held is not None and (held.kind, held.role) == (DecisionKind.SWITCH_ROLE, "prefill")
+    assert "held: layout (1, 1, 0) (prefill, decode, colocated), left within 600s, scored 0.33" in held.reason
+    (late, again), = feed(planner, both, at + 410, 400, signals=missing_both)[:1]
+    assert again.role == "prefill" and late - at > config.regret_dwell_s   # the evidence aged: tried again
+
+
+def test_past_capacity_the_layout_with_the_better_attainment_stays():
+    """Both layouts miss (two cores past capacity): the split misses TTFT, the colocated pair
+    TPOT. The planner compares the SLO attainment each reached and keeps the better one."""
+    config = PlannerConfig(**{**_fields(CONFIG), **SMALL, "regret_dwell_s": 600})
+    planner = Planner(config)
+    pair = pools([prefill_cap(0, switchable=1)], [decode_cap(3, switchable=1)])
+    split_misses = Signals(slo_attainment=0.55, ttft_p90_s=4.0, tpot_p90_s=0.03)
+    (at, colocate), = feed(planner, pair, T0, 60, signals=split_misses)
+    assert colocate.role == "decode"
+    both = stats_body({"prefill-0": ("decode", decode_cap(3, switchable=1)),
+                       "decode-0": ("decode", decode_cap(2, switchable=1))})
+    coloc_misses = Signals(slo_attainment=0.75, ttft_p90_s=2.4, tpot_p90_s=0.1)   # both pools "hot"
+    assert feed(planner, both, at + 5, 300, signals=coloc_misses) == []
+    assert planner.metrics["regrets.prefill"] > 0
+    planner = Planner(config)   # the same, but the split had done better than the pair does
+    split_did_better = Signals(slo_attainment=0.9, ttft_p90_s=4.0, tpot_p90_s=0.03)
+    (at, _), = feed(planner, pair, T0, 60, signals=split_did_better)
+    (_, split), = feed(planner, both, at + 5, 300, signals=coloc_misses)[:1]
+    assert split.role == "prefill" and planner.metrics["held.regret"] == 0
+
+
+def test_two_layouts_that_miss_alike_are_not_flipped_between():
+    """Past capacity both layouts attain about as little: the pair, once colocated, is not split
+    again for TPOT (each flip costs a drain) until the split's score is `regret_dwell_s` old."""
+    config = PlannerConfig(**{**_fields(CONFIG), **SMALL, "regret_dwell_s": 300})
+    planner = Planner(config)
+    pair = pools([prefill_cap(0, switchable=1)], [decode_cap(3, switchable=1)])
+    (at, colocate), = feed(planner, pair, T0, 60, signals=Signals(slo_attainment=0.40, ttft_p90_s=4.0,
+                                                                    tpot_p90_s=0.03))
+    both = stats_body({"prefill-0": ("decode", decode_cap(3, switchable=1)),
+                       "decode-0": ("decode", decode_cap(2, switchable=1))})
+    alike = Signals(slo_attainment=0.42, ttft_p90_s=2.4, tpot_p90_s=0.1)   # both pools "hot"
+    found = feed(planner, both, at + 5, 400, signals=alike)
+    assert found and found[0][0] - at > config.regret_dwell_s and planner.metrics["regrets.prefill"] > 0
 
 
 def test_a_switch_that_helped_is_not_regretted():

@@ -30,12 +30,15 @@ def planner_after_a_switch() -> Planner:
 
 def test_the_text_has_decisions_held_reasons_counts_and_gauges():
     shell_counts = Counter({"wanted.decode": 2, "failed_actions.scale_down": 1, "no_stats": 4})
-    body, content_type = PlannerMetrics(planner_after_a_switch(), shell_counts).render()
+    planner = planner_after_a_switch()
+    planner.metrics["regrets.decode"] += 3
+    body, content_type = PlannerMetrics(planner, shell_counts).render()
     assert content_type.startswith("text/plain")
     got = samples(body.decode())
     assert got[("pdbus_planner_decisions_total", (("kind", "switch_role"), ("role", "prefill")))] == 1
     assert got[("pdbus_planner_held_total", (("reason", "waiting"),))] == 1
     assert got[("pdbus_planner_wanted_total", (("role", "decode"),))] == 2
+    assert got[("pdbus_planner_regrets_total", (("role", "decode"),))] == 3
     assert got[("pdbus_planner_failed_actions_total", (("kind", "scale_down"),))] == 1
     assert got[("pdbus_planner_no_stats_total", ())] == 4
     assert got[("pdbus_planner_snapshots_total", ())] == 2

@@ -11,7 +11,7 @@ from structlog.testing import capture_logs
 from bus.mailbox import BusError
 from nodes.planner.actuator import BusOnlyActuator
 from nodes.planner.planner_shell import PlannerShell
-from scheduler.planner import DecisionKind, Planner
+from scheduler.planner import Decision, DecisionKind, Planner
 from scheduler.planner_config import PlannerConfig
 from tests.conftest import FakeClock
 from tests.nodes.planner.planner_fakes import FakeActuator, FakeEndpoint
@@ -131,3 +131,29 @@ async def test_run_ticks_every_interval_until_stopped_and_survives_a_bad_tick():
     with capture_logs() as events:
         await asyncio.wait_for(shell.run(stop), 5)
     assert len(calls) == 4 and "planner_tick_failed" in [e["event"] for e in events]
+
+
+class HoldingPlanner(Planner):
+    """Holds the same switch for regret on every round but the third."""
+
+    def __init__(self) -> None:
+        super().__init__(AT_ONCE)
+        self.rounds = 0
+
+    def decide(self, snapshot, now, can_start=True):
+        self.rounds += 1
+        held = Decision(DecisionKind.SWITCH_ROLE, "prefill", "decode-0", "prefill hot; held: layout (1, 1, 0) ...")
+        self.held_back = None if self.rounds == 3 else held
+        return []
+
+
+async def test_a_switch_held_for_regret_is_logged_once_per_holding():
+    endpoint = FakeEndpoint([SWITCH_BODY] * 5)
+    shell = PlannerShell(HoldingPlanner(), endpoint, FakeActuator(), clock=FakeClock())
+    with capture_logs() as events:
+        for _ in range(5):
+            await shell.tick()
+    held = [e for e in events if e["event"] == "planner_held"]
+    assert len(held) == 2      # rounds 1 and 4: the holding started twice
+    assert (held[0]["kind"], held[0]["role"], held[0]["node_id"]) == ("switch_role", "prefill", "decode-0")
+    assert "held: layout" in held[0]["reason"] and endpoint.controls == []

@@ -6,10 +6,13 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import itertools
 import math
 import threading
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from structlog.testing import capture_logs
 
 from nodes.commands import cluster_cmd
@@ -24,6 +27,7 @@ from nodes.planner.slo_signals import (
     fetch_text,
     gateway_metrics_url,
     histogram,
+    window_fraction_within,
     window_quantile,
 )
 from scheduler.planner import DecisionKind, Planner
@@ -84,6 +88,30 @@ def test_a_gateway_restart_takes_the_new_counts_alone():
     assert window_quantile(old, new, 0.5) == pytest.approx(1.75)
 
 
+def test_the_share_within_a_limit_interpolates_inside_its_bucket():
+    old = dict(zip(BOUNDS, (10, 10, 10, 10), strict=True))
+    new = dict(zip(BOUNDS, (10, 15, 20, 20), strict=True))    # 5 in (0.5, 1], 5 in (1, 2.5]
+    assert window_fraction_within(old, new, 1.0) == pytest.approx(0.5)
+    assert window_fraction_within(old, new, 2.0) == pytest.approx((5 + 5 * 1.0 / 1.5) / 10)
+    assert window_fraction_within(old, new, 0.25) == 0.0
+    assert window_fraction_within(old, new, 99.0) == 1.0
+    slow = dict(zip(BOUNDS, (10, 10, 10, 14), strict=True))   # 4 past the highest finite bound
+    assert window_fraction_within(old, slow, 99.0) == 0.0
+    assert window_fraction_within(old, old, 1.0) is None
+
+
+@given(st.lists(st.integers(0, 50), min_size=4, max_size=4), st.floats(0, 200, allow_nan=False))
+def test_the_share_within_a_limit_is_a_fraction_that_grows_with_the_limit(increments, limit):
+    counts = tuple(itertools.accumulate(increments))
+    new = dict(zip(BOUNDS, counts, strict=True))
+    share = window_fraction_within(None, new, limit)
+    if counts[-1] == 0:
+        assert share is None
+        return
+    assert 0.0 <= share <= 1.0
+    assert share <= window_fraction_within(None, new, limit + 0.5) + 1e-12
+
+
 class FakeGateway:
     """`fetch` answering with cumulative TTFT/TPOT histograms the test moves on; None = down."""
 
@@ -117,6 +145,25 @@ def test_signals_cover_the_last_window_only():
         got = signals()
     assert 1.0 < got.ttft_p90_s <= 2.5 and got.tpot_p90_s is None
     assert len(signals.scrapes) <= 12
+
+
+def test_with_targets_the_attainment_is_the_product_of_the_shares_within_them():
+    clock, gateway = FakeClock(), FakeGateway()
+    signals = SloSignals("http://gw/metrics", window_s=10, clock=clock, fetch=gateway.fetch, targets=(1.0, 0.5))
+    signals()
+    clock.advance(1)
+    gateway.observe(gateway.ttft, 0, 3)     # 3 of 4 TTFTs <= 0.5 s: within 1 s
+    gateway.observe(gateway.ttft, 2, 1)     # one in (1, 2.5]: over
+    gateway.observe(gateway.tpot, 0, 4)     # every TPOT within 0.5 s
+    assert signals().slo_attainment == pytest.approx(0.75)
+    clock.advance(1)
+    gateway.observe(gateway.tpot, 3, 4)     # 4 more TPOTs past 2.5 s: half of the window's TPOTs over
+    assert signals().slo_attainment == pytest.approx(0.75 * 0.5)
+    untargeted = SloSignals("http://gw/metrics", clock=clock, fetch=gateway.fetch)
+    untargeted()
+    clock.advance(1)
+    gateway.observe(gateway.ttft, 0, 1)
+    assert untargeted().slo_attainment is None
 
 
 def test_a_gateway_that_does_not_answer_gives_unknown_signals_logged_once():
@@ -175,6 +222,7 @@ def test_serve_planner_attaches_the_signals_to_a_shell_without_its_own():
     with capture_logs():
         asyncio.run(serve_planner(shell, options, stop))
     assert isinstance(shell.signals, SloSignals) and shell.signals.url == "http://127.0.0.1:9/metrics"
+    assert shell.signals.targets == (options.config.ttft_p90_target_s, options.config.tpot_p90_target_s)
     bare = PlannerShell(Planner(), FakeEndpoint([{}]), FakeActuator(), clock=FakeClock())
     with capture_logs():
         asyncio.run(serve_planner(bare, planner_options({}), stop))
