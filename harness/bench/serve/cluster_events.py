@@ -3,7 +3,7 @@ the node roles over time (the elasticity benchmark's timeline).
 
 Contract (pure but `read_events`):
 - `EVENTS`: the log events read (`cluster_node_ready` {node_id, role}, `planner_decision` {kind,
-  role, node_id, reason}, `planner_node_started`, `planner_wanted`, `planner_action_failed`,
+  role, node_id, reason}, `planner_node_started`, `planner_wanted`, `planner_action_failed`, `planner_held`,
   `role_switched` {role; the node is `node_id` or the launcher's `child` tag}, `cluster_node_drained`
   {child}). `wanted(event)` says whether a parsed log line is one of them.
 - `read_events(path) -> list[dict]`: those events of a cluster log file (`--log-format json`), in
@@ -11,7 +11,7 @@ Contract (pure but `read_events`):
 - `timeline(events, load_start, load_end=None) -> dict`: times in seconds from `load_start` (epoch
   seconds; events carry structlog's ISO `timestamp`, UTC) up to `load_end` when given:
   `planner_decisions` (t_s, kind, role, node_id, reason; also `planner_wanted` and
-  `planner_action_failed`, as `kind` "wanted" / "failed"), and `role_timeline`: a list of
+  `planner_action_failed` and `planner_held`, as `kind` "wanted" / "failed" / "held"), and `role_timeline`: a list of
   {t_s, prefill, decode, both, switching, draining} node counts, one entry at t 0 (the roles
   before the load) and one at each change. A node is `switching` from the planner's switch_role
   decision until its `role_switched`, `draining` from a scale_down until `cluster_node_drained`,
@@ -25,9 +25,10 @@ from datetime import datetime
 from pathlib import Path
 
 EVENTS = ("cluster_node_ready", "planner_decision", "planner_node_started", "planner_wanted",
-          "planner_action_failed", "role_switched", "cluster_node_drained")
+          "planner_action_failed", "planner_held", "role_switched", "cluster_node_drained")
 STATES = ("prefill", "decode", "both", "switching", "draining")
-DECISION_EVENTS = {"planner_decision": None, "planner_wanted": "wanted", "planner_action_failed": "failed"}
+DECISION_EVENTS = {"planner_decision": None, "planner_wanted": "wanted", "planner_action_failed": "failed",
+                   "planner_held": "held"}
 
 
 def wanted(event: object) -> bool:

@@ -10,8 +10,10 @@ Contract:
   the flags leave them open: `--quick` 2 req/s (chat phases), 90 s phases (~6 min a system here);
   the default 1.5 and 2.5 req/s, 150 s phases (~17 min a system); tag `elastic-quick` / `elastic`.
   Output lengths follow the serving presets (`--quick` halves them). Other workloads: unchanged.
-- `elastic_system(args, config, env) -> PdbusSystem`: `pdbus cluster --planner`, 1 prefill + 1
-  decode node, both switchable.
+- `ELASTIC_SYSTEMS`: the planner systems by name (`pdbus-elastic`; `pdbus-elastic-nomemory`, the
+  same without the layout memory) -> their overrides of that table.
+- `elastic_system(args, config, env, name) -> PdbusSystem`: `pdbus cluster --planner`, 1 prefill +
+  1 decode node, both switchable. KeyError for a name not in `ELASTIC_SYSTEMS`.
 - `report(rows, config, args) -> dict`: prints the per-phase table and the elasticity targets,
   writes `<tag>-phases.png` (unless `--no-plot`); returns what the summary adds
   (`elastic_targets`). Rows without phases: prints nothing, returns {}.
@@ -36,8 +38,8 @@ from harness.bench.serve.systems import PdbusSystem
 # process loads the model. Targets: TTFT p90 2 s (the chat SLO; a document phase's p90 is a
 # document's TTFT, past it whenever prefill queues), TPOT p90 80 ms (the SLO is 100 ms; at 50 ms
 # the colocated pair's own chunked prefills, p90 ~55 ms, split it again within a chat phase: run of
-# 12-05 15:26). Timings for phases of minutes; the p90s over 10 s. A switch judged worse is not
-# repeated for 120 s, more than a phase: at 60 s the pair split again the moment it ran out (18:40).
+# 12-05 15:26). Timings for phases of minutes; the p90s over 10 s. What a layout scored is
+# remembered 120 s, most of a phase: at 60 s the pair split again the moment it ran out (18:40).
 ELASTIC_PLANNER: dict[str, object] = {
     "min_prefill": 0, "max_prefill": 1, "min_decode": 1, "max_decode": 2, "max_nodes": 2,
     "interval_s": 1.0, "sustain_s": 5.0, "cooldown_s": 10.0, "settle_timeout_s": 60.0, "missing_grace_s": 10.0,
@@ -45,6 +47,9 @@ ELASTIC_PLANNER: dict[str, object] = {
     "slo_window_s": 10.0, "regret_dwell_s": 120.0,
 }
 ELASTIC_ENV = {"PDBUS__NODE__DRAIN_TIMEOUT_S": "10.0"}   # a switch waits this long for the old role's work
+# The planner as configured, and (an ablation) without its layout memory: every switch the rules
+# ask for is made, as the planner was before it remembered what each layout scored.
+ELASTIC_SYSTEMS: dict[str, dict[str, object]] = {"pdbus-elastic": {}, "pdbus-elastic-nomemory": {"regret_dwell_s": 0.0}}
 QUICK_PHASED = ([2.0], 90.0)          # (chat phases' req/s, seconds per phase)
 FULL_PHASED = ([1.5, 2.5], 150.0)
 
@@ -80,10 +85,12 @@ def with_phases(args: argparse.Namespace, config: SweepConfig) -> SweepConfig:
                                tag=args.tag or ("elastic-quick" if args.quick else "elastic"))
 
 
-def elastic_system(args: argparse.Namespace, config: SweepConfig, env: dict[str, str]) -> PdbusSystem:
-    return PdbusSystem("pdbus-elastic", colocated=False, model=args.model, config=getattr(args, "config", None),
-                       env=env | ELASTIC_ENV, planner=planner_table(args.planner_set),
-                       log_path=config.results_dir / f"{config.tag}-pdbus-elastic-cluster.log")
+def elastic_system(args: argparse.Namespace, config: SweepConfig, env: dict[str, str],
+                   name: str = "pdbus-elastic") -> PdbusSystem:
+    planner = planner_table(args.planner_set) | ELASTIC_SYSTEMS[name]
+    return PdbusSystem(name, colocated=False, model=args.model, config=getattr(args, "config", None),
+                       env=env | ELASTIC_ENV, planner=planner,
+                       log_path=config.results_dir / f"{config.tag}-{name}-cluster.log")
 
 
 def decisions_text(rows: list[dict]) -> str:

@@ -17,7 +17,8 @@ across requests (the prefill prefix cache, the decode node's kept prefixes and s
 Writes `results/<tag>-<system>-<rate>.json`, `results/<tag>-summary.json` and `results/<tag>.png`.
 The elasticity benchmark (`harness.bench.serve.elastic`): `--workload phased` (chat-heavy, then
 document-heavy, then chat-heavy; per-phase results, `results/<tag>-phases.png`) and the system
-`pdbus-elastic` (by name only: `pdbus cluster --planner` on 1 prefill + 1 decode switchable node).
+`pdbus-elastic` (by name only: `pdbus cluster --planner` on 1 prefill + 1 decode switchable node) and
+`pdbus-elastic-nomemory` (the same planner without its layout memory, `regret_dwell_s = 0`).
 """
 
 from __future__ import annotations
@@ -114,10 +115,10 @@ def build_systems(names: list[str], args: argparse.Namespace, config: SweepConfi
             systems.append(PdbusSystem(name, colocated=name == "pdbus-coloc", model=args.model,
                                        config=getattr(args, "config", None), env=env | variant,
                                        log_path=config.results_dir / f"{config.tag}-{name}-cluster.log"))
-        elif name == "pdbus-elastic":
-            systems.append(elastic.elastic_system(args, config, env))
+        elif name in elastic.ELASTIC_SYSTEMS:
+            systems.append(elastic.elastic_system(args, config, env, name))
         else:
-            raise ValueError(f"unknown system {name!r}; choose from {(*SYSTEMS, *EXTRA_SYSTEMS, 'pdbus-elastic')}")
+            raise ValueError(f"unknown system {name!r}; choose from {(*SYSTEMS, *EXTRA_SYSTEMS, *elastic.ELASTIC_SYSTEMS)}")
     return systems
 
 

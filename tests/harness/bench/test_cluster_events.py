@@ -27,6 +27,7 @@ EVENTS = [
     at(70, "planner_wanted", kind="scale_up", role="prefill", reason="prefill hot"),
     at(71, "planner_decision", kind="switch_role", role="prefill", node_id="prefill-0", reason="TTFT p90 3.1s > 2.0s"),
     at(74, "role_switched", child="prefill-0", node_id="prefill-0", role="prefill", num_switches=2),
+    at(150, "planner_held", kind="switch_role", role="decode", node_id="prefill-0", reason="held: layout"),
     at(200, "planner_decision", kind="scale_down", role="decode", node_id="decode-0", reason="after the load"),
 ]
 
@@ -39,7 +40,8 @@ def test_timestamps_are_read_as_epoch_seconds():
 def test_decisions_are_timed_from_the_load_start():
     found = timeline(EVENTS, START, load_end=START + 180)
     assert [(d["t_s"], d["kind"], d["node_id"]) for d in found["planner_decisions"]] == [
-        (12.0, "switch_role", "prefill-0"), (70.0, "wanted", None), (71.0, "switch_role", "prefill-0")]
+        (12.0, "switch_role", "prefill-0"), (70.0, "wanted", None), (71.0, "switch_role", "prefill-0"),
+        (150.0, "held", "prefill-0")]
     assert found["planner_decisions"][2]["reason"] == "TTFT p90 3.1s > 2.0s"
 
 

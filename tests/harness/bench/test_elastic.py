@@ -58,3 +58,15 @@ def test_the_elastic_system_is_built_by_name():
     assert elastic_system.env["PDBUS__ENGINE__NUM_THREADS"] == "1"        # as the static systems
     assert str(elastic_system.log_path).endswith("elastic-quick-pdbus-elastic-cluster.log")
     assert disagg.planner is None and coloc.colocated
+
+
+def test_the_planner_without_its_memory_is_the_same_planner_with_no_dwell():
+    args = parse("--systems", "pdbus-elastic,pdbus-elastic-nomemory", "--workload", "phased", "--quick",
+                 "--model", "tiny", "--planner-set", "cooldown_s=20")
+    config = sweep_config(args)
+    with_memory, without = build_systems(args.systems.split(","), args, config)
+    assert without.name == "pdbus-elastic-nomemory" and without.planner["regret_dwell_s"] == 0
+    assert with_memory.planner["regret_dwell_s"] == elastic.ELASTIC_PLANNER["regret_dwell_s"]
+    assert {k: v for k, v in without.planner.items() if k != "regret_dwell_s"} == \
+        {k: v for k, v in with_memory.planner.items() if k != "regret_dwell_s"}
+    assert str(without.log_path).endswith("elastic-quick-pdbus-elastic-nomemory-cluster.log")
