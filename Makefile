@@ -195,6 +195,7 @@ bench-grammar: install ## structured output: llguidance vs xgrammar compile and 
 bench-lend: install ## two cores at 1 req/s (random 512 +- 90 % in, 64 out): with and without lending, vs vLLM (~8 min; needs vLLM)
 	$(BENCH) -m harness.bench.serve --config $(CONFIG) --systems pdbus-disagg,pdbus-disagg-nolend,vllm --workload random \
 		--request-rates 1 --num-prompts 60 --random-input-len 512 --random-output-len 64 --random-range-ratio 0.9 --tag lend-2core $(ARGS)
+	$(BENCH) -m harness.bench.core_share --json results/core-share.json
 
 bench-elastic: install ## elasticity: chat/document/chat phases; static 1:1, colocated, planner; per-phase SLO (~50 min)
 	$(BENCH) -m harness.bench.serve --config $(CONFIG) --systems pdbus-disagg,pdbus-coloc,pdbus-elastic --workload phased $(ARGS)
