@@ -13,8 +13,9 @@ Contract:
   CONTROL `{"action": "role", "role"}` to the node, `scale_down` -> `actuator.stop_node`,
   `scale_up` -> `actuator.start_node` (None: logged `planner_wanted`, counted `wanted.<role>`).
   A switch the core holds for regret (`planner.held_back`) is logged `planner_held` (kind, role,
-  node_id, reason) when the holding starts, not every round. With `dry_run` nothing is carried out and the core waits out its cooldown only. An action that
-  raises is logged `planner_action_failed` and counted (`failed_actions.<kind>`); the loop goes on.
+  node_id, reason) when the holding starts, not every round. With `dry_run` nothing is carried
+  out and the core waits out its cooldown only. An action that raises is logged
+  `planner_action_failed` and counted (`failed_actions.<kind>`); the loop goes on.
 - `await run(stop)`: `tick()` every `config.interval_s` until `stop` is set; a bug in one tick is
   logged (`planner_tick_failed`) and never ends the loop.
 - `counts`: the shell's Counter (`no_stats`, `wanted.<role>`, `failed_actions.<kind>`), exported

@@ -16,8 +16,9 @@ Contract:
 - `fetch_text(url, timeout_s) -> str | None`: one GET; None on any failure. Never raises.
 - `SloSignals(url, window_s, timeout_s, clock, fetch, targets)`: a callable for the planner shell's
   `signals` hook. Each call scrapes once and returns `Signals(slo_attainment, ttft_p90_s,
-  tpot_p90_s)` over the scrapes of the last `window_s` (the newest against the latest one at least `window_s` old, or
-  the oldest kept while the window is young); a field is None while unknown. A failed scrape
+  tpot_p90_s)` over the scrapes of the last `window_s` (the newest against the latest one at
+  least `window_s` old, or the oldest kept while the window is young); a field is None while
+  unknown. A failed scrape
   gives `Signals()` and is logged once per outage (`planner_slo_unavailable`). Never raises.
   `targets` = (TTFT, TPOT) targets in seconds (0: none): `slo_attainment` is then estimated as the
   product of the window's shares within each set target. The gateway's histograms are per
