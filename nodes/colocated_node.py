@@ -14,9 +14,10 @@ from __future__ import annotations
 
 from nodes.decode_node import DecodeWork
 from nodes.engines.base import Engine
+from nodes.loop_thread import LoopThread
 from nodes.node_settings import NodeSettings
 from nodes.prefill_node import PrefillWork
-from nodes.runtime import LoopThread, Work
+from nodes.runtime import Work
 
 
 def node_works(role: str, settings: NodeSettings, engine: Engine, kv_thread: LoopThread) -> list[Work]:

@@ -27,8 +27,8 @@ from nodes.decode_jobs import DecodeJob, KvArrived
 from nodes.engines.base import Engine
 from nodes.engines.kv_quant import TorchQuantizer
 from nodes.kv_buffers import KVBufferPool
+from nodes.loop_thread import LoopThread
 from nodes.node_settings import NodeSettings
-from nodes.runtime import LoopThread
 
 if TYPE_CHECKING:
     import torch

@@ -42,8 +42,9 @@ from nodes.decode_jobs import (
 )
 from nodes.decode_kv import KvLanding
 from nodes.engines.base import DecodeRequest, Engine, TokenEvent
+from nodes.loop_thread import LoopThread
 from nodes.node_settings import NodeSettings
-from nodes.runtime import GuardedWork, LoopThread, engine_bounds
+from nodes.runtime import GuardedWork, engine_bounds
 
 __all__ = ["DecodeWork", "KvArrived"]
 

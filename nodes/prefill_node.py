@@ -42,8 +42,9 @@ from nodes import wire
 from nodes.engines.base import Engine, PrefillPass, PrefillRequest, PrefillResult, TokenLogprobs
 from nodes.engines.kv_quant import TorchQuantizer
 from nodes.engines.prefill_pass import PrefillBatcher
+from nodes.loop_thread import LoopThread
 from nodes.node_settings import NodeSettings
-from nodes.runtime import GuardedWork, LoopThread, StageClock, engine_bounds
+from nodes.runtime import GuardedWork, StageClock, engine_bounds
 from scheduler.prefix_hashes import MAX_REPORTED_PREFIXES
 
 

@@ -4,7 +4,7 @@ three threads, queues between them, and the engine's busy loop never touching a 
 - bus I/O thread: the `Endpoint` (its own uvloop loop) registers, heartbeats, and puts each
   Request / Direct / Cancel into its inbox; replies are handed back to it thread-safely. Engine
   compute never delays a heartbeat.
-- KV thread: a `LoopThread` (uvloop) runs the `KVSender` / `KVReceiver`; what finishes there is
+- KV thread: a `LoopThread` (nodes/loop_thread.py, uvloop) runs the `KVSender` / `KVReceiver`; what finishes there is
   posted into the same inbox as a plain event (`KvSendDone`, `KvArrived`).
 - engine thread (the process's main thread): `NodeLoop.run()` takes inputs, gives each `Work`
   (prefill side, decode side) its turn, then publishes capacity when it changed; once idle it
@@ -27,17 +27,13 @@ Peer-supplied bodies reach a log line only as a bounded summary (type and size),
 
 from __future__ import annotations
 
-import asyncio
-import concurrent.futures
 import signal
 import threading
 import time
 from collections import Counter
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
-
-import uvloop
 
 from bus.endpoint import Endpoint
 from bus.log import get_logger
@@ -45,38 +41,13 @@ from bus.messages import Cancel, Direct, Error, Request
 from nodes import wire
 from nodes.engines.base import Engine
 from nodes.heap import HeapTrimmer, configure_decode_heap, freeze_startup_objects
+from nodes.loop_thread import LoopThread
 from nodes.node_control import NodeControl
 from nodes.node_lifecycle import Lifecycle
 from nodes.node_settings import NodeSettings
 
 IDLE_POLL_S = 0.1
 CAPACITY_MIN_INTERVAL_S = 0.02
-
-
-class LoopThread:
-    """A uvloop event loop on its own daemon thread; coroutines are submitted from any thread."""
-
-    def __init__(self, name: str) -> None:
-        self.loop = uvloop.new_event_loop()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-
-    def submit(self, coro: Coroutine) -> concurrent.futures.Future:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def run(self, coro: Coroutine, timeout: float | None = 30.0) -> Any:
-        return self.submit(coro).result(timeout)
-
-    def call(self, function: Callable, *args: Any) -> None:
-        self.loop.call_soon_threadsafe(function, *args)
-
-    def stop(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(2.0)
 
 
 class Work(Protocol):

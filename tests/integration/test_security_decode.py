@@ -21,7 +21,7 @@ pytestmark = pytest.mark.integration
 
 @pytest.fixture
 def secured(tmp_path):
-    from nodes.runtime import LoopThread
+    from nodes.loop_thread import LoopThread
 
     keys = make_keys(tmp_path)
     kv_thread = LoopThread("kv-security-test")
@@ -121,7 +121,7 @@ def test_a_decode_node_process_outlives_a_hostile_prefill_peer_and_keeps_serving
     from bus.endpoint import Endpoint
     from harness.cluster_procs import ClusterProcs
     from nodes.engines.base import SamplingParams
-    from nodes.runtime import LoopThread
+    from nodes.loop_thread import LoopThread
     from tests.integration.cluster_helpers import client_for, greedy, load, reference
     from tests.nodes.cluster_fakes import tiny_engine
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from nodes.runtime import LoopThread
+from nodes.loop_thread import LoopThread
 
 
 @pytest.fixture
