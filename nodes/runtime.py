@@ -4,8 +4,8 @@ three threads, queues between them, and the engine's busy loop never touching a 
 - bus I/O thread: the `Endpoint` (its own uvloop loop) registers, heartbeats, and puts each
   Request / Direct / Cancel into its inbox; replies are handed back to it thread-safely. Engine
   compute never delays a heartbeat.
-- KV thread: a `LoopThread` (nodes/loop_thread.py, uvloop) runs the `KVSender` / `KVReceiver`; what finishes there is
-  posted into the same inbox as a plain event (`KvSendDone`, `KvArrived`).
+- KV thread: a `LoopThread` (nodes/loop_thread.py, uvloop) runs the `KVSender` / `KVReceiver`;
+  what finishes there is posted into the same inbox as a plain event (`KvSendDone`, `KvArrived`).
 - engine thread (the process's main thread): `NodeLoop.run()` takes inputs, gives each `Work`
   (prefill side, decode side) its turn, then publishes capacity when it changed; once idle it
   hands freed heap back to the OS (`nodes.heap`). Its `NodeControl` (nodes/node_control.py) sees

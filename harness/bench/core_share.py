@@ -25,25 +25,20 @@ from typing import Any
 SIZE = 1024
 ROUNDS, REPEATS = 3, 20
 PAIRS = 5
-LOAD_SCRIPT = """
-import os, sys, time, torch
-cpu, dtype, seconds, size = int(sys.argv[1]), getattr(torch, sys.argv[2]), float(sys.argv[3]), int(sys.argv[4])
-os.sched_setaffinity(0, {cpu}); torch.set_num_threads(1)
-a = torch.randn(size, size, dtype=dtype); b = a.clone()
-a @ b
-print("multiplying", flush=True)
-end = time.time() + seconds
-while time.time() < end:
-    a @ b
-"""
+LOAD_SECONDS = 600   # the loader's bound, should its parent die without killing it
+
+
+def operands(dtype_name: str, size: int) -> tuple[Any, Any]:
+    """One thread, two square matrices: the product both the timed and the loading process run."""
+    import torch
+    torch.set_num_threads(1)
+    a = torch.randn(size, size, dtype=getattr(torch, dtype_name))
+    return a, a.clone()
 
 
 def matmul_tflops(dtype_name: str) -> float:
     """One thread's best rate over ROUNDS of REPEATS products on the calling process's CPU."""
-    import torch
-    torch.set_num_threads(1)
-    a = torch.randn(SIZE, SIZE, dtype=getattr(torch, dtype_name))
-    b = a.clone()
+    a, b = operands(dtype_name, SIZE)
     for _ in range(3):
         a @ b
     best = float("inf")
@@ -55,25 +50,36 @@ def matmul_tflops(dtype_name: str) -> float:
     return 2 * SIZE**3 / best / 1e12
 
 
+def load(cpu: int, dtype_name: str, size: int) -> None:
+    """The loading process: multiply on `cpu` until killed (or LOAD_SECONDS), after one line saying so."""
+    os.sched_setaffinity(0, {cpu})
+    a, b = operands(dtype_name, size)
+    a @ b
+    print("multiplying", flush=True)
+    end = time.monotonic() + LOAD_SECONDS
+    while time.monotonic() < end:
+        a @ b
+
+
 def measure(dtype_name: str, own_cpu: int, other_cpu: int) -> dict[str, Any]:
     """PAIRS interleaved rounds, each alone (the loader stopped) then beside it (running): this
     machine's rate drifts by 2x within a minute, so only side by side rounds compare."""
     os.sched_setaffinity(0, {own_cpu})
-    load = subprocess.Popen([sys.executable, "-c", LOAD_SCRIPT, str(other_cpu), dtype_name, "600", str(SIZE)],
-                            stdout=subprocess.PIPE, text=True)
+    loader = subprocess.Popen([sys.executable, "-m", "harness.bench.core_share", "--load-on", str(other_cpu),
+                               "--dtypes", dtype_name, "--size", str(SIZE)], stdout=subprocess.PIPE, text=True)
     alone, beside = [], []
     try:
-        if load.stdout is None or load.stdout.readline().strip() != "multiplying":
+        if loader.stdout is None or loader.stdout.readline().strip() != "multiplying":
             raise RuntimeError("core_share: the loading process did not start")
         for _ in range(PAIRS):
-            load.send_signal(signal.SIGSTOP)
+            loader.send_signal(signal.SIGSTOP)
             alone.append(matmul_tflops(dtype_name))
-            load.send_signal(signal.SIGCONT)
+            loader.send_signal(signal.SIGCONT)
             time.sleep(0.2)
             beside.append(matmul_tflops(dtype_name))
     finally:
-        load.kill()
-        load.wait()
+        loader.kill()
+        loader.wait()
     ratios = [b / a for a, b in zip(alone, beside, strict=True)]
     return {"alone_tflops": round(statistics.median(alone), 3), "beside_tflops": round(statistics.median(beside), 3),
             "ratio": round(statistics.median(ratios), 3), "ratios": [round(r, 3) for r in ratios]}
@@ -83,7 +89,12 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--dtypes", default="bfloat16,float32")
     parser.add_argument("--json", help="also write the figures here")
+    parser.add_argument("--load-on", type=int, help=argparse.SUPPRESS)   # the loading process's mode
+    parser.add_argument("--size", type=int, default=SIZE, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    if args.load_on is not None:
+        load(args.load_on, args.dtypes, args.size)
+        return 0
     cpus = sorted(os.sched_getaffinity(0))
     if len(cpus) < 2:
         print("core_share: needs two CPUs", file=sys.stderr)

@@ -1,9 +1,9 @@
 """Run one pdbus component (broker, node, gateway) as a child process and keep it running: the body
 of its Ray actor, written without Ray so that tests drive it with plain processes.
 
-Contract: `ComponentRunner(spec, config_text, policy=None, where=dict, roles=None)` writes the config text to
-`config_path(name, text)` (on whichever host the actor landed) and starts `spec.argv` at once, from a
-keeper thread that lives as long as the runner; `supervision.Supervision` decides what an exit
+Contract: `ComponentRunner(spec, config_text, policy=None, where=dict, roles=None)` writes the
+config text to `config_path(name, text)` (on whichever host the actor landed) and starts `spec.argv`
+at once, from a keeper thread that lives as long as the runner; `supervision.Supervision` decides what an exit
 means (non-zero: start it again after a back-off; 0 or asked to stop: stay down).
 - `roles` (a `RoleBook`: `recall(name) -> role | None`, `remember(name, role)`): where a node's
   role switches are written as they happen, and read once at the start, so an actor Ray

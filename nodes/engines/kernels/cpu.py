@@ -10,7 +10,8 @@ Contract: `probe()` returns a frozen `CpuFeatures`, the same object for the life
   value products) follow the CPU, not a mask, so two processes on one machine round alike.
 - `onednn_amx`, `onednn_bf16`: whether torch's oneDNN multiplies bf16 on AMX tiles, or in hardware at
   all (AMX or AVX512-BF16), as torch detects it under `ONEDNN_MAX_CPU_ISA`; `auto` dtype follows it.
-  `onednn_amx()` and `onednn_bf16()` answer these two alone, importing neither numba nor llvmlite
+  `onednn_amx()` and `onednn_bf16()` answer these two alone (`onednn_on_tiles()`: whether oneDNN
+  is on tiles in fact, the mask aside), importing neither numba nor llvmlite
   (vLLM's start-up fails in a process that has loaded llvmlite, and engine_common serves vLLM too).
 `as_log()` is the dict a node logs as `cpu_features`.
 
@@ -68,7 +69,13 @@ def probe() -> CpuFeatures:
 
 def onednn_amx() -> bool:
     """oneDNN multiplies bf16 on AMX tiles (torch's probe, under the cap and the mask)."""
-    return not masked("PDBUS_NO_AMX") and onednn_may_use("AMX") and _torch_probe("_is_amx_tile_supported")
+    return not masked("PDBUS_NO_AMX") and onednn_on_tiles()
+
+
+def onednn_on_tiles() -> bool:
+    """oneDNN does multiply bf16 on AMX tiles, whatever pdbus's mask says (only the cap,
+    `ONEDNN_MAX_CPU_ISA`, keeps oneDNN off them): what its rounding follows."""
+    return onednn_may_use("AMX") and _torch_probe("_is_amx_tile_supported")
 
 
 def onednn_bf16() -> bool:

@@ -218,7 +218,7 @@ def test_the_whole_generation_is_unchanged_by_a_hit(tiny_model):
 
 # torch's oneDNN on AMX tiles picks its bf16 GEMM kernel by the number of rows, so a prompt's last
 # rows can round differently when a hit leaves only them to compute (its other paths do not).
-ONEDNN_ON_TILES = cpu.onednn_may_use("AMX") and bool(getattr(torch.cpu, "_is_amx_tile_supported", lambda: False)())
+ONEDNN_ON_TILES = cpu.onednn_on_tiles()
 
 
 @pytest.mark.real_model
