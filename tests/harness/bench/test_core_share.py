@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
 
@@ -30,3 +31,20 @@ def test_the_probe_measures_alone_and_beside(tmp_path, monkeypatch, capsys):
 def test_one_cpu_is_refused(monkeypatch):
     monkeypatch.setattr(core_share.os, "sched_getaffinity", lambda pid: {0})
     assert core_share.main([]) == 2
+
+
+def test_a_loader_that_never_starts_is_a_clear_error(monkeypatch):
+    class Silent:
+        stdout = io.StringIO("")          # exited before its "multiplying" line
+        killed = False
+
+        def kill(self) -> None:
+            Silent.killed = True
+
+        def wait(self) -> None: ...
+
+    monkeypatch.setattr(core_share.subprocess, "Popen", lambda *args, **kwargs: Silent())
+    monkeypatch.setattr(core_share.os, "sched_setaffinity", lambda pid, cpus: None)
+    with pytest.raises(RuntimeError, match="did not start"):
+        core_share.measure("float32", 0, 1)
+    assert Silent.killed
