@@ -47,9 +47,9 @@ most 3 intervals apart):
 6. A pool cold and the other not hot: scale down the pool's idlest node if it is above its min
    and the SLO attainment (when known and targeted) is not below `min_slo_attainment`.
 7. Regret (flap damping): a role switch back into a layout (`planner_memory`) observed within the
-   last `regret_dwell_s` is made only if that layout's stay scored (SLO attainment, else the worst
-   p90 miss) better than the present stay so far by more than a tenth (else `held.regret`,
-   `regrets.<role>`).
+   last `regret_dwell_s` is made only if that layout's stay scored better than the present stay so
+   far by more than a tenth (else `held.regret`, `regrets.<role>`). A stay scores the SLO
+   attainment of the requests that arrived during it, else of the windows observed in it.
 Cool enough to give a node up (rules 5 and 6): nothing of its service queued at the broker and,
 one node smaller, its pressure would stay below the midpoint of its cold and hot thresholds.
 Draining nodes are never capacity, never chosen, and count towards `max_nodes` until they leave.
@@ -110,7 +110,8 @@ class Planner:
         view = self._observe(snapshot, now)
         if self._waiting(snapshot, now):
             return []
-        self._memory.observe(layout_of(snapshot), score(snapshot.signals, self.config), now)
+        self._memory.observe(layout_of(snapshot), score(snapshot.signals, self.config), now,
+                             snapshot.signals.arrivals)
         outcome = choose(view, self.config, can_start)
         if isinstance(outcome, str):
             return self._hold(outcome)
@@ -256,9 +257,9 @@ class Planner:
         there = after_switch(here, node.role, decision.role)
         if not self._memory.holds_back(here, there, now):
             return None
-        means = self._memory.means()
+        scored_here, scored_there, basis = self._memory.scores(here, there, now) or (0.0, 0.0, "")
         return (f"layout {there} (prefill, decode, colocated), left within {self.config.regret_dwell_s:.0f}s, "
-                f"scored {means[there]:.2f} over its stay, {here} {means[here]:.2f} so far")
+                f"scored {scored_there:.2f} over its stay, {here} {scored_here:.2f} so far (by {basis})")
 
     def _commit(self, decision: Decision, view: PoolView, now: float) -> None:
         self.metrics[f"decisions.{decision.kind}.{decision.role}"] += 1
@@ -268,6 +269,7 @@ class Planner:
             self._gone_by_us.add(decision.node_id)
         self._acted_at = now
         self._since.clear()
+        self._memory.left(now)
 
     def _hold(self, why: str) -> list[Decision]:
         self.metrics[f"held.{why}"] += 1

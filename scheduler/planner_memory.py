@@ -7,14 +7,22 @@ Contract (plain data; `now` comes in):
 - `score(signals, config) -> float | None`: how well the cluster serves now, higher is better: the
   SLO attainment when known; else 1 / the worst miss (the larger of TTFT p90 / its target and TPOT
   p90 / its target; 1.0 on target), capped at 1; None with neither (no target or no signal).
-- `observe(layout, score, now)`: one settled snapshot's score in that layout. The planner calls it
-  only once `cooldown_s` has passed since its last action, so the signals' window shows the
-  layout. Each layout keeps the mean score of its *latest stay* (entering a layout again starts a
-  new mean) and when it was last observed.
-- `holds_back(current, destination, now) -> bool`: a switch back into a layout observed within
-  `dwell_s` is held back unless that layout's stay scored better than the present stay so far by
-  more than `MARGIN` of it. A layout not observed within `dwell_s`, or a present stay with no score
-  yet: not held (nothing to go by: the switch is tried, and so learnt).
+- `observe(layout, score, now, arrivals=None)`: one settled snapshot in that layout: its score and
+  the SLO outcomes by second of arrival (`Signals.arrivals`, the latest word on each second). The
+  planner calls it only once `cooldown_s` has passed since its last action. Each layout keeps its
+  *latest stay* (entering a layout again starts a new one): when it began, when it was left
+  (`left(now)`, which the planner calls when it acts; else when another layout is observed) and
+  last observed, and the mean of its snapshots' scores.
+- A stay's score is the share within the SLO of the requests that *arrived* during it (from its
+  start to its leaving or now) whose outcome is known, when at least `MIN_JUDGED` are; else the
+  mean of its snapshots' scores (windows of requests that *ended* lately, which after a switch
+  still hold the previous layout's queue).
+- `scores(current, destination, now) -> (here, there, basis) | None` and `holds_back(...) -> bool`: a
+  switch back into a layout observed within `dwell_s` is held back unless that layout's stay scored
+  better than the present stay so far by more than `MARGIN` of it; both stays are judged by their
+  arrivals when both can be (basis "arrivals"), else by their snapshots ("windows"). A layout not
+  observed within `dwell_s`, or stays with nothing to judge by: not held (the switch is tried, and
+  so learnt).
 
 Why: past its capacity a two-node cluster misses in both layouts (split: TTFT; colocated: TPOT),
 each layout makes the other pool look hot, and the planner flipped every cooldown (14 switches in
@@ -29,11 +37,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from scheduler.planner_config import PlannerConfig
-from scheduler.planner_signals import Signals, Snapshot
+from scheduler.planner_signals import ArrivalCount, Signals, Snapshot
 
 Layout = tuple[int, int, int]
 LAYOUT_ROLES = ("prefill", "decode", "both")
 MARGIN = 0.1   # a layout left recently is returned to only if it scored better than this fraction more
+MIN_JUDGED = 8   # requests of known outcome that a stay's arrivals need to score it
 
 
 def layout_of(snapshot: Snapshot) -> Layout:
@@ -68,13 +77,15 @@ def score(signals: Signals, config: PlannerConfig) -> float | None:
 
 @dataclass(slots=True)
 class _Stay:
-    total: float
-    count: int
+    started_at: float
     seen_at: float
+    total: float = 0.0
+    count: int = 0
+    left_at: float | None = None
 
     @property
-    def mean(self) -> float:
-        return self.total / self.count
+    def mean(self) -> float | None:
+        return self.total / self.count if self.count else None
 
 
 class LayoutMemory:
@@ -82,24 +93,64 @@ class LayoutMemory:
         self.dwell_s = dwell_s
         self._stays: dict[Layout, _Stay] = {}
         self._current: Layout | None = None
+        self._outcomes: dict[float, tuple[int, int]] = {}   # second of arrival -> (within, missed)
 
-    def observe(self, layout: Layout, value: float | None, now: float) -> None:
-        if value is None:
+    def observe(self, layout: Layout, value: float | None, now: float,
+                arrivals: tuple[ArrivalCount, ...] | None = None) -> None:
+        for count in arrivals or ():
+            self._outcomes[count.at] = (count.within, count.missed)   # the latest word on that second
+        self._forget_outcomes(now)
+        if value is None and not arrivals:
             return
         stay = self._stays.get(layout)
         if stay is None or layout != self._current:
-            self._stays[layout] = _Stay(value, 1, now)   # a new stay: what the layout did before is stale
-        else:
+            self.left(now)
+            stay = self._stays[layout] = _Stay(started_at=now, seen_at=now)   # what it did before is stale
+        if value is not None:
             stay.total += value
             stay.count += 1
-            stay.seen_at = now
+        stay.seen_at = now
         self._current = layout
 
+    def left(self, now: float) -> None:
+        """The planner switched a node: the present stay ends now (the switch's own seconds are
+        judged as neither layout's)."""
+        stay = self._stays.get(self._current) if self._current is not None else None
+        if stay is not None and stay.left_at is None:
+            stay.left_at = now
+
     def holds_back(self, current: Layout, destination: Layout, now: float) -> bool:
+        scores = self.scores(current, destination, now)
+        return scores is not None and scores[1] <= scores[0] * (1 + MARGIN)
+
+    def scores(self, current: Layout, destination: Layout, now: float) -> tuple[float, float, str] | None:
+        """(present stay's score, the destination's latest stay's, what they were judged by) when a
+        switch into `destination` is to be weighed; None when there is nothing to go by."""
         here, there = self._stays.get(current), self._stays.get(destination)
         if here is None or there is None or current != self._current or now - there.seen_at > self.dwell_s:
-            return False
-        return there.mean <= here.mean * (1 + MARGIN)
+            return None
+        here_arrivals, there_arrivals = self._arrival_score(here, now), self._arrival_score(there, now)
+        if here_arrivals is not None and there_arrivals is not None:
+            return here_arrivals, there_arrivals, "arrivals"
+        if here.mean is not None and there.mean is not None:
+            return here.mean, there.mean, "windows"
+        return None
 
     def means(self) -> dict[Layout, float]:
-        return {layout: stay.mean for layout, stay in self._stays.items()}
+        return {layout: stay.mean for layout, stay in self._stays.items() if stay.mean is not None}
+
+    def _arrival_score(self, stay: _Stay, now: float) -> float | None:
+        """The share within the SLO of the requests that arrived during the stay and whose outcome
+        is known; None with fewer than MIN_JUDGED of them."""
+        end = stay.left_at if stay.left_at is not None else now
+        within = missed = 0
+        for at, (w, m) in self._outcomes.items():
+            if stay.started_at <= at < end:
+                within, missed = within + w, missed + m
+        return within / (within + missed) if within + missed >= MIN_JUDGED else None
+
+    def _forget_outcomes(self, now: float) -> None:
+        oldest = min((stay.started_at for stay in self._stays.values() if now - stay.seen_at <= self.dwell_s),
+                     default=now)
+        for at in [at for at in self._outcomes if at < oldest - 1]:
+            del self._outcomes[at]

@@ -12,7 +12,7 @@ Contract (plain data: no I/O, no clock, never raises on what a peer sent):
 - `NodeReport`: one serving node as the planner sees it (`draining`: leaving or switching, not
   capacity; `switchable`: may flip between prefill and decode without a restart).
 - `Signals`: what the shell may add from outside the broker (SLO attainment, TTFT and TPOT p90
-  over its last window); None = unknown.
+  over its last window, SLO outcomes by second of arrival as `ArrivalCount`s); None = unknown.
 - `pool_load(snapshot, role, fallback_batch_tokens) -> PoolLoad`: the role's non-draining nodes
   and its pressure. Prefill pressure = queued prompt tokens / the nodes' summed `max_batch_tokens`
   (full batches waiting per node). Decode pressure = the higher of KV use (1 - free/total over
@@ -54,10 +54,19 @@ class NodeReport:
 
 
 @dataclass(frozen=True, slots=True)
+class ArrivalCount:
+    """The requests that arrived in one second whose SLO outcome is known."""
+    at: float      # the second's start, on the planner's clock
+    within: int
+    missed: int
+
+
+@dataclass(frozen=True, slots=True)
 class Signals:
     slo_attainment: float | None = None   # fraction of requests within their SLO, last window
     ttft_p90_s: float | None = None
     tpot_p90_s: float | None = None
+    arrivals: tuple[ArrivalCount, ...] | None = None   # outcomes by second of arrival (None: unknown)
 
 
 @dataclass(frozen=True, slots=True)

@@ -39,6 +39,7 @@ from bus.log import get_logger
 from nodes.config_file import SettingsError
 from nodes.gateway import dashboard, http, http_log, websocket
 from nodes.gateway.api_errors import ApiError, error_body
+from nodes.gateway.arrival_ledger import ArrivalLedger
 from nodes.gateway.backend import Backend, ModelInfo
 from nodes.gateway.gateway_metrics import GatewayMetrics
 from nodes.gateway.gateway_settings import GatewayConfig
@@ -51,7 +52,7 @@ if TYPE_CHECKING:   # a worker's seat is handed in, never made here
     from nodes.gateway.workers import WorkerSeat
 
 log = get_logger("gateway")
-OPEN_PATHS = ("/health", "/ready", "/metrics")
+OPEN_PATHS = ("/health", "/ready", "/metrics", "/slo/arrivals")
 ENDPOINTS = {"/v1/completions": "completions", "/v1/chat/completions": "chat", "/v1/stream": "websocket",
              "/v1/models": "models"}
 
@@ -61,6 +62,7 @@ class Gateway:
                  node_id: str = "") -> None:
         self.config, self.backend, self.node_id = config, backend, node_id
         self.metrics = GatewayMetrics()
+        self.arrivals = ArrivalLedger()
         self.limiter: Limiter = limiter or RateLimiter(config.rate_limit_rps, config.rate_limit_burst,
                                                        config.max_streams_per_key)
         self.relays: weakref.WeakSet = weakref.WeakSet()
@@ -124,7 +126,8 @@ def build_app(gateway: Gateway) -> web.Application:
     app.add_routes([
         web.post("/v1/completions", http.completions), web.post("/v1/chat/completions", http.chat_completions),
         web.get("/v1/models", http.models), web.get("/v1/stream", websocket.stream),
-        web.get("/health", http.health), web.get("/ready", http.ready), web.get("/metrics", http.metrics)])
+        web.get("/health", http.health), web.get("/ready", http.ready), web.get("/metrics", http.metrics),
+        web.get("/slo/arrivals", http.slo_arrivals)])
     dashboard.install(app, gateway)   # /dashboard, /dashboard/events, /dashboard/snapshot
     return app
 

@@ -1,5 +1,6 @@
 """HTTP handlers: `POST /v1/completions`, `POST /v1/chat/completions` (JSON or SSE), `GET /v1/models`,
-`GET /health`, `GET /ready`, `GET /metrics`.
+`GET /health`, `GET /ready`, `GET /metrics`, `GET /slo/arrivals` (SLO outcomes by second of arrival, for
+the planner: `ttft_s`, `tpot_s` targets in the query, each within [0, 3600], else 400).
 
 Contract: each handler takes an aiohttp request whose app holds the `Gateway` (app[GATEWAY]) and
 whose `request[IDENTITY]` the auth middleware set; errors are raised as `ApiError` and rendered
@@ -246,3 +247,27 @@ async def metrics(request: web.Request) -> web.Response:
     gateway.metrics.set_broker_stats(await gateway.backend.broker_stats())
     body, content_type = gateway.metrics.render()
     return web.Response(body=body, headers={"Content-Type": content_type})
+
+
+MAX_SLO_TARGET_S = 3600.0
+
+
+def _slo_target(request: web.Request, name: str) -> float:
+    """A target in seconds from the query (absent: 0, not checked)."""
+    try:
+        value = float(request.query.get(name, "0"))
+    except ValueError:
+        raise bad_request(f"{name} must be a number of seconds", param=name) from None
+    if not 0 <= value <= MAX_SLO_TARGET_S:   # NaN fails this too
+        raise bad_request(f"{name} must be within [0, {MAX_SLO_TARGET_S:g}] seconds", param=name)
+    return value
+
+
+async def slo_arrivals(request: web.Request) -> web.Response:
+    """SLO outcomes per second of arrival (docs/API.md; nodes/gateway/arrival_ledger.py)."""
+    gateway = request.app[GATEWAY]
+    ttft_s, tpot_s = _slo_target(request, "ttft_s"), _slo_target(request, "tpot_s")
+    now = time.monotonic()
+    seconds = gateway.arrivals.outcomes(now, ttft_s, tpot_s)
+    return web.json_response({"now": now, "window_s": gateway.arrivals.window_s,
+                              "seconds": [[s.second, s.within, s.missed, s.pending] for s in seconds]})

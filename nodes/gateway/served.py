@@ -30,6 +30,7 @@ from aiohttp import web
 from bus.log import get_logger
 from nodes.cluster import ClusterError
 from nodes.gateway.api_errors import ApiError
+from nodes.gateway.arrival_ledger import Arrival
 from nodes.gateway.openai_format import pdbus_info
 from nodes.gateway.relay import Relay, StalledConsumer
 from nodes.gateway.tenants import cluster_session_id, new_session_id
@@ -57,6 +58,8 @@ class Outcome(StrEnum):
     ERROR = "error"
 
 
+# Endings that say how the cluster served (the SLO ledger counts them); the others are the client's.
+CLUSTER_OUTCOMES = frozenset((Outcome.OK, Outcome.OVERLOADED, Outcome.UNAVAILABLE, Outcome.ERROR))
 _OUTCOME_OF_STATUS = {400: Outcome.BAD_REQUEST, 401: Outcome.UNAUTHORIZED, 404: Outcome.BAD_REQUEST,
                       413: Outcome.BAD_REQUEST, 429: Outcome.RATE_LIMITED, 503: Outcome.UNAVAILABLE}
 
@@ -70,6 +73,10 @@ def cluster_error(exc: ClusterError) -> ApiError:
         return ApiError(400, f"the cluster refused the request: {exc.message}", code=exc.code)
     return ApiError(503, f"the cluster could not serve the request ({exc.code}): {exc.message}", code=exc.code,
                     headers={"Retry-After": "1"})
+
+
+def _mean_gap(times: list[float]) -> float | None:
+    return (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
 
 
 def outcome_of(exc: BaseException | None) -> Outcome:
@@ -99,6 +106,7 @@ class Served:
         self.choice_times: dict[int, list[float]] = {}
         self.started = time.monotonic()
         self.outcome: Outcome | None = None
+        self.arrival: Arrival | None = None      # in the gateway's ledger of SLO outcomes by arrival
         self._admitted = False
 
     async def __aenter__(self) -> Served:
@@ -109,6 +117,7 @@ class Served:
             raise
         self._admitted = True
         self.gateway.metrics.in_flight.inc()
+        self.arrival = self.gateway.arrivals.arrived(self.started)
         return self
 
     @property
@@ -130,6 +139,9 @@ class Served:
         self.outcome = Outcome.CANCELLED if ended_early else outcome_of(exc)
         ended = time.monotonic()
         self.gateway.metrics.observe_request(self.endpoint, self.outcome)
+        if self.arrival is not None:
+            self.gateway.arrivals.ended(self.arrival, ended, counted=self.outcome in CLUSTER_OUTCOMES,
+                                        served=self.outcome is Outcome.OK, tpot_s=_mean_gap(self.token_times))
         result = self.relay.result if self.relay is not None else None
         for index, relay in enumerate(self.relays):
             times = self.token_times if index == 0 else self.choice_times.get(index, [])
@@ -177,6 +189,8 @@ class Served:
         times = self.token_times if index == 0 else self.choice_times.setdefault(index, [])
         async for token in self.relays[index]:
             times.append(time.monotonic())
+            if index == 0 and self.arrival is not None:
+                self.arrival.first_token(times[0])
             yield token
 
     async def merged(self) -> Any:

@@ -21,7 +21,9 @@ Contract:
   unknown. A failed scrape
   gives `Signals()` and is logged once per outage (`planner_slo_unavailable`). Never raises.
   `targets` = (TTFT, TPOT) targets in seconds (0: none): `slo_attainment` is then estimated as the
-  product of the window's shares within each set target. The gateway's histograms are per
+  product of the window's shares within each set target, and `arrivals` read from the gateway's
+  `/slo/arrivals` (nodes/planner/arrival_signals.py; None when it cannot be read, logged once per
+  outage as `planner_slo_arrivals_unavailable`). The gateway's histograms are per
   metric, not per request, so the product assumes the two independent: an estimate the planner
   uses only to compare layouts under the same traffic.
 - `gateway_metrics_url(settings, workers=None) -> str | None`: the cluster's own gateway's
@@ -43,7 +45,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 from bus.log import get_logger
-from scheduler.planner_signals import Signals
+from nodes.planner.arrival_signals import ArrivalReader, arrivals_url
+from scheduler.planner_signals import ArrivalCount, Signals
 
 TTFT = "pdbus_time_to_first_token_seconds"
 TPOT = "pdbus_time_per_output_token_seconds"
@@ -143,6 +146,9 @@ class SloSignals:
         self.targets = targets
         self.scrapes: deque[Scrape] = deque()
         self.available = True
+        self.arrivals_url = arrivals_url(url, targets)
+        self.arrivals = ArrivalReader()
+        self.arrivals_available = True
 
     def __call__(self) -> Signals:
         try:
@@ -152,20 +158,31 @@ class SloSignals:
             return Signals()
 
     def _signals(self) -> Signals:
+        arrivals = self._arrivals()   # a route of its own: read even when /metrics fails
         text = self.fetch(self.url, self.timeout_s)
         if text is None:
             if self.available:
                 log.warning("planner_slo_unavailable", url=self.url)
             self.available = False
-            return Signals()
+            return Signals(arrivals=arrivals)
         self.available = True
         newest = Scrape(self.clock(), histogram(text, TTFT), histogram(text, TPOT))
         self._keep(newest)
         if len(self.scrapes) < 2:   # one scrape is no window: its counts span the gateway's whole life
-            return Signals()
+            return Signals(arrivals=arrivals)
         base = self.scrapes[0]
         return Signals(slo_attainment=self._attainment(base, newest), ttft_p90_s=_quantile(base.ttft, newest.ttft),
-                       tpot_p90_s=_quantile(base.tpot, newest.tpot))
+                       tpot_p90_s=_quantile(base.tpot, newest.tpot), arrivals=arrivals)
+
+    def _arrivals(self) -> tuple[ArrivalCount, ...] | None:
+        if self.arrivals_url is None:
+            return None
+        text = self.fetch(self.arrivals_url, self.timeout_s)
+        arrivals = self.arrivals.read(text, self.clock()) if text is not None else None
+        if arrivals is None and self.arrivals_available:
+            log.warning("planner_slo_arrivals_unavailable", url=self.arrivals_url)
+        self.arrivals_available = arrivals is not None
+        return arrivals
 
     def _attainment(self, base: Scrape, newest: Scrape) -> float | None:
         shares = [window_fraction_within(old, new, target)

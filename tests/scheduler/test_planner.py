@@ -7,7 +7,7 @@ import pytest
 
 from scheduler.planner import Decision, DecisionKind, Planner
 from scheduler.planner_config import PlannerConfig
-from scheduler.planner_signals import Signals
+from scheduler.planner_signals import ArrivalCount, Signals
 from tests.scheduler.planner_helpers import decode_cap, pools, prefill_cap, snap, stats_body
 
 CONFIG = PlannerConfig(min_prefill=1, max_prefill=3, min_decode=1, max_decode=3, max_nodes=5,
@@ -381,6 +381,31 @@ def test_past_capacity_the_layout_with_the_better_attainment_stays():
     (at, _), = feed(planner, pair, T0, 60, signals=split_did_better)
     (_, split), = feed(planner, both, at + 5, 300, signals=coloc_misses)[:1]
     assert split.role == "prefill" and planner.metrics["held.regret"] == 0
+
+
+def test_a_stay_is_judged_by_the_requests_that_arrived_in_it_not_the_queue_it_inherited():
+    """The colocated pair's windows are full of the split's queued requests (0.05), but of the
+    requests that arrived while it served, 85 % met the SLO against the split's 50 %: by arrival,
+    splitting again is held back; by the windows alone, it would be made."""
+    config = PlannerConfig(**{**_fields(CONFIG), **SMALL, "regret_dwell_s": 600})
+    pair = pools([prefill_cap(0, switchable=1)], [decode_cap(3, switchable=1)])
+    both = stats_body({"prefill-0": ("decode", decode_cap(3, switchable=1)),
+                       "decode-0": ("decode", decode_cap(2, switchable=1))})
+    for by_arrival in (True, False):
+        planner = Planner(config)
+        split_windows = Signals(slo_attainment=0.55, ttft_p90_s=4.0, tpot_p90_s=0.03)
+        (at, colocate), = feed(planner, pair, T0, 60, signals=split_windows)
+        seconds = [ArrivalCount(T0 + i, 1, 1) for i in range(int(at - T0))] + \
+                  [ArrivalCount(at + i, 17, 3) for i in range(1, 400)]   # the switch's own seconds too
+        backlog = Signals(slo_attainment=0.05, ttft_p90_s=8.0, tpot_p90_s=0.1,
+                          arrivals=tuple(seconds) if by_arrival else None)
+        found = feed(planner, both, at + 5, 300, signals=backlog)
+        if by_arrival:
+            assert found == [] and planner.metrics["regrets.prefill"] > 0
+            assert planner.held_back is not None and "scored 0.50" in planner.held_back.reason
+            assert "(0, 2, 0) 0.85 so far (by arrivals)" in planner.held_back.reason
+        else:
+            assert found and found[0][1].role == "prefill" and planner.metrics["held.regret"] == 0
 
 
 def test_two_layouts_that_miss_alike_are_not_flipped_between():

@@ -8,7 +8,7 @@ from hypothesis import strategies as st
 
 from scheduler.planner_config import PlannerConfig
 from scheduler.planner_memory import MARGIN, LayoutMemory, after_switch, layout_of, score, worst_miss
-from scheduler.planner_signals import Signals
+from scheduler.planner_signals import ArrivalCount, Signals
 from tests.scheduler.planner_helpers import decode_cap, prefill_cap, snap, stats_body
 
 TARGETS = PlannerConfig(ttft_p90_target_s=2.0, tpot_p90_target_s=0.05)
@@ -83,3 +83,60 @@ def test_means_stay_within_what_was_observed(observations):
         memory.observe(layout, value, now)
     for mean in memory.means().values():
         assert 0.0 <= mean <= 1.0
+
+
+def arrivals(start: float, seconds: int, within: int, missed: int) -> tuple[ArrivalCount, ...]:
+    return tuple(ArrivalCount(start + i, within, missed) for i in range(seconds))
+
+
+def test_with_enough_known_outcomes_stays_are_scored_by_their_arrivals():
+    memory = LayoutMemory(dwell_s=600)
+    memory.observe(COLOC, 0.05, now=100, arrivals=arrivals(100, 50, within=9, missed=1))
+    memory.left(150)
+    memory.observe(SPLIT, 0.9, now=160, arrivals=arrivals(100, 100, within=9, missed=1)[:60]
+                   + arrivals(160, 40, within=4, missed=6))
+    assert memory.scores(SPLIT, COLOC, now=200) == (pytest.approx(0.4), pytest.approx(0.9), "arrivals")
+    assert not memory.holds_back(SPLIT, COLOC, now=200)   # by the windows (0.05 vs 0.9) it would be
+
+
+def test_the_seconds_of_a_switch_count_for_neither_layout():
+    memory = LayoutMemory(dwell_s=600)
+    memory.observe(SPLIT, 0.5, now=0, arrivals=arrivals(0, 10, within=1, missed=0))
+    memory.left(10)
+    memory.observe(COLOC, 0.5, now=60, arrivals=arrivals(10, 50, within=0, missed=5)   # the drain
+                   + arrivals(60, 10, within=1, missed=1))
+    here, there, basis = memory.scores(COLOC, SPLIT, now=70)
+    assert (here, there, basis) == (pytest.approx(0.5), pytest.approx(1.0), "arrivals")
+
+
+def test_too_few_known_outcomes_fall_back_to_the_windows_and_outcomes_are_updated():
+    memory = LayoutMemory(dwell_s=600)
+    memory.observe(SPLIT, 0.3, now=0, arrivals=arrivals(0, 3, within=1, missed=0))   # 3 < MIN_JUDGED
+    memory.observe(COLOC, 0.6, now=10, arrivals=arrivals(10, 20, within=1, missed=0))
+    assert memory.scores(COLOC, SPLIT, now=30) == (pytest.approx(0.6), pytest.approx(0.3), "windows")
+    memory.observe(COLOC, 0.6, now=31, arrivals=arrivals(0, 9, within=0, missed=1))   # they resolved: missed
+    assert memory.scores(COLOC, SPLIT, now=32)[2] == "arrivals"
+    assert memory.scores(COLOC, SPLIT, now=32)[1] == pytest.approx(0.0)
+
+
+def test_outcomes_older_than_every_stay_within_the_dwell_are_forgotten():
+    memory = LayoutMemory(dwell_s=100)
+    memory.observe(SPLIT, 0.5, now=0, arrivals=arrivals(-500, 510, within=1, missed=0))
+    assert len(memory._outcomes) <= 12
+    memory.observe(COLOC, 0.5, now=300, arrivals=arrivals(290, 10, within=1, missed=0))
+    assert min(memory._outcomes) >= 299
+
+
+@given(st.lists(st.tuples(st.sampled_from([SPLIT, COLOC]), st.floats(0, 1) | st.none(),
+                          st.lists(st.tuples(st.integers(0, 40), st.integers(0, 5), st.integers(0, 5)), max_size=8),
+                          st.booleans()), min_size=1, max_size=30))
+def test_scores_stay_within_what_can_be_attained(rounds):
+    memory = LayoutMemory(dwell_s=1000)
+    for now, (layout, value, seconds, leave) in enumerate(rounds):
+        memory.observe(layout, value, float(now),
+                       tuple(ArrivalCount(float(at), w, m) for at, w, m in seconds) or None)
+        if leave:
+            memory.left(float(now))
+        for there in (SPLIT, COLOC):
+            found = memory.scores(layout, there, float(now))
+            assert found is None or (0.0 <= found[0] <= 1.0 and 0.0 <= found[1] <= 1.0)

@@ -17,6 +17,7 @@ from nodes.engines.tiny import tiny_tokenizer
 from nodes.gateway.app import Gateway, build_app
 from nodes.gateway.backend import Backend, ModelInfo
 from nodes.gateway.gateway_settings import GatewayConfig
+from nodes.planner.slo_signals import SloSignals
 
 BODY = {"model": "m", "prompt": "Hello", "max_tokens": 100}
 
@@ -110,3 +111,36 @@ async def test_a_websocket_client_that_stops_reading_is_closed_and_the_request_a
         async for message in ws:   # drain: what was buffered, then the close
             kinds.append(message.type)
         assert ws.close_code == 1008
+
+
+async def test_slo_arrivals_counts_what_the_cluster_served_by_second_of_arrival(app_client):
+    client, fake = app_client
+    for _ in range(3):
+        assert (await client.post("/v1/completions", json={**BODY, "max_tokens": 3})).status == 200
+    fake.behaviour = "exhausted"
+    assert (await client.post("/v1/completions", json=BODY)).status == 503            # the cluster failed it
+    assert (await client.post("/v1/completions", json={"prompt": 5})).status == 400   # the client's fault
+
+    def totals(body: dict) -> list[int]:
+        return [sum(row[i] for row in body["seconds"]) for i in (1, 2, 3)]
+    generous = await (await client.get("/slo/arrivals?ttft_s=60&tpot_s=60")).json()
+    assert totals(generous) == [3, 1, 0] and generous["window_s"] > 0 and generous["now"] > 0
+    strict = await (await client.get("/slo/arrivals?ttft_s=0.000001")).json()
+    assert totals(strict) == [0, 4, 0]
+
+
+@pytest.mark.parametrize("query", ["ttft_s=abc", "ttft_s=nan", "tpot_s=-1", "ttft_s=1e9", "tpot_s=inf"])
+async def test_slo_arrivals_refuses_a_target_out_of_bounds(app_client, query):
+    client, _ = app_client
+    response = await client.get(f"/slo/arrivals?{query}")
+    assert response.status == 400 and (await response.json())["error"]["param"] in ("ttft_s", "tpot_s")
+
+
+async def test_the_planners_signals_read_the_arrivals_over_http(app_client):
+    client, _ = app_client
+    for _ in range(2):
+        assert (await client.post("/v1/completions", json={**BODY, "max_tokens": 3})).status == 200
+    signals = SloSignals(str(client.make_url("/metrics")), targets=(30.0, 30.0))
+    got = await asyncio.to_thread(signals)   # urllib blocks: the server must keep serving meanwhile
+    assert got.arrivals is not None and sum(c.within for c in got.arrivals) == 2
+    assert sum(c.missed for c in got.arrivals) == 0

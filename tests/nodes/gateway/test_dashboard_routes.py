@@ -138,6 +138,8 @@ async def test_with_api_keys_the_page_and_its_stream_need_the_key(capsys):
         stream = await client.get("/dashboard/events", params={"api_key": KEY})
         assert stream.status == 200 and (await read_events(stream, 1))[0]["type"] == "snapshot"
         stream.close()
+        for path in ("/metrics", "/slo/arrivals"):   # counts only: the planner and Prometheus hold no key
+            assert (await client.get(path)).status == 200
     finally:
         await client.close()
     captured = capsys.readouterr()

@@ -32,7 +32,7 @@ from nodes.planner.slo_signals import (
 )
 from scheduler.planner import DecisionKind, Planner
 from scheduler.planner_config import PlannerConfig
-from scheduler.planner_signals import Signals
+from scheduler.planner_signals import ArrivalCount, Signals
 from tests.conftest import FakeClock
 from tests.nodes.planner.planner_fakes import FakeActuator, FakeEndpoint
 from tests.scheduler.planner_helpers import decode_cap, pools, prefill_cap
@@ -117,6 +117,7 @@ class FakeGateway:
 
     def __init__(self) -> None:
         self.ttft, self.tpot, self.down, self.calls = [0, 0, 0, 0], [0, 0, 0, 0], False, 0
+        self.arrivals: str | None = '{"now": 100.0, "seconds": [[98, 2, 1, 0]]}'   # None: no such route
 
     def observe(self, which: list, bucket: int, n: int = 1) -> None:
         for index in range(bucket, len(which)):
@@ -124,7 +125,10 @@ class FakeGateway:
 
     def fetch(self, url: str, timeout_s: float) -> str | None:
         self.calls += 1
-        assert url == "http://gw/metrics" and timeout_s > 0
+        assert timeout_s > 0
+        if url.startswith("http://gw/slo/arrivals?"):
+            return None if self.down else self.arrivals
+        assert url == "http://gw/metrics"
         return None if self.down else text_of(TTFT, tuple(self.ttft)) + text_of(TPOT, tuple(self.tpot))
 
 
@@ -164,6 +168,27 @@ def test_with_targets_the_attainment_is_the_product_of_the_shares_within_them():
     clock.advance(1)
     gateway.observe(gateway.ttft, 0, 1)
     assert untargeted().slo_attainment is None
+
+
+def test_with_targets_the_signals_carry_outcomes_by_arrival_from_the_first_scrape():
+    clock, gateway = FakeClock(), FakeGateway()
+    signals = SloSignals("http://gw/metrics", clock=clock, fetch=gateway.fetch, targets=(1.0, 0.5))
+    first = signals()
+    assert first.slo_attainment is None and first.arrivals == (ArrivalCount(clock() - 2.0, 2, 1),)
+    assert SloSignals("http://gw/metrics", clock=clock, fetch=gateway.fetch)().arrivals is None   # no targets
+
+
+def test_a_gateway_without_the_arrivals_route_still_gives_its_windows_logged_once():
+    clock, gateway = FakeClock(), FakeGateway()
+    gateway.arrivals = None
+    signals = SloSignals("http://gw/metrics", window_s=10, clock=clock, fetch=gateway.fetch, targets=(1.0, 0.5))
+    with capture_logs() as events:
+        signals()
+        clock.advance(1)
+        gateway.observe(gateway.ttft, 0, 4)
+        got = signals()
+    assert got.arrivals is None and got.slo_attainment == pytest.approx(1.0)
+    assert [e["event"] for e in events] == ["planner_slo_arrivals_unavailable"]
 
 
 def test_a_gateway_that_does_not_answer_gives_unknown_signals_logged_once():

@@ -1,0 +1,90 @@
+"""`ArrivalLedger`: SLO outcomes grouped by second of arrival, on a fake clock."""
+
+from __future__ import annotations
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nodes.gateway.arrival_ledger import ArrivalLedger, SecondCounts
+
+TTFT, TPOT = 2.0, 0.1
+
+
+def counts(ledger: ArrivalLedger, now: float) -> list[tuple[int, int, int, int]]:
+    return [(c.second, c.within, c.missed, c.pending) for c in ledger.outcomes(now, TTFT, TPOT)]
+
+
+def test_each_request_is_counted_in_the_second_it_arrived_by_what_is_known_of_it():
+    ledger = ArrivalLedger()
+    fast = ledger.arrived(10.2)
+    fast.first_token(10.5)
+    ledger.ended(fast, 12.0, counted=True, served=True, tpot_s=0.05)
+    slow_tokens = ledger.arrived(10.7)
+    slow_tokens.first_token(11.0)
+    ledger.ended(slow_tokens, 20.0, counted=True, served=True, tpot_s=0.3)    # TPOT over its target
+    ledger.arrived(11.1)                                                      # waiting: no first token yet
+    streaming = ledger.arrived(11.5)
+    streaming.first_token(12.0)                                               # within TTFT, TPOT unknown
+    assert counts(ledger, now=12.5) == [(10, 1, 1, 0), (11, 0, 0, 2)]
+    assert counts(ledger, now=13.2) == [(10, 1, 1, 0), (11, 0, 1, 1)]         # waited past 2 s: missed already
+
+
+def test_a_failure_of_the_clusters_misses_and_a_clients_leaves_the_counts():
+    ledger = ArrivalLedger()
+    failed, cancelled, empty = ledger.arrived(1.0), ledger.arrived(1.1), ledger.arrived(1.2)
+    failed.first_token(1.5)
+    ledger.ended(failed, 2.0, counted=True, served=False)
+    ledger.ended(cancelled, 1.5, counted=False, served=False)
+    ledger.ended(empty, 1.8, counted=True, served=True)      # no token (echo only): judged by its duration
+    assert counts(ledger, now=3.0) == [(1, 1, 1, 0)]
+    late_empty = ledger.arrived(4.0)
+    ledger.ended(late_empty, 7.0, counted=True, served=True)
+    assert counts(ledger, now=8.0)[-1] == (4, 0, 1, 0)
+
+
+def test_a_request_ends_once_and_its_first_token_is_its_first():
+    ledger = ArrivalLedger()
+    arrival = ledger.arrived(0.0)
+    arrival.first_token(0.5)
+    arrival.first_token(5.0)
+    ledger.ended(arrival, 1.0, counted=True, served=True, tpot_s=0.01)
+    ledger.ended(arrival, 9.0, counted=False, served=False)
+    assert counts(ledger, now=10.0) == [(0, 1, 0, 0)]
+
+
+def test_targets_of_zero_are_not_checked():
+    ledger = ArrivalLedger()
+    arrival = ledger.arrived(0.0)
+    arrival.first_token(50.0)
+    ledger.ended(arrival, 60.0, counted=True, served=True, tpot_s=9.0)
+    assert ledger.outcomes(61.0, 0.0, 0.0) == [SecondCounts(0, 1, 0, 0)]
+
+
+def test_memory_is_bounded_by_the_window_and_the_request_cap():
+    ledger = ArrivalLedger(window_s=10, max_requests=5)
+    for second in range(20):
+        ledger.arrived(float(second))
+    assert len(ledger) == 5 and [c.second for c in ledger.outcomes(19.0, TTFT, TPOT)] == [15, 16, 17, 18, 19]
+    assert ledger.outcomes(100.0, TTFT, TPOT) == [] and len(ledger) == 0
+
+
+events = st.lists(st.tuples(st.sampled_from(["arrive", "first", "end_ok", "end_fail", "cancel"]),
+                            st.floats(0, 5), st.floats(0, 1)), max_size=60)
+
+
+@given(events)
+def test_every_counted_arrival_kept_is_in_exactly_one_count(script):
+    ledger, now, live = ArrivalLedger(window_s=30, max_requests=40), 0.0, []
+    for kind, step, tpot in script:
+        now += step
+        if kind == "arrive" or not live:
+            live.append(ledger.arrived(now))
+            continue
+        arrival = live[int(tpot * (len(live) - 1))]
+        if kind == "first":
+            arrival.first_token(now)
+        else:
+            ledger.ended(arrival, now, counted=kind != "cancel", served=kind == "end_ok", tpot_s=tpot)
+    found = ledger.outcomes(now, TTFT, TPOT)
+    assert sum(c.within + c.missed + c.pending for c in found) == sum(a.counted for a in ledger._arrivals)
+    assert [c.second for c in found] == sorted(c.second for c in found)
