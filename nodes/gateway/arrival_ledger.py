@@ -4,7 +4,7 @@ planner to judge a layout of the pools by the requests that arrived while it ser
 
 Contract: `ledger = ArrivalLedger(window_s=600, max_requests=100_000)`;
 - `arrival = ledger.arrived(now)`: an admitted request (an `Arrival` handle);
-  `arrival.first_token(now)` when its first token reaches the gateway;
+  `arrival.token(now)` for each of its tokens as it reaches the gateway;
   `ledger.ended(arrival, now, counted, served, tpot_s)`: it ended; `counted` False for an ending
   that says nothing of the cluster (the client went away or sent a bad request): it leaves the
   counts; `served` False for a failure the cluster caused (overloaded, unavailable, an error);
@@ -12,9 +12,10 @@ Contract: `ledger = ArrivalLedger(window_s=600, max_requests=100_000)`;
 - `ledger.outcomes(now, ttft_s, tpot_s) -> list[SecondCounts]`: per whole second of the gateway's
   clock in which requests still kept arrived, oldest first: `within` (ended, served, first token
   within `ttft_s` and TPOT within `tpot_s`; a target <= 0 is not checked), `missed` (a target
-  already broken: served too slowly, failed by the cluster, or still waiting for a first token
-  longer than `ttft_s`), `pending` (not yet known). A request without any token is judged by its
-  whole duration against `ttft_s`.
+  broken: served too slowly, failed by the cluster, still waiting for a first token longer than
+  `ttft_s`, or streaming at a mean time per token so far over `tpot_s`), `pending` (not yet
+  known). A request without any token is judged by its whole duration against `ttft_s`. A stream
+  judged missed by its pace so far may end within: each answer is the latest word.
 Bounds: arrivals older than `window_s` are dropped, and past `max_requests` the oldest are, so
 memory and the cost of `outcomes` stay bounded under any load.
 Why by arrival: the gateway's histograms observe a request when it ends, so after a switch of
@@ -33,14 +34,18 @@ from dataclasses import dataclass
 class Arrival:
     at: float
     first_at: float | None = None
+    last_at: float | None = None
+    num_tokens: int = 0
     ended_at: float | None = None
     tpot_s: float | None = None
     served: bool = False          # ended with the cluster's answer (not a failure)
     counted: bool = True
 
-    def first_token(self, now: float) -> None:
+    def token(self, now: float) -> None:
         if self.first_at is None:
             self.first_at = now
+        self.last_at = now
+        self.num_tokens += 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,9 +101,16 @@ def _verdict(arrival: Arrival, now: float, ttft_s: float, tpot_s: float) -> int:
     if ttft_s > 0 and (first if first is not None else now) - arrival.at > ttft_s:
         return MISSED   # past the TTFT target already, whatever happens next
     if arrival.ended_at is None:
-        return PENDING
+        pace = _pace(arrival)   # streams are judged by their pace so far: a slow layout shows at once
+        return MISSED if tpot_s > 0 and pace is not None and pace > tpot_s else PENDING
     if not arrival.served:
         return MISSED
     if tpot_s > 0 and arrival.tpot_s is not None and arrival.tpot_s > tpot_s:
         return MISSED
     return WITHIN
+
+
+def _pace(arrival: Arrival) -> float | None:
+    if arrival.num_tokens < 2 or arrival.first_at is None or arrival.last_at is None:
+        return None
+    return (arrival.last_at - arrival.first_at) / (arrival.num_tokens - 1)

@@ -190,7 +190,7 @@ class Served:
         async for token in self.relays[index]:
             times.append(time.monotonic())
             if index == 0 and self.arrival is not None:
-                self.arrival.first_token(times[0])
+                self.arrival.token(times[-1])
             yield token
 
     async def merged(self) -> Any:

@@ -17,22 +17,33 @@ def counts(ledger: ArrivalLedger, now: float) -> list[tuple[int, int, int, int]]
 def test_each_request_is_counted_in_the_second_it_arrived_by_what_is_known_of_it():
     ledger = ArrivalLedger()
     fast = ledger.arrived(10.2)
-    fast.first_token(10.5)
+    fast.token(10.5)
     ledger.ended(fast, 12.0, counted=True, served=True, tpot_s=0.05)
     slow_tokens = ledger.arrived(10.7)
-    slow_tokens.first_token(11.0)
+    slow_tokens.token(11.0)
     ledger.ended(slow_tokens, 20.0, counted=True, served=True, tpot_s=0.3)    # TPOT over its target
     ledger.arrived(11.1)                                                      # waiting: no first token yet
     streaming = ledger.arrived(11.5)
-    streaming.first_token(12.0)                                               # within TTFT, TPOT unknown
+    streaming.token(12.0)                                               # within TTFT, TPOT unknown
     assert counts(ledger, now=12.5) == [(10, 1, 1, 0), (11, 0, 0, 2)]
     assert counts(ledger, now=13.2) == [(10, 1, 1, 0), (11, 0, 1, 1)]         # waited past 2 s: missed already
+
+
+def test_a_stream_is_judged_by_its_pace_so_far_until_it_ends():
+    ledger = ArrivalLedger()
+    slow, steady = ledger.arrived(0.0), ledger.arrived(0.5)
+    for i in range(4):
+        slow.token(1.0 + 0.3 * i)        # 300 ms a token: over the 100 ms target already
+        steady.token(1.0 + 0.05 * i)
+    assert counts(ledger, now=2.5) == [(0, 0, 1, 1)]
+    ledger.ended(slow, 3.0, counted=True, served=True, tpot_s=0.08)   # it sped up: the latest word
+    assert counts(ledger, now=3.0) == [(0, 1, 0, 1)]
 
 
 def test_a_failure_of_the_clusters_misses_and_a_clients_leaves_the_counts():
     ledger = ArrivalLedger()
     failed, cancelled, empty = ledger.arrived(1.0), ledger.arrived(1.1), ledger.arrived(1.2)
-    failed.first_token(1.5)
+    failed.token(1.5)
     ledger.ended(failed, 2.0, counted=True, served=False)
     ledger.ended(cancelled, 1.5, counted=False, served=False)
     ledger.ended(empty, 1.8, counted=True, served=True)      # no token (echo only): judged by its duration
@@ -42,11 +53,11 @@ def test_a_failure_of_the_clusters_misses_and_a_clients_leaves_the_counts():
     assert counts(ledger, now=8.0)[-1] == (4, 0, 1, 0)
 
 
-def test_a_request_ends_once_and_its_first_token_is_its_first():
+def test_a_request_ends_once_and_its_first_token_is_the_first_of_its_tokens():
     ledger = ArrivalLedger()
     arrival = ledger.arrived(0.0)
-    arrival.first_token(0.5)
-    arrival.first_token(5.0)
+    arrival.token(0.5)
+    arrival.token(5.0)
     ledger.ended(arrival, 1.0, counted=True, served=True, tpot_s=0.01)
     ledger.ended(arrival, 9.0, counted=False, served=False)
     assert counts(ledger, now=10.0) == [(0, 1, 0, 0)]
@@ -55,7 +66,7 @@ def test_a_request_ends_once_and_its_first_token_is_its_first():
 def test_targets_of_zero_are_not_checked():
     ledger = ArrivalLedger()
     arrival = ledger.arrived(0.0)
-    arrival.first_token(50.0)
+    arrival.token(50.0)
     ledger.ended(arrival, 60.0, counted=True, served=True, tpot_s=9.0)
     assert ledger.outcomes(61.0, 0.0, 0.0) == [SecondCounts(0, 1, 0, 0)]
 
@@ -82,7 +93,7 @@ def test_every_counted_arrival_kept_is_in_exactly_one_count(script):
             continue
         arrival = live[int(tpot * (len(live) - 1))]
         if kind == "first":
-            arrival.first_token(now)
+            arrival.token(now)
         else:
             ledger.ended(arrival, now, counted=kind != "cancel", served=kind == "end_ok", tpot_s=tpot)
     found = ledger.outcomes(now, TTFT, TPOT)
