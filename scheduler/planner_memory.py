@@ -13,9 +13,11 @@ Contract (plain data; `now` comes in):
   *latest stay* (entering a layout again starts a new one): when it began, when it was left
   (`left(now)`, which the planner calls when it acts; else when another layout is observed) and
   last observed, and the mean of its snapshots' scores.
-- A stay's score is the share within the SLO of the requests that *arrived* during it (from its
-  start to its leaving or now) whose outcome is known, when at least `MIN_JUDGED` are; else the
-  mean of its snapshots' scores (windows of requests that *ended* lately, which after a switch
+- A stay's score is the mean SLO credit of the requests that *arrived* during it (from its start
+  to its leaving or now) whose outcome is known, when at least `MIN_JUDGED` are (`ArrivalCount`:
+  1 for a request within its SLO, else the share of the targets it met, so that past capacity,
+  where hardly a request meets its SLO in either layout, the one nearer its targets still shows);
+  else the mean of its snapshots' scores (windows of requests that *ended* lately, which after a switch
   still hold the previous layout's queue).
 - `scores(current, destination, now) -> (here, there, basis) | None` and `holds_back(...) -> bool`: a
   switch back into a layout observed within `dwell_s` is held back unless that layout's stay scored
@@ -93,12 +95,12 @@ class LayoutMemory:
         self.dwell_s = dwell_s
         self._stays: dict[Layout, _Stay] = {}
         self._current: Layout | None = None
-        self._outcomes: dict[float, tuple[int, int]] = {}   # second of arrival -> (within, missed)
+        self._outcomes: dict[float, tuple[int, float]] = {}   # second of arrival -> (judged, credit)
 
     def observe(self, layout: Layout, value: float | None, now: float,
                 arrivals: tuple[ArrivalCount, ...] | None = None) -> None:
         for count in arrivals or ():
-            self._outcomes[count.at] = (count.within, count.missed)   # the latest word on that second
+            self._outcomes[count.at] = (count.within + count.missed, count.credit)   # the latest word on it
         self._forget_outcomes(now)
         if value is None and not arrivals:
             return
@@ -140,14 +142,14 @@ class LayoutMemory:
         return {layout: stay.mean for layout, stay in self._stays.items() if stay.mean is not None}
 
     def _arrival_score(self, stay: _Stay, now: float) -> float | None:
-        """The share within the SLO of the requests that arrived during the stay and whose outcome
-        is known; None with fewer than MIN_JUDGED of them."""
+        """The mean SLO credit of the requests that arrived during the stay and whose outcome is
+        known; None with fewer than MIN_JUDGED of them."""
         end = stay.left_at if stay.left_at is not None else now
-        within = missed = 0
-        for at, (w, m) in self._outcomes.items():
+        judged, credit = 0, 0.0
+        for at, (n, c) in self._outcomes.items():
             if stay.started_at <= at < end:
-                within, missed = within + w, missed + m
-        return within / (within + missed) if within + missed >= MIN_JUDGED else None
+                judged, credit = judged + n, credit + c
+        return credit / judged if judged >= MIN_JUDGED else None
 
     def _forget_outcomes(self, now: float) -> None:
         oldest = min((stay.started_at for stay in self._stays.values() if now - stay.seen_at <= self.dwell_s),

@@ -59,6 +59,7 @@ class ArrivalCount:
     at: float      # the second's start, on the planner's clock
     within: int
     missed: int
+    credit: float  # within + the share of the targets each miss met (0 <= credit - within <= missed)
 
 
 @dataclass(frozen=True, slots=True)

@@ -15,7 +15,10 @@ Contract: `ledger = ArrivalLedger(window_s=600, max_requests=100_000)`;
   broken: served too slowly, failed by the cluster, still waiting for a first token longer than
   `ttft_s`, or streaming at a mean time per token so far over `tpot_s`), `pending` (not yet
   known). A request without any token is judged by its whole duration against `ttft_s`. A stream
-  judged missed by its pace so far may end within: each answer is the latest word.
+  judged missed by its pace so far may end within: each answer is the latest word. `credit`: the
+  sum over the second's judged requests of the share of the targets each met, 1 within, else
+  min(1, ttft_s / its TTFT) x min(1, tpot_s / its TPOT) (so far, for one still waiting or
+  streaming; 0 for a failure), which still tells layouts apart when nothing meets its SLO.
 Bounds: arrivals older than `window_s` are dropped, and past `max_requests` the oldest are, so
 memory and the cost of `outcomes` stay bounded under any load.
 Why by arrival: the gateway's histograms observe a request when it ends, so after a switch of
@@ -54,6 +57,7 @@ class SecondCounts:
     within: int
     missed: int
     pending: int
+    credit: float   # within count 1 each, missed the share of the targets met (below), pending 0
 
 
 class ArrivalLedger:
@@ -77,12 +81,16 @@ class ArrivalLedger:
     def outcomes(self, now: float, ttft_s: float, tpot_s: float) -> list[SecondCounts]:
         self._prune(now)
         counts: dict[int, list[int]] = {}
+        credits: dict[int, float] = {}
         for arrival in self._arrivals:
             if not arrival.counted:
                 continue
-            slot = counts.setdefault(math.floor(arrival.at), [0, 0, 0])
-            slot[_verdict(arrival, now, ttft_s, tpot_s)] += 1
-        return [SecondCounts(second, *slot) for second, slot in counts.items()]
+            second = math.floor(arrival.at)
+            kind, credit = _verdict(arrival, now, ttft_s, tpot_s)
+            counts.setdefault(second, [0, 0, 0])[kind] += 1
+            credits[second] = credits.get(second, 0.0) + credit
+        return [SecondCounts(second, within, missed, pending, round(credits[second], 6))
+                for second, (within, missed, pending) in counts.items()]
 
     def __len__(self) -> int:
         return len(self._arrivals)
@@ -96,18 +104,23 @@ class ArrivalLedger:
 WITHIN, MISSED, PENDING = 0, 1, 2
 
 
-def _verdict(arrival: Arrival, now: float, ttft_s: float, tpot_s: float) -> int:
+def _verdict(arrival: Arrival, now: float, ttft_s: float, tpot_s: float) -> tuple[int, float]:
+    """(WITHIN, MISSED or PENDING, its credit): a stream still running is judged by its pace so far,
+    so a slow layout shows at once; a request still waiting, by how long it has waited."""
+    if arrival.ended_at is not None and not arrival.served:
+        return MISSED, 0.0
     first = arrival.first_at if arrival.first_at is not None else arrival.ended_at
-    if ttft_s > 0 and (first if first is not None else now) - arrival.at > ttft_s:
-        return MISSED   # past the TTFT target already, whatever happens next
-    if arrival.ended_at is None:
-        pace = _pace(arrival)   # streams are judged by their pace so far: a slow layout shows at once
-        return MISSED if tpot_s > 0 and pace is not None and pace > tpot_s else PENDING
-    if not arrival.served:
-        return MISSED
-    if tpot_s > 0 and arrival.tpot_s is not None and arrival.tpot_s > tpot_s:
-        return MISSED
-    return WITHIN
+    waited = (first if first is not None else now) - arrival.at
+    pace = arrival.tpot_s if arrival.ended_at is not None else _pace(arrival)
+    credit = _share(ttft_s, waited) * _share(tpot_s, pace)
+    if credit < 1.0:
+        return MISSED, credit
+    return (WITHIN, 1.0) if arrival.ended_at is not None else (PENDING, 0.0)
+
+
+def _share(target: float, measured: float | None) -> float:
+    """1 within the target (or without a target or a measure), else the fraction of it met."""
+    return 1.0 if target <= 0 or measured is None or measured <= target else target / measured
 
 
 def _pace(arrival: Arrival) -> float | None:

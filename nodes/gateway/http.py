@@ -270,4 +270,4 @@ async def slo_arrivals(request: web.Request) -> web.Response:
     now = time.monotonic()
     seconds = gateway.arrivals.outcomes(now, ttft_s, tpot_s)
     return web.json_response({"now": now, "window_s": gateway.arrivals.window_s,
-                              "seconds": [[s.second, s.within, s.missed, s.pending] for s in seconds]})
+                              "seconds": [[s.second, s.within, s.missed, s.pending, s.credit] for s in seconds]})

@@ -395,8 +395,8 @@ def test_a_stay_is_judged_by_the_requests_that_arrived_in_it_not_the_queue_it_in
         planner = Planner(config)
         split_windows = Signals(slo_attainment=0.55, ttft_p90_s=4.0, tpot_p90_s=0.03)
         (at, colocate), = feed(planner, pair, T0, 60, signals=split_windows)
-        seconds = [ArrivalCount(T0 + i, 1, 1) for i in range(int(at - T0))] + \
-                  [ArrivalCount(at + i, 17, 3) for i in range(1, 400)]   # the switch's own seconds too
+        seconds = [ArrivalCount(T0 + i, 1, 1, 1.0) for i in range(int(at - T0))] + \
+                  [ArrivalCount(at + i, 17, 3, 17.0) for i in range(1, 400)]   # the switch's own seconds too
         backlog = Signals(slo_attainment=0.05, ttft_p90_s=8.0, tpot_p90_s=0.1,
                           arrivals=tuple(seconds) if by_arrival else None)
         found = feed(planner, both, at + 5, 300, signals=backlog)

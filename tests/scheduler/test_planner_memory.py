@@ -85,8 +85,9 @@ def test_means_stay_within_what_was_observed(observations):
         assert 0.0 <= mean <= 1.0
 
 
-def arrivals(start: float, seconds: int, within: int, missed: int) -> tuple[ArrivalCount, ...]:
-    return tuple(ArrivalCount(start + i, within, missed) for i in range(seconds))
+def arrivals(start: float, seconds: int, within: int, missed: int, credit: float = 0.0) -> tuple[ArrivalCount, ...]:
+    """`seconds` seconds of arrivals from `start`; each miss earning `credit` of its targets."""
+    return tuple(ArrivalCount(start + i, within, missed, within + missed * credit) for i in range(seconds))
 
 
 def test_with_enough_known_outcomes_stays_are_scored_by_their_arrivals():
@@ -97,6 +98,15 @@ def test_with_enough_known_outcomes_stays_are_scored_by_their_arrivals():
                    + arrivals(160, 40, within=4, missed=6))
     assert memory.scores(SPLIT, COLOC, now=200) == (pytest.approx(0.4), pytest.approx(0.9), "arrivals")
     assert not memory.holds_back(SPLIT, COLOC, now=200)   # by the windows (0.05 vs 0.9) it would be
+
+
+def test_past_capacity_the_layout_nearer_its_targets_scores_higher():
+    memory = LayoutMemory(dwell_s=600)
+    memory.observe(COLOC, 0.0, now=0, arrivals=arrivals(0, 20, within=0, missed=3, credit=0.4))
+    memory.left(20)
+    memory.observe(SPLIT, 0.0, now=30, arrivals=arrivals(30, 20, within=0, missed=3, credit=0.1))
+    assert memory.scores(SPLIT, COLOC, now=50) == (pytest.approx(0.1), pytest.approx(0.4), "arrivals")
+    assert not memory.holds_back(SPLIT, COLOC, now=50)   # nothing met its SLO, but the pair came nearer
 
 
 def test_the_seconds_of_a_switch_count_for_neither_layout():
@@ -128,13 +138,14 @@ def test_outcomes_older_than_every_stay_within_the_dwell_are_forgotten():
 
 
 @given(st.lists(st.tuples(st.sampled_from([SPLIT, COLOC]), st.floats(0, 1) | st.none(),
-                          st.lists(st.tuples(st.integers(0, 40), st.integers(0, 5), st.integers(0, 5)), max_size=8),
+                          st.lists(st.tuples(st.integers(0, 40), st.integers(0, 5), st.integers(0, 5), st.floats(0, 1)),
+                                   max_size=8),
                           st.booleans()), min_size=1, max_size=30))
 def test_scores_stay_within_what_can_be_attained(rounds):
     memory = LayoutMemory(dwell_s=1000)
     for now, (layout, value, seconds, leave) in enumerate(rounds):
         memory.observe(layout, value, float(now),
-                       tuple(ArrivalCount(float(at), w, m) for at, w, m in seconds) or None)
+                       tuple(ArrivalCount(float(at), w, m, w + m * c) for at, w, m, c in seconds) or None)
         if leave:
             memory.left(float(now))
         for there in (SPLIT, COLOC):

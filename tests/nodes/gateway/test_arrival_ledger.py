@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
@@ -68,7 +69,18 @@ def test_targets_of_zero_are_not_checked():
     arrival = ledger.arrived(0.0)
     arrival.token(50.0)
     ledger.ended(arrival, 60.0, counted=True, served=True, tpot_s=9.0)
-    assert ledger.outcomes(61.0, 0.0, 0.0) == [SecondCounts(0, 1, 0, 0)]
+    assert ledger.outcomes(61.0, 0.0, 0.0) == [SecondCounts(0, 1, 0, 0, 1.0)]
+
+
+def test_a_miss_earns_the_share_of_the_targets_it_met():
+    ledger = ArrivalLedger()
+    late, slow, both, failed, waiting = (ledger.arrived(float(i)) for i in range(5))
+    for arrival, first, tpot in ((late, 4.0, 0.05), (slow, 2.0, 0.2), (both, 6.0, 0.2), (failed, 3.5, 0.05)):
+        arrival.token(first)
+        ledger.ended(arrival, first + 1.0, counted=True, served=arrival is not failed, tpot_s=tpot)
+    credits = [c.credit for c in ledger.outcomes(12.0, TTFT, TPOT)]
+    # TTFT 4 s of 2: half; TPOT 0.2 s of 0.1: half; both: a quarter; a failure: nothing; waiting 8 s: a quarter
+    assert credits == [pytest.approx(0.5), pytest.approx(0.5), pytest.approx(0.25), 0.0, pytest.approx(0.25)]
 
 
 def test_memory_is_bounded_by_the_window_and_the_request_cap():
@@ -99,3 +111,4 @@ def test_every_counted_arrival_kept_is_in_exactly_one_count(script):
     found = ledger.outcomes(now, TTFT, TPOT)
     assert sum(c.within + c.missed + c.pending for c in found) == sum(a.counted for a in ledger._arrivals)
     assert [c.second for c in found] == sorted(c.second for c in found)
+    assert all(c.within - 1e-9 <= c.credit <= c.within + c.missed + 1e-9 for c in found)

@@ -174,7 +174,7 @@ def test_with_targets_the_signals_carry_outcomes_by_arrival_from_the_first_scrap
     clock, gateway = FakeClock(), FakeGateway()
     signals = SloSignals("http://gw/metrics", clock=clock, fetch=gateway.fetch, targets=(1.0, 0.5))
     first = signals()
-    assert first.slo_attainment is None and first.arrivals == (ArrivalCount(clock() - 2.0, 2, 1),)
+    assert first.slo_attainment is None and first.arrivals == (ArrivalCount(clock() - 2.0, 2, 1, 2.0),)
     assert SloSignals("http://gw/metrics", clock=clock, fetch=gateway.fetch)().arrivals is None   # no targets
 
 
