@@ -47,8 +47,8 @@ most 3 intervals apart):
 6. A pool cold and the other not hot: scale down the pool's idlest node if it is above its min
    and the SLO attainment (when known and targeted) is not below `min_slo_attainment`.
 7. Regret (flap damping): a role switch back into a layout (`planner_memory`) observed within the
-   last `regret_dwell_s` is made only if that layout's stay scored better than the present stay so
-   far by more than a tenth (else `held.regret`, `regrets.<role>`). A stay scores the SLO
+   last `regret_dwell_s` is made only if that layout's stay missed (1 - its score) a tenth less
+   than the present stay so far (else `held.regret`, `regrets.<role>`). A stay scores the SLO
    attainment of the requests that arrived during it, else of the windows observed in it.
 Cool enough to give a node up (rules 5 and 6): nothing of its service queued at the broker and,
 one node smaller, its pressure would stay below the midpoint of its cold and hot thresholds.

@@ -20,8 +20,9 @@ Contract (plain data; `now` comes in):
   else the mean of its snapshots' scores (windows of requests that *ended* lately, which after a switch
   still hold the previous layout's queue).
 - `scores(current, destination, now) -> (here, there, basis) | None` and `holds_back(...) -> bool`: a
-  switch back into a layout observed within `dwell_s` is held back unless that layout's stay scored
-  better than the present stay so far by more than `MARGIN` of it; both stays are judged by their
+  switch back into a layout observed within `dwell_s` is held back unless that layout's stay missed
+  less than the present stay so far by more than `MARGIN` of the present misses (a miss is 1 - the
+  score: a ratio of scores near 1 would call 0.98 against 0.89 a tie); both stays are judged by their
   arrivals when both can be (basis "arrivals"), else by their snapshots ("windows"). A layout not
   observed within `dwell_s`, or stays with nothing to judge by: not held (the switch is tried, and
   so learnt).
@@ -43,7 +44,7 @@ from scheduler.planner_signals import ArrivalCount, Signals, Snapshot
 
 Layout = tuple[int, int, int]
 LAYOUT_ROLES = ("prefill", "decode", "both")
-MARGIN = 0.1   # a layout left recently is returned to only if it scored better than this fraction more
+MARGIN = 0.1   # a layout left recently is returned to only if it missed this fraction less
 MIN_JUDGED = 8   # requests of known outcome that a stay's arrivals need to score it
 
 
@@ -123,7 +124,7 @@ class LayoutMemory:
 
     def holds_back(self, current: Layout, destination: Layout, now: float) -> bool:
         scores = self.scores(current, destination, now)
-        return scores is not None and scores[1] <= scores[0] * (1 + MARGIN)
+        return scores is not None and 1.0 - scores[1] >= (1.0 - scores[0]) * (1 - MARGIN)
 
     def scores(self, current: Layout, destination: Layout, now: float) -> tuple[float, float, str] | None:
         """(present stay's score, the destination's latest stay's, what they were judged by) when a
