@@ -47,9 +47,10 @@ most 3 intervals apart):
 6. A pool cold and the other not hot: scale down the pool's idlest node if it is above its min
    and the SLO attainment (when known and targeted) is not below `min_slo_attainment`.
 7. Regret (flap damping): a role switch back into a layout (`planner_memory`) observed within the
-   last `regret_dwell_s` is made only if that layout's stay missed (1 - its score) a tenth less
-   than the present stay so far (else `held.regret`, `regrets.<role>`). A stay scores the SLO
-   attainment of the requests that arrived during it, else of the windows observed in it.
+   last `regret_dwell_s` is held (`held.regret`, `regrets.<role>`) when that layout's stay scored
+   below 0.9 and did not miss (1 - its score) a tenth less than the present stay so far. A stay
+   scores the mean SLO credit of the requests that arrived during it, else (a gateway without
+   arrivals) the attainment of the windows observed in it.
 Cool enough to give a node up (rules 5 and 6): nothing of its service queued at the broker and,
 one node smaller, its pressure would stay below the midpoint of its cold and hot thresholds.
 Draining nodes are never capacity, never chosen, and count towards `max_nodes` until they leave.

@@ -22,10 +22,12 @@ Contract (plain data; `now` comes in):
 - `scores(current, destination, now) -> (here, there, basis) | None` and `holds_back(...) -> bool`: a
   switch back into a layout observed within `dwell_s` is held back unless that layout's stay missed
   less than the present stay so far by more than `MARGIN` of the present misses (a miss is 1 - the
-  score: a ratio of scores near 1 would call 0.98 against 0.89 a tie); both stays are judged by their
-  arrivals when both can be (basis "arrivals"), else by their snapshots ("windows"). A layout not
-  observed within `dwell_s`, or stays with nothing to judge by: not held (the switch is tried, and
-  so learnt).
+  score: a ratio of scores near 1 would call 0.98 against 0.89 a tie), or unless it scored at least
+  `SERVED_WELL` (it met the SLO there: the memory damps flips between layouts that both miss, past
+  capacity, not moves between layouts that serve). Both stays are judged by their arrivals when
+  both can be (basis "arrivals"); by their snapshots ("windows") only while no signals have
+  carried arrivals. A layout not observed within `dwell_s`, or stays with nothing to judge by (too
+  few known arrivals yet): not held (the switch is tried, and so learnt).
 
 Why: past its capacity a two-node cluster misses in both layouts (split: TTFT; colocated: TPOT),
 each layout makes the other pool look hot, and the planner flipped every cooldown (14 switches in
@@ -46,6 +48,7 @@ Layout = tuple[int, int, int]
 LAYOUT_ROLES = ("prefill", "decode", "both")
 MARGIN = 0.1   # a layout left recently is returned to only if it missed this fraction less
 MIN_JUDGED = 8   # requests of known outcome that a stay's arrivals need to score it
+SERVED_WELL = 0.9   # a layout that scored this much is returned to freely: it met the SLO there
 
 
 def layout_of(snapshot: Snapshot) -> Layout:
@@ -97,9 +100,12 @@ class LayoutMemory:
         self._stays: dict[Layout, _Stay] = {}
         self._current: Layout | None = None
         self._outcomes: dict[float, tuple[int, float]] = {}   # second of arrival -> (judged, credit)
+        self._by_arrival = False   # the signals have carried arrivals: the windows are not used
 
     def observe(self, layout: Layout, value: float | None, now: float,
                 arrivals: tuple[ArrivalCount, ...] | None = None) -> None:
+        if arrivals is not None:
+            self._by_arrival = True
         for count in arrivals or ():
             self._outcomes[count.at] = (count.within + count.missed, count.credit)   # the latest word on it
         self._forget_outcomes(now)
@@ -124,7 +130,9 @@ class LayoutMemory:
 
     def holds_back(self, current: Layout, destination: Layout, now: float) -> bool:
         scores = self.scores(current, destination, now)
-        return scores is not None and 1.0 - scores[1] >= (1.0 - scores[0]) * (1 - MARGIN)
+        if scores is None or scores[1] >= SERVED_WELL:   # it met the SLO there: nothing to regret
+            return False
+        return 1.0 - scores[1] >= (1.0 - scores[0]) * (1 - MARGIN)
 
     def scores(self, current: Layout, destination: Layout, now: float) -> tuple[float, float, str] | None:
         """(present stay's score, the destination's latest stay's, what they were judged by) when a
@@ -135,6 +143,8 @@ class LayoutMemory:
         here_arrivals, there_arrivals = self._arrival_score(here, now), self._arrival_score(there, now)
         if here_arrivals is not None and there_arrivals is not None:
             return here_arrivals, there_arrivals, "arrivals"
+        if self._by_arrival:   # too few known yet: the windows would judge the previous layout's queue
+            return None
         if here.mean is not None and there.mean is not None:
             return here.mean, there.mean, "windows"
         return None

@@ -62,6 +62,8 @@ def test_about_as_good_is_not_reason_enough_to_flip_back():
     (0.42, 0.40, True),    # past capacity, alike
     (0.05, 0.00, True),    # nothing met anywhere: no evidence
     (0.40, 0.10, False),   # credit: nearer the targets
+    (0.95, 0.97, False),   # it served well there: moves between layouts that serve are free
+    (0.85, 0.86, True),
 ])
 def test_the_margin_is_on_the_misses(there, here, held):
     memory = LayoutMemory(dwell_s=100)
@@ -132,11 +134,11 @@ def test_the_seconds_of_a_switch_count_for_neither_layout():
     assert (here, there, basis) == (pytest.approx(0.5), pytest.approx(1.0), "arrivals")
 
 
-def test_too_few_known_outcomes_fall_back_to_the_windows_and_outcomes_are_updated():
+def test_too_few_known_outcomes_are_nothing_to_go_by_and_outcomes_are_updated():
     memory = LayoutMemory(dwell_s=600)
     memory.observe(SPLIT, 0.3, now=0, arrivals=arrivals(0, 3, within=1, missed=0))   # 3 < MIN_JUDGED
     memory.observe(COLOC, 0.6, now=10, arrivals=arrivals(10, 20, within=1, missed=0))
-    assert memory.scores(COLOC, SPLIT, now=30) == (pytest.approx(0.6), pytest.approx(0.3), "windows")
+    assert memory.scores(COLOC, SPLIT, now=30) is None   # not the windows: they hold the split's queue
     memory.observe(COLOC, 0.6, now=31, arrivals=arrivals(0, 9, within=0, missed=1))   # they resolved: missed
     assert memory.scores(COLOC, SPLIT, now=32)[2] == "arrivals"
     assert memory.scores(COLOC, SPLIT, now=32)[1] == pytest.approx(0.0)
