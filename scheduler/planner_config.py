@@ -11,9 +11,10 @@ a typo never silently leaves a default in place). Defaults, and why:
   before the planner acts on it (hysteresis: a burst is not a trend).
 - `cooldown_s` 60: after an action, no other for this long, and not before the action shows in
   the snapshot or `settle_timeout_s` (180: a node that never starts) has passed.
-- `regret_dwell_s` 180: how long what a layout of the pools scored over its stay (SLO attainment,
-  else the worst p90 miss) is remembered: a role switch back into a layout left within that time
-  is made only if that layout scored clearly better than the present one (`held.regret`;
+- `regret_dwell_s` 180: how long what a layout of the pools scored over its stay (the SLO credit
+  of the requests that arrived in it, else the windows' attainment or worst p90 miss) is
+  remembered: a role switch back into a layout left within that time is held when that layout
+  missed its SLO there too and not clearly less than the present one (`held.regret`;
   `scheduler.planner_memory`). Two layouts that each make the other pool hot (a colocated pair
   whose TPOT rises under long prompts, split, then prefill hot again) otherwise flip every
   cooldown. Needs a TTFT or TPOT target (or attainment); 0 turns the memory off.
