@@ -161,9 +161,12 @@ def test_a_join_among_10_000_nodes_costs_milliseconds_not_a_rebuild():
     import time
     ring = HashRing()
     ring.add_nodes(f"decode-{i}" for i in range(10_000))
-    start = time.perf_counter()
-    for i in range(5):
+    rounds = []
+    for i in range(7):
+        start = time.perf_counter()
         ring.add_node(f"extra-{i}")
         ring.lookup(f"key-{i}")   # settles the join
         ring.remove_node(f"decode-{i}")
-    assert (time.perf_counter() - start) / 5 < 0.01   # ~0.5 ms here; 11 + 5 ms with plain lists
+        rounds.append(time.perf_counter() - start)
+    # The median: one round can meet a GC pause or the VM's stall (52 ms once, 12-06).
+    assert sorted(rounds)[3] < 0.01   # ~0.5 ms here; 11 + 5 ms with plain lists
