@@ -16,9 +16,10 @@ Contract (plain data; `now` comes in):
 - A stay's score is the mean SLO credit of the requests that *arrived* during it (from its start
   to its leaving or now) whose outcome is known, when at least `MIN_JUDGED` are (`ArrivalCount`:
   1 for a request within its SLO, else the share of the targets it met, so that past capacity,
-  where hardly a request meets its SLO in either layout, the one nearer its targets still shows);
-  else the mean of its snapshots' scores (windows of requests that *ended* lately, which after a switch
-  still hold the previous layout's queue).
+  where hardly a request meets its SLO in either layout, the one nearer its targets still shows).
+  Only while no signals have carried arrivals (a gateway without them) is it the mean of its
+  snapshots' scores (windows of requests that *ended* lately, which after a switch still hold the
+  previous layout's queue).
 - `scores(current, destination, now) -> (here, there, basis) | None` and `holds_back(...) -> bool`: a
   switch back into a layout observed within `dwell_s` is held back unless that layout's stay missed
   less than the present stay so far by more than `MARGIN` of the present misses (a miss is 1 - the

@@ -7,13 +7,12 @@ Contract (pure but for the state of `ArrivalReader`):
   URL does not end in `/metrics`.
 - `ArrivalReader().read(text, now) -> tuple[ArrivalCount, ...] | None`: the body as counts whose
   `at` is on the caller's clock (`now` when the answer came); a row without its fifth element
-  (credit) counts its misses as earning nothing. The gateway's clock is mapped by an
-  offset fixed at the first answer and kept while answers agree with it within `MAX_DRIFT_S` (so a
-  second keeps one `at` from answer to answer); a larger jump (a restarted gateway elsewhere)
-  takes a new offset. What a peer sent is checked: a body that is not JSON of the documented
-  shape is None; a row that is not a second and three whole counts >= 0 (bounded), then a credit
-  within [within, within + missed], is skipped; at most
-  `MAX_ROWS` rows are read. Never raises.
+  (credit) counts its misses as earning nothing. The gateway's clock is mapped by an offset fixed
+  at the first answer and kept while answers agree with it within `MAX_DRIFT_S` (so a second keeps
+  one `at` from answer to answer); a larger jump (a restarted gateway elsewhere) takes a new
+  offset. What a peer sent is checked: a body that is not JSON of the documented shape is None; a
+  row that is not a second and three whole counts >= 0 (bounded), then a credit within [within,
+  within + missed], is skipped; at most `MAX_ROWS` rows are read. Never raises.
 """
 
 from __future__ import annotations
