@@ -4,11 +4,11 @@ planner to judge a layout of the pools by the requests that arrived while it ser
 
 Contract: `ledger = ArrivalLedger(window_s=600, max_requests=100_000)`;
 - `arrival = ledger.arrived(now)`: an admitted request (an `Arrival` handle);
-  `arrival.token(now)` for each of its tokens as it reaches the gateway;
-  `ledger.ended(arrival, now, counted, served, tpot_s)`: it ended; `counted` False for an ending
-  that says nothing of the cluster (the client went away or sent a bad request): it leaves the
-  counts; `served` False for a failure the cluster caused (overloaded, unavailable, an error);
-  `tpot_s` its mean time per output token after the first (None with fewer than two tokens).
+  `arrival.token(now)` for each of its tokens as it reaches the gateway (its TTFT and TPOT are
+  read from them); `arrival.end(now, counted, served)` once it ended (later calls are ignored):
+  `counted` False for an ending that says nothing of the cluster (the client went away or sent a
+  bad request): it leaves the counts; `served` False for a failure the cluster caused
+  (overloaded, unavailable, an error).
 - `ledger.outcomes(now, ttft_s, tpot_s) -> list[SecondCounts]`: per whole second of the gateway's
   clock in which requests still kept arrived, oldest first: `within` (ended, served, first token
   within `ttft_s` and TPOT within `tpot_s`; a target <= 0 is not checked), `missed` (a target
@@ -40,7 +40,6 @@ class Arrival:
     last_at: float | None = None
     num_tokens: int = 0
     ended_at: float | None = None
-    tpot_s: float | None = None
     served: bool = False          # ended with the cluster's answer (not a failure)
     counted: bool = True
 
@@ -49,6 +48,10 @@ class Arrival:
             self.first_at = now
         self.last_at = now
         self.num_tokens += 1
+
+    def end(self, now: float, counted: bool, served: bool) -> None:
+        if self.ended_at is None:
+            self.ended_at, self.counted, self.served = now, counted, served
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,13 +73,6 @@ class ArrivalLedger:
         self._arrivals.append(arrival)
         self._prune(now)
         return arrival
-
-    @staticmethod
-    def ended(arrival: Arrival, now: float, counted: bool, served: bool, tpot_s: float | None = None) -> None:
-        if arrival.ended_at is not None:
-            return
-        arrival.ended_at, arrival.counted, arrival.served = now, counted, served
-        arrival.tpot_s = tpot_s if tpot_s is not None and math.isfinite(tpot_s) else None
 
     def outcomes(self, now: float, ttft_s: float, tpot_s: float) -> list[SecondCounts]:
         self._prune(now)
@@ -111,8 +107,7 @@ def _verdict(arrival: Arrival, now: float, ttft_s: float, tpot_s: float) -> tupl
         return MISSED, 0.0
     first = arrival.first_at if arrival.first_at is not None else arrival.ended_at
     waited = (first if first is not None else now) - arrival.at
-    pace = arrival.tpot_s if arrival.ended_at is not None else _pace(arrival)
-    credit = _share(ttft_s, waited) * _share(tpot_s, pace)
+    credit = _share(ttft_s, waited) * _share(tpot_s, _pace(arrival))   # so far, for a stream still running
     if credit < 1.0:
         return MISSED, credit
     return (WITHIN, 1.0) if arrival.ended_at is not None else (PENDING, 0.0)
@@ -124,6 +119,7 @@ def _share(target: float, measured: float | None) -> float:
 
 
 def _pace(arrival: Arrival) -> float | None:
+    """The mean time per token after the first (TPOT), None with fewer than two tokens."""
     if arrival.num_tokens < 2 or arrival.first_at is None or arrival.last_at is None:
         return None
     return (arrival.last_at - arrival.first_at) / (arrival.num_tokens - 1)

@@ -75,10 +75,6 @@ def cluster_error(exc: ClusterError) -> ApiError:
                     headers={"Retry-After": "1"})
 
 
-def _mean_gap(times: list[float]) -> float | None:
-    return (times[-1] - times[0]) / (len(times) - 1) if len(times) > 1 else None
-
-
 def outcome_of(exc: BaseException | None) -> Outcome:
     if exc is None:
         return Outcome.OK
@@ -140,8 +136,7 @@ class Served:
         ended = time.monotonic()
         self.gateway.metrics.observe_request(self.endpoint, self.outcome)
         if self.arrival is not None:
-            self.gateway.arrivals.ended(self.arrival, ended, counted=self.outcome in CLUSTER_OUTCOMES,
-                                        served=self.outcome is Outcome.OK, tpot_s=_mean_gap(self.token_times))
+            self.arrival.end(ended, counted=self.outcome in CLUSTER_OUTCOMES, served=self.outcome is Outcome.OK)
         result = self.relay.result if self.relay is not None else None
         for index, relay in enumerate(self.relays):
             times = self.token_times if index == 0 else self.choice_times.get(index, [])

@@ -19,10 +19,12 @@ def test_each_request_is_counted_in_the_second_it_arrived_by_what_is_known_of_it
     ledger = ArrivalLedger()
     fast = ledger.arrived(10.2)
     fast.token(10.5)
-    ledger.ended(fast, 12.0, counted=True, served=True, tpot_s=0.05)
+    fast.token(10.55)
+    fast.end(12.0, counted=True, served=True)
     slow_tokens = ledger.arrived(10.7)
     slow_tokens.token(11.0)
-    ledger.ended(slow_tokens, 20.0, counted=True, served=True, tpot_s=0.3)    # TPOT over its target
+    slow_tokens.token(11.3)                                                   # TPOT over its target
+    slow_tokens.end(20.0, counted=True, served=True)
     ledger.arrived(11.1)                                                      # waiting: no first token yet
     streaming = ledger.arrived(11.5)
     streaming.token(12.0)                                               # within TTFT, TPOT unknown
@@ -37,7 +39,9 @@ def test_a_stream_is_judged_by_its_pace_so_far_until_it_ends():
         slow.token(1.0 + 0.3 * i)        # 300 ms a token: over the 100 ms target already
         steady.token(1.0 + 0.05 * i)
     assert counts(ledger, now=2.5) == [(0, 0, 1, 1)]
-    ledger.ended(slow, 3.0, counted=True, served=True, tpot_s=0.08)   # it sped up: the latest word
+    for i in range(12):
+        slow.token(1.91 + 0.001 * i)   # it sped up: 0.92 s over 15 gaps, 61 ms a token
+    slow.end(3.0, counted=True, served=True)   # the latest word
     assert counts(ledger, now=3.0) == [(0, 1, 0, 1)]
 
 
@@ -45,22 +49,22 @@ def test_a_failure_of_the_clusters_misses_and_a_clients_leaves_the_counts():
     ledger = ArrivalLedger()
     failed, cancelled, empty = ledger.arrived(1.0), ledger.arrived(1.1), ledger.arrived(1.2)
     failed.token(1.5)
-    ledger.ended(failed, 2.0, counted=True, served=False)
-    ledger.ended(cancelled, 1.5, counted=False, served=False)
-    ledger.ended(empty, 1.8, counted=True, served=True)      # no token (echo only): judged by its duration
+    failed.end(2.0, counted=True, served=False)
+    cancelled.end(1.5, counted=False, served=False)
+    empty.end(1.8, counted=True, served=True)      # no token (echo only): judged by its duration
     assert counts(ledger, now=3.0) == [(1, 1, 1, 0)]
     late_empty = ledger.arrived(4.0)
-    ledger.ended(late_empty, 7.0, counted=True, served=True)
+    late_empty.end(7.0, counted=True, served=True)
     assert counts(ledger, now=8.0)[-1] == (4, 0, 1, 0)
 
 
 def test_a_request_ends_once_and_its_first_token_is_the_first_of_its_tokens():
     ledger = ArrivalLedger()
     arrival = ledger.arrived(0.0)
-    arrival.token(0.5)
-    arrival.token(5.0)
-    ledger.ended(arrival, 1.0, counted=True, served=True, tpot_s=0.01)
-    ledger.ended(arrival, 9.0, counted=False, served=False)
+    for i in range(21):
+        arrival.token(0.5 + 0.1 * i)   # TTFT 0.5 s from the first; were it the last's, 2.5 s would miss
+    arrival.end(3.0, counted=True, served=True)
+    arrival.end(9.0, counted=False, served=False)
     assert counts(ledger, now=10.0) == [(0, 1, 0, 0)]
 
 
@@ -68,7 +72,8 @@ def test_targets_of_zero_are_not_checked():
     ledger = ArrivalLedger()
     arrival = ledger.arrived(0.0)
     arrival.token(50.0)
-    ledger.ended(arrival, 60.0, counted=True, served=True, tpot_s=9.0)
+    arrival.token(59.0)
+    arrival.end(60.0, counted=True, served=True)
     assert ledger.outcomes(61.0, 0.0, 0.0) == [SecondCounts(0, 1, 0, 0, 1.0)]
 
 
@@ -77,7 +82,8 @@ def test_a_miss_earns_the_share_of_the_targets_it_met():
     late, slow, both, failed, waiting = (ledger.arrived(float(i)) for i in range(5))
     for arrival, first, tpot in ((late, 4.0, 0.05), (slow, 2.0, 0.2), (both, 6.0, 0.2), (failed, 3.5, 0.05)):
         arrival.token(first)
-        ledger.ended(arrival, first + 1.0, counted=True, served=arrival is not failed, tpot_s=tpot)
+        arrival.token(first + tpot)
+        arrival.end(first + 1.0, counted=True, served=arrival is not failed)
     credits = [c.credit for c in ledger.outcomes(12.0, TTFT, TPOT)]
     # TTFT 4 s of 2: half; TPOT 0.2 s of 0.1: half; both: a quarter; a failure: nothing; waiting 8 s: a quarter
     assert credits == [pytest.approx(0.5), pytest.approx(0.5), pytest.approx(0.25), 0.0, pytest.approx(0.25)]
@@ -107,7 +113,7 @@ def test_every_counted_arrival_kept_is_in_exactly_one_count(script):
         if kind == "first":
             arrival.token(now)
         else:
-            ledger.ended(arrival, now, counted=kind != "cancel", served=kind == "end_ok", tpot_s=tpot)
+            arrival.end(now, counted=kind != "cancel", served=kind == "end_ok")
     found = ledger.outcomes(now, TTFT, TPOT)
     assert sum(c.within + c.missed + c.pending for c in found) == sum(a.counted for a in ledger._arrivals)
     assert [c.second for c in found] == sorted(c.second for c in found)
