@@ -64,7 +64,7 @@ from collections import Counter
 from dataclasses import dataclass
 
 from scheduler.planner_config import PlannerConfig
-from scheduler.planner_memory import LayoutMemory, after_switch, layout_of, score
+from scheduler.planner_memory import LayoutMemory, after_switch, layout_of, regrets, score
 from scheduler.planner_rules import Decision, DecisionKind, PoolView, choose
 from scheduler.planner_signals import POOL_ROLES, PoolLoad, Snapshot, pool_load
 
@@ -256,9 +256,10 @@ class Planner:
             return None
         here = layout_of(snapshot)
         there = after_switch(here, node.role, decision.role)
-        if not self._memory.holds_back(here, there, now):
+        scores = self._memory.scores(here, there, now)
+        if scores is None or not regrets(scores):
             return None
-        scored_here, scored_there, basis = self._memory.scores(here, there, now) or (0.0, 0.0, "")
+        scored_here, scored_there, basis = scores
         return (f"layout {there} (prefill, decode, colocated), left within {self.config.regret_dwell_s:.0f}s, "
                 f"scored {scored_there:.2f} over its stay, {here} {scored_here:.2f} so far (by {basis})")
 

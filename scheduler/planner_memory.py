@@ -20,9 +20,10 @@ Contract (plain data; `now` comes in):
   Only while no signals have carried arrivals (a gateway without them) is it the mean of its
   snapshots' scores (windows of requests that *ended* lately, which after a switch still hold the
   previous layout's queue).
-- `scores(current, destination, now) -> (here, there, basis) | None` and `holds_back(...) -> bool`: a
-  switch back into a layout observed within `dwell_s` is held back unless that layout's stay missed
-  less than the present stay so far by more than `MARGIN` of the present misses (a miss is 1 - the
+- `scores(current, destination, now) -> (here, there, basis) | None`, and `regrets(scores)` /
+  `holds_back(current, destination, now) -> bool` on them: a switch back into a layout observed
+  within `dwell_s` is held back unless that layout's stay missed less than the present stay so
+  far by more than `MARGIN` of the present misses (a miss is 1 - the
   score: a ratio of scores near 1 would call 0.98 against 0.89 a tie), or unless it scored at least
   `SERVED_WELL` (it met the SLO there: the memory damps flips between layouts that both miss, past
   capacity, not moves between layouts that serve). Both stays are judged by their arrivals when
@@ -50,6 +51,13 @@ LAYOUT_ROLES = ("prefill", "decode", "both")
 MARGIN = 0.1   # a layout left recently is returned to only if it missed this fraction less
 MIN_JUDGED = 8   # requests of known outcome that a stay's arrivals need to score it
 SERVED_WELL = 0.9   # a layout that scored this much is returned to freely: it met the SLO there
+
+
+def regrets(scores: tuple[float, float, str] | None) -> bool:
+    """Whether `scores` (from `LayoutMemory.scores`) hold the switch back."""
+    if scores is None or scores[1] >= SERVED_WELL:   # it met the SLO there: nothing to regret
+        return False
+    return 1.0 - scores[1] >= (1.0 - scores[0]) * (1 - MARGIN)
 
 
 def layout_of(snapshot: Snapshot) -> Layout:
@@ -130,10 +138,7 @@ class LayoutMemory:
             stay.left_at = now
 
     def holds_back(self, current: Layout, destination: Layout, now: float) -> bool:
-        scores = self.scores(current, destination, now)
-        if scores is None or scores[1] >= SERVED_WELL:   # it met the SLO there: nothing to regret
-            return False
-        return 1.0 - scores[1] >= (1.0 - scores[0]) * (1 - MARGIN)
+        return regrets(self.scores(current, destination, now))
 
     def scores(self, current: Layout, destination: Layout, now: float) -> tuple[float, float, str] | None:
         """(present stay's score, the destination's latest stay's, what they were judged by) when a
