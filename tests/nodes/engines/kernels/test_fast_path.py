@@ -9,12 +9,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from nodes.engines.forward_batch import DecodeGroup, ForwardBatch, PrefillSpan
 from nodes.engines.kernels import amx_tiles, dispatch
 from nodes.engines.kernels.decode_attention import bf16 as decode_bf16
 from nodes.engines.kernels.jit import NUMBA
 from nodes.engines.kernels.linear import amx as amx_linear
 from nodes.engines.kernels.linear import dot_bf16 as bf16_dot
-from nodes.engines.llama import DecodeGroup, ForwardBatch, LlamaRunner, PrefillSpan
+from nodes.engines.llama import LlamaRunner
 
 pytestmark = pytest.mark.skipif(not NUMBA, reason="numba is not installed")
 
@@ -50,6 +51,15 @@ def assert_bf16_close(actual: torch.Tensor, expected: torch.Tensor) -> None:
     torch.testing.assert_close(actual.float(), expected.float(), atol=0.04 * scale, rtol=0.0)
 
 
+def assert_same_choice(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """The same greedy token in every row whose top-2 margin is wider than the two paths may part
+    by (twice assert_bf16_close's tolerance): the tiny model's random logits have near-ties, where
+    either choice is right."""
+    top2 = expected.float().topk(2, dim=-1).values
+    clear = (top2[:, 0] - top2[:, 1]) > 0.08 * float(expected.abs().max())
+    assert torch.equal(actual.argmax(-1)[clear], expected.argmax(-1)[clear])
+
+
 @pytest.mark.parametrize("num_tokens", [1, 2, 3, 4, 5, dispatch.DOT_MAX_ROWS,
                                         dispatch.DOT_MAX_ROWS + 1, 17, amx_tiles.MAX_ROWS, amx_tiles.MAX_ROWS + 1])
 def test_small_prefill_through_the_kernels_matches_onednn(tiny_model, backend, num_tokens):
@@ -65,7 +75,7 @@ def test_small_prefill_through_the_kernels_matches_onednn(tiny_model, backend, n
     (fast_logits, fast_kv), (plain_logits, plain_kv) = results
     assert_bf16_close(fast_logits, plain_logits)
     assert_bf16_close(fast_kv, plain_kv)
-    assert torch.equal(fast_logits.argmax(-1), plain_logits.argmax(-1))
+    assert_same_choice(fast_logits, plain_logits)
 
 
 def decode_batch(cache: torch.Tensor, positions: list[int], slots: list[int]) -> ForwardBatch:
@@ -116,7 +126,7 @@ def test_decode_steps_above_the_gemv_rows_still_take_the_attention_kernel(tiny_m
     assert calls == [num_rows] * c.num_layers
     assert_bf16_close(fast_logits, plain_logits)
     assert_bf16_close(caches[0], caches[1])
-    assert torch.equal(fast_logits.argmax(-1), plain_logits.argmax(-1))
+    assert_same_choice(fast_logits, plain_logits)
 
 
 def test_consecutive_steps_reuse_buffers_without_corrupting_results(tiny_model, backend):
