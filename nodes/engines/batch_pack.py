@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import torch
 
+from nodes.engines.forward_batch import DecodeGroup, ForwardBatch, PrefillSpan
 from nodes.engines.kv_slots import SlotCache
-from nodes.engines.llama import DecodeGroup, ForwardBatch, PrefillSpan
 from nodes.engines.step_schedule import ScheduledChunk
 
 

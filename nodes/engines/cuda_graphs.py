@@ -162,7 +162,7 @@ class DecodeGraphs:
                       rows: torch.Tensor, cache: torch.Tensor, num_keys: int) -> Any:
         """The step over the static buffers; its lengths and mask are computed on the GPU, inside the
         graph (row i sees keys 0..position_i)."""
-        from nodes.engines.llama import DecodeGroup, ForwardBatch
+        from nodes.engines.forward_batch import DecodeGroup, ForwardBatch
 
         group = DecodeGroup(rows=rows, slots=rows, positions=positions, cache=cache, num_slots=rows.shape[0],
                             lengths=positions + 1, max_len=num_keys, dense=True)

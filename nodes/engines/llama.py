@@ -6,7 +6,8 @@ logits only for the rows in `batch.sample_rows` (a prompt's last token, each dec
 
 All tokens of the step are packed into one [tokens, hidden] matrix, so the linear layers run once
 for the whole batch whatever mix of prompts and decode steps it holds. Attention reads and writes
-KV caches laid out [layers, 2 (K, V), kv_heads, capacity, head_dim]:
+KV caches laid out [layers, 2 (K, V), kv_heads, capacity, head_dim] (the batch's types are in
+forward_batch.py, RMSNorm and RoPE in llama_ops.py):
 - `PrefillSpan`: a run of a sequence's tokens against its own cache view (causal within the span,
   full over the `start` tokens already cached), one SDPA call per span;
 - `DecodeGroup`: one new token for each of several decode slots of a `[layers, slots, 2, kv_heads,
@@ -24,62 +25,20 @@ Math follows Hugging Face's LlamaForCausalLM (RMSNorm in float32, rotate-half Ro
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 
 from nodes.engines.cuda_graphs import DecodeGraphs
+from nodes.engines.forward_batch import DecodeGroup, ForwardBatch, PrefillSpan
 from nodes.engines.kernels import dispatch
 from nodes.engines.kernels.decode_attention import f32 as f32_attention
 from nodes.engines.kernels.fast_path import Bf16FastPath
 from nodes.engines.kernels.linear import dot_f32
+from nodes.engines.llama_ops import apply_rope, can_pack_weights, packed_linear, rms_norm
 from nodes.engines.model_config import LlamaConfig
 from nodes.engines.rope import rope_tables
-
-
-@dataclass(slots=True)
-class PrefillSpan:
-    row: int                 # first row of the span in the packed batch
-    num_tokens: int
-    start: int               # tokens already in `kv` before this span
-    kv: torch.Tensor         # [layers, 2, kv_heads, capacity, head_dim]
-
-
-@dataclass(slots=True)
-class DecodeGroup:
-    rows: torch.Tensor       # rows in the packed batch, one per decode token
-    slots: torch.Tensor      # slot of each row
-    positions: torch.Tensor  # position of each row's token (= tokens already cached)
-    cache: torch.Tensor      # [layers, slots, 2, kv_heads, capacity, head_dim]
-    num_slots: int           # attend over slots [0, num_slots)
-    lengths: torch.Tensor | None  # [num_slots] keys each slot attends, on the cache's device; None = max_len each
-    max_len: int             # longest context among the slots (keys 0..max_len-1)
-    dense: bool              # rows/slots are exactly 0..num_slots-1 (no scatter needed)
-    _mask: torch.Tensor | None = field(default=None, init=False, repr=False)
-
-    def attention_mask(self, dtype: torch.dtype) -> torch.Tensor | None:
-        """[num_slots, 1, 1, max_len] additive (0 / -inf) from `lengths`, None to attend to all. Made
-        on the first call, where it is made at all: only the SDPA path reads it (the decode kernels
-        take the positions), and inside a CUDA graph's capture it becomes part of the graph. Once a
-        step, not per layer: a bool mask would cost two conversions in every layer."""
-        if self.lengths is None:
-            return None
-        if self._mask is None:
-            keys = torch.arange(self.max_len, device=self.lengths.device)
-            hidden = (keys[None, :] >= self.lengths[:, None])[:, None, None, :]
-            self._mask = torch.zeros(hidden.shape, dtype=dtype, device=self.lengths.device).masked_fill_(
-                hidden, float("-inf"))
-        return self._mask
-
-
-@dataclass(slots=True)
-class ForwardBatch:
-    token_ids: torch.Tensor      # [tokens] int64
-    positions: torch.Tensor      # [tokens] int64
-    sample_rows: torch.Tensor    # rows whose logits are wanted
-    spans: list[PrefillSpan] = field(default_factory=list)
-    decode: DecodeGroup | None = None
 
 
 @dataclass(slots=True)
@@ -103,7 +62,7 @@ class LlamaRunner:
         self.dtype = dtype
         self.device = torch.device(device)
         self.packed = can_pack_weights(dtype, self.device) if pack_weights is None else pack_weights
-        self._linear = _packed_linear if self.packed else F.linear
+        self._linear = packed_linear if self.packed else F.linear
 
         def get(name: str) -> torch.Tensor:
             return weights[name].to(device=self.device, dtype=dtype).contiguous()
@@ -328,34 +287,3 @@ class LlamaRunner:
         if not group.dense:
             attn = attn[group.slots]
         return attn.reshape(-1, self.q_size)
-
-
-def can_pack_weights(dtype: torch.dtype, device: torch.device) -> bool:
-    """oneDNN-packed bf16 weights run CPU matmuls 1.2-1.9x faster than F.linear at decode sizes
-    (measured with AMX; same results), so bf16 on CPU packs them when this torch can."""
-    return (dtype == torch.bfloat16 and device.type == "cpu" and torch.backends.mkldnn.is_available()
-            and hasattr(torch.ops.mkldnn, "_reorder_linear_weight"))
-
-
-def _packed_linear(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    return torch.ops.mkldnn._linear_pointwise(x, weight, None, "none", [], "")
-
-
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
-    """Llama RMSNorm, statistics in float32 whatever the dtype (as Hugging Face does by hand).
-
-    float32: the fused kernel, bit for bit what transformers computes. Other dtypes: a float32
-    vector norm and one scale pass, 4x faster than the fused kernel on a 1024-token bf16 prompt
-    (which upcasts the whole input) and within one bf16 rounding of it."""
-    if x.dtype == torch.float32:
-        return F.rms_norm(x, x.shape[-1:], weight, eps)
-    norm = torch.linalg.vector_norm(x, dim=-1, keepdim=True, dtype=torch.float32)
-    scale = norm.square_().mul_(1.0 / x.shape[-1]).add_(eps).rsqrt_()
-    return (x * scale.to(x.dtype)).mul_(weight)
-
-
-def apply_rope(x: torch.Tensor, cos: torch.Tensor, signed_sin: torch.Tensor) -> torch.Tensor:
-    """Hugging Face's x*cos + rotate_half(x)*sin, with rotate_half's minus sign kept in `signed_sin`."""
-    half = x.shape[-1] // 2
-    swapped = torch.cat([x[..., half:], x[..., :half]], dim=-1)
-    return torch.addcmul(x * cos, swapped, signed_sin)

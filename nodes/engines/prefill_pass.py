@@ -30,7 +30,8 @@ from typing import Any
 import torch
 
 from nodes.engines.base import PrefillPass, PrefillRequest, PrefillResult, TokenLogprobs
-from nodes.engines.llama import ForwardBatch, LlamaRunner, PrefillSpan
+from nodes.engines.forward_batch import ForwardBatch, PrefillSpan
+from nodes.engines.llama import LlamaRunner
 from nodes.engines.logits_process import RequestLogits, sampled_logprobs, token_logprobs
 from nodes.engines.output import OutputTracker
 from nodes.engines.prefix_cache import PrefixCache, block_hashes, seed_kv

@@ -4,9 +4,9 @@ Contract (only where `kernels.cpu.probe().numba`; called from numba-compiled cod
 travel as uint16 bit patterns): `_to_f32(bits)` widens bf16 bits to float32; `_round(v)` rounds a
 float32 to the nearest bf16 value; `_bf16_bits(v)` gives its bits; `_prefetch(a, i, j)` asks for
 the cache line of a 2-D array's element; `_prefetch_ahead(rows, j, ahead)` requests a row ahead;
-`_norm_scale`, `_normed`, `_norm_rows`, `_norm_rows_bits` are llama.rms_norm's bf16 branch (float32
+`_norm_scale`, `_normed`, `_norm_rows`, `_norm_rows_bits` are llama_ops.rms_norm's bf16 branch (float32
 statistics, the scale and the product rounded to bf16 as torch rounds them); `_rope_pair` is
-llama.apply_rope for one pair of values; `_silu` and `_silu_vectorised` (a branch-free exp for
+llama_ops.apply_rope for one pair of values; `_silu` and `_silu_vectorised` (a branch-free exp for
 loops LLVM vectorises) are torch's silu in float32. The linear, attention and norm kernels all
 build on these, so every path rounds alike and the paths differ only by float32 summation order.
 """
@@ -61,7 +61,7 @@ if probe().numba:
 
     @_inline
     def _norm_scale(x, m, eps):  # pragma: no cover - runs compiled
-        """llama.rms_norm's bf16 branch for row m: float32 statistics, the scale rounded to bf16."""
+        """llama_ops.rms_norm's bf16 branch for row m: float32 statistics, the scale rounded to bf16."""
         squares = np.float32(0.0)
         for k in range(x.shape[1]):
             v = _to_f32(x[m, k])
@@ -75,7 +75,7 @@ if probe().numba:
 
     @_inline
     def _normed(x, m, k, norm_w, scale):  # pragma: no cover - runs compiled
-        """x[m, k] after RMSNorm (scale from _norm_scale), rounded twice as llama.rms_norm's bf16
+        """x[m, k] after RMSNorm (scale from _norm_scale), rounded twice as llama_ops.rms_norm's bf16
         branch rounds it: after the scale, after the weight. Every bf16 norm kernel uses this."""
         return _round(_round(_to_f32(x[m, k]) * scale) * _to_f32(norm_w[k]))
 
@@ -89,7 +89,7 @@ if probe().numba:
 
     @_inline
     def _norm_rows_bits(x, norm_w, eps, out):  # pragma: no cover - runs compiled
-        """RMSNorm of x's rows into bf16 bits (llama.rms_norm's bf16 output, bit for bit)."""
+        """RMSNorm of x's rows into bf16 bits (llama_ops.rms_norm's bf16 output, bit for bit)."""
         for m in range(x.shape[0]):
             scale = _norm_scale(x, m, eps)
             for k in range(x.shape[1]):
@@ -98,7 +98,7 @@ if probe().numba:
     @_inline
     def _rope_pair(qkv, m, base, d, half, cos, sin, pos):  # pragma: no cover - runs compiled
         """Values d and d + half of the head at qkv[m, base:] after RoPE, with x * cos rounded as
-        llama.apply_rope rounds it (rotate-half tables, its sign in sin); the caller rounds the sums."""
+        llama_ops.apply_rope rounds it (rotate-half tables, its sign in sin); the caller rounds the sums."""
         a, b = _to_f32(qkv[m, base + d]), _to_f32(qkv[m, base + d + half])
         return (_round(a * _to_f32(cos[pos, d])) + b * _to_f32(sin[pos, d]),
                 _round(b * _to_f32(cos[pos, d + half])) + a * _to_f32(sin[pos, d + half]))

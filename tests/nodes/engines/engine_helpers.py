@@ -14,7 +14,8 @@ import torch
 from bus.kv import RawPieces
 from bus.kv.layout import as_planes, plan_chunks
 from nodes.engines.base import DecodeRequest, EngineConfig, SamplingParams, TokenEvent
-from nodes.engines.llama import ForwardBatch, LlamaRunner, PrefillSpan
+from nodes.engines.forward_batch import ForwardBatch, PrefillSpan
+from nodes.engines.llama import LlamaRunner
 from nodes.engines.llama_engine import LlamaEngine
 
 GREEDY = SamplingParams(temperature=0.0, max_tokens=8, ignore_eos=True)

@@ -4,7 +4,7 @@ Contract (only where `AVAILABLE`: `kernels.cpu.probe().numba`; numpy arrays, bf1
 bit patterns): `decode_attention(qkv, cos, sin, positions, slots, cache, layer, num_heads, out, pairs,
 pair_values, prefetch)` takes one decode token per row of `qkv` [rows, (heads + 2 kv_heads) * head_dim]
 (any number of rows): RoPE on its q and k (rotate-half tables, rotate-half's sign in `sin`, rounded as
-llama.apply_rope: round(round(x * cos) + swapped * sin)), its k and v written into `cache` [layers,
+llama_ops.apply_rope: round(round(x * cos) + swapped * sin)), its k and v written into `cache` [layers,
 slots, 2, kv_heads, capacity, head_dim] at its position (in place), and softmax attention of its q
 heads over keys 0..position of its slot, written to `out` [rows, heads * head_dim]. No mask: each row
 reads exactly its own keys. `pairs` picks the vdpbf16ps blocks where `PAIRS`, for the values too if

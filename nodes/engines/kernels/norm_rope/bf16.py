@@ -3,14 +3,14 @@ fast_path.Bf16FastPath).
 
 Contract (only where `AVAILABLE`: `kernels.cpu.probe().numba`; numpy arrays, bf16 values as uint16
 bit patterns):
-- `rms_norm(x, norm_w, eps, out)`: llama.rms_norm of every row of x into out, rounded as its bf16
+- `rms_norm(x, norm_w, eps, out)`: llama_ops.rms_norm of every row of x into out, rounded as its bf16
   branch rounds (float32 statistics, bf16 scale, bf16 after the scale and after the weight).
 - `rope_and_cache(qkv, cos, sin, start, num_heads, q_out, cache)`: RoPE on the q and k heads of a
   span's rows (positions start..start + rows - 1; rotate-half tables, its sign in `sin`, rounded as
-  llama.apply_rope: round(round(x * cos) + swapped * sin)), q written to q_out [num_heads, rows,
+  llama_ops.apply_rope: round(round(x * cos) + swapped * sin)), q written to q_out [num_heads, rows,
   head_dim] (the layout SDPA reads), k and v into `cache` [2, kv_heads, capacity, head_dim] at
   those positions, in place.
-Both are bit-identical to llama.rms_norm and llama.apply_rope
+Both are bit-identical to llama_ops.rms_norm and llama_ops.apply_rope
 (tests/nodes/engines/kernels/norm_rope/test_bf16.py). Rows that norm_rope.rows can take (a CPU with
 AVX512-BF16, widths a multiple of 16) run on its vector code; the scalar loops here take every
 other width. `warmup()` compiles both sets; kernels.dispatch decides whether they serve

@@ -9,8 +9,9 @@ import sys
 
 import torch
 
+from nodes.engines.forward_batch import DecodeGroup, ForwardBatch, PrefillSpan
 from nodes.engines.kernels.cpu import probe
-from nodes.engines.llama import DecodeGroup, ForwardBatch, LlamaRunner, PrefillSpan
+from nodes.engines.llama import LlamaRunner
 from nodes.engines.model_loader import build_tiny_model
 
 PROMPT, STEPS = 40, 4

@@ -6,11 +6,13 @@ from __future__ import annotations
 import pytest
 import torch
 
+from nodes.engines.forward_batch import ForwardBatch, PrefillSpan
 from nodes.engines.kernels.fast_path import bits
 from nodes.engines.kernels.jit import NUMBA
 from nodes.engines.kernels.norm_rope import bf16 as bf16_prefill
 from nodes.engines.kernels.norm_rope import rows as prefill_rows
-from nodes.engines.llama import ForwardBatch, LlamaRunner, PrefillSpan, apply_rope, rms_norm
+from nodes.engines.llama import LlamaRunner
+from nodes.engines.llama_ops import apply_rope, rms_norm
 
 pytestmark = pytest.mark.skipif(not NUMBA, reason="numba is not installed")
 

@@ -10,9 +10,10 @@ import numpy as np
 import pytest
 import torch
 
+from nodes.engines.forward_batch import DecodeGroup, ForwardBatch, PrefillSpan
 from nodes.engines.kernels.fast_path import bits
 from nodes.engines.kernels.prefill_attention import tiled as amx_attention
-from nodes.engines.llama import DecodeGroup, ForwardBatch, LlamaRunner, PrefillSpan
+from nodes.engines.llama import LlamaRunner
 from nodes.engines.model_loader import build_tiny_model
 
 pytestmark = pytest.mark.skipif(not amx_attention.can_attend(9, 3, 64), reason="no AMX or AVX512-BF16 on this CPU (or numba missing)")
