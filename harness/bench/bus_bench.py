@@ -26,6 +26,7 @@ import statistics
 import subprocess
 import sys
 import time
+from typing import TYPE_CHECKING
 
 import zmq
 
@@ -33,13 +34,16 @@ from bus import codec
 from bus.constants import Command
 from bus.messages import Ready
 
+if TYPE_CHECKING:
+    from bus.security import SecurityConfig
+
 H = codec.HEADERS
 PAYLOAD_BYTES = 16 * 1024 * 1024
 CURVE = "broker-curve"
 _KEYS_ENV = "PDBUS_BENCH_CURVE_KEYS"
 
 
-def curve_configs(keys: dict[str, list[str]]) -> tuple[object, object]:
+def curve_configs(keys: dict[str, list[str]]) -> tuple[SecurityConfig, SecurityConfig]:
     """(server's, peers') SecurityConfig from in-memory key pairs: the peers' key is admitted as
     decode, gateway and prefill (every bench peer uses it; bench-kv's sender is a prefill node),
     the server's as decode (bench-kv's receiver)."""
@@ -58,7 +62,8 @@ def new_curve_keys() -> dict[str, list[str]]:
 class Peers:
     """The two DEALER peers and the frames they exchange through one kind of server."""
 
-    def __init__(self, context: zmq.Context, endpoint: str, via_relay: bool, security: object = None) -> None:
+    def __init__(self, context: zmq.Context, endpoint: str, via_relay: bool,
+                 security: SecurityConfig | None = None) -> None:
         self.via_relay = via_relay
         self.security = security
         self.client = self._socket(context, endpoint, b"c")
@@ -184,7 +189,7 @@ def cpu_seconds(pid: int) -> float:
 
 
 def measure(context: zmq.Context, endpoint: str, server_pid: int, via_relay: bool,
-            quick: bool, security: object = None) -> dict[str, float]:
+            quick: bool, security: SecurityConfig | None = None) -> dict[str, float]:
     peers = Peers(context, endpoint, via_relay, security)
     try:
         round_trips(peers, 200)   # warm-up
@@ -205,7 +210,7 @@ def measure(context: zmq.Context, endpoint: str, server_pid: int, via_relay: boo
             "rtt_p99_us": rtt[int(len(rtt) * 0.99)], "gb_per_s": bulk}
 
 
-def endpoint_round_trips(endpoint: str, n: int, security: object = None) -> list[float]:
+def endpoint_round_trips(endpoint: str, n: int, security: SecurityConfig | None = None) -> list[float]:
     """Microseconds per request through the real node API: BusClient -> broker -> an Endpoint
     served by a node thread (receive, reply_final) -> back; both I/O threads included."""
     import threading
@@ -245,10 +250,11 @@ def endpoint_round_trips(endpoint: str, n: int, security: object = None) -> list
         worker.stop()
 
 
-def start_server(kind: str, keys: dict | None = None) -> tuple[subprocess.Popen, str]:
+def start_server(kind: str, keys: dict[str, list[str]] | None = None) -> tuple[subprocess.Popen[str], str]:
     env = {**os.environ, _KEYS_ENV: json.dumps(keys)} if keys else None
     process = subprocess.Popen([sys.executable, "-m", "harness.bench.bus_bench", "--serve", kind],
                                stdout=subprocess.PIPE, text=True, env=env)
+    assert process.stdout is not None   # stdout=PIPE
     endpoint = process.stdout.readline().strip()
     if not endpoint.startswith("tcp://"):
         process.kill()
@@ -256,8 +262,12 @@ def start_server(kind: str, keys: dict | None = None) -> tuple[subprocess.Popen,
     return process, endpoint
 
 
-def run_round(context: zmq.Context, kind: str, quick: bool, keys: dict | None = None) -> dict[str, float]:
-    security = curve_configs(keys)[1] if kind == CURVE else None
+def run_round(context: zmq.Context, kind: str, quick: bool,
+              keys: dict[str, list[str]] | None = None) -> dict[str, float]:
+    security = None
+    if kind == CURVE:
+        assert keys is not None, "the CURVE server needs keys"
+        security = curve_configs(keys)[1]
     process, endpoint = start_server(kind, keys if kind == CURVE else None)
     try:
         result = measure(context, endpoint, process.pid, kind == "relay", quick, security)
@@ -334,13 +344,14 @@ def serve(kind: str) -> None:
     configure_logging(level="error")
 
     async def main() -> None:
+        server: Broker | RouterReactor
         if kind in ("broker", CURVE):
             keys = json.loads(os.environ[_KEYS_ENV]) if kind == CURVE else None
             server = Broker("tcp://127.0.0.1:0", security=curve_configs(keys)[0] if keys else None)
             task = asyncio.create_task(server.serve())
             print(await server.wait_bound(), flush=True)
         else:
-            socket = zmq.Context.instance().socket(zmq.ROUTER)
+            socket: zmq.Socket = zmq.Context.instance().socket(zmq.ROUTER)
             for option, value in ((zmq.ROUTER_MANDATORY, 1), (zmq.SNDHWM, 100_000),
                                   (zmq.RCVHWM, 100_000), (zmq.LINGER, 0)):
                 socket.setsockopt(option, value)

@@ -29,6 +29,8 @@ import os
 import subprocess
 import sys
 import time
+from dataclasses import replace
+from typing import TypedDict
 
 import torch
 
@@ -98,7 +100,9 @@ def engine_decode_seconds(engine: LlamaEngine, batch: int, num_steps: int) -> fl
 
 def hf_model(dtype: torch.dtype, device: str = "cpu"):
     from transformers import AutoModelForCausalLM
-    return AutoModelForCausalLM.from_pretrained(prepare_model(), dtype=dtype).to(device).eval()
+    model = AutoModelForCausalLM.from_pretrained(prepare_model(), dtype=dtype)
+    # transformers wraps `to` in functools.wraps, whose typeshed type does not bind `self` on a method
+    return model.to(device).eval()  # type: ignore[arg-type]
 
 
 @torch.inference_mode()
@@ -135,49 +139,53 @@ def hf_decode_seconds(model, batch: int, num_steps: int) -> float:
 
 
 def bench_dtype(model, dtype_name: str, threads: int, num_steps: int, device: str = "cpu",
-                cuda_graphs: bool = True) -> dict:
+                cuda_graphs: bool = True) -> dict[str, object]:
     dtype = resolve_dtype(dtype_name, device)
-    settings = dict(dtype=dtype_name, device=device, num_threads=threads, num_kv_blocks=8192, max_batch_tokens=4096)
-    engine = LlamaEngine(model, EngineConfig(**settings, cuda_graphs=cuda_graphs))
+    settings = EngineConfig(dtype=dtype_name, device=device, num_threads=threads, num_kv_blocks=8192,
+                            max_batch_tokens=4096)
+    engine = LlamaEngine(model, replace(settings, cuda_graphs=cuda_graphs))
     # On a GPU the same engine without CUDA graphs too: what the graphs buy, side by side.
-    eager = LlamaEngine(model, EngineConfig(**settings, cuda_graphs=False)) if engine.runner.graphs else None
+    eager = LlamaEngine(model, replace(settings, cuda_graphs=False)) if engine.runner.graphs else None
     weights = plain_weights(model, dtype, device)
     bandwidth = read_bandwidth(weights)
     weight_bytes = sum(w.numel() * w.element_size() for w in weights)   # what one decode step reads
     floor_s = weight_bytes / (max(bandwidth.values()) * 1e9)
     hf = hf_model(dtype, device)
-    result = {"dtype": dtype_name, "device": device, "threads": threads, "weight_bytes": weight_bytes, **bandwidth,
-              "floor_step_ms": floor_s * 1e3, "prefill": {}, "decode": {}}
+    prefill: dict[int, dict[str, float]] = {}
+    decode: dict[int, dict[str, float]] = {}
+    result: dict[str, object] = {"dtype": dtype_name, "device": device, "threads": threads,
+                                 "weight_bytes": weight_bytes, **bandwidth, "floor_step_ms": floor_s * 1e3,
+                                 "prefill": prefill, "decode": decode}
     for n in PREFILL_LENGTHS:
         ours, theirs = engine_prefill_seconds(engine, n), hf_prefill_seconds(hf, n, last_logits_only=True)
         chunked = engine_chunked_prefill_seconds(engine, n)
         theirs_all = hf_prefill_seconds(hf, n, last_logits_only=False)
         gemm = gemm_seconds(weights, n, 1)
         with_attention = roofline_with_attention_seconds(model.config, weights, n, gemm)
-        result["prefill"][n] = {"engine_tok_s": n / ours, "hf_tok_s": n / theirs, "hf_all_logits_tok_s": n / theirs_all,
-                                "gemm_tok_s": n / gemm, "gemm_attention_tok_s": n / with_attention,
-                                "engine_chunked_tok_s": n / chunked}
+        prefill[n] = {"engine_tok_s": n / ours, "hf_tok_s": n / theirs, "hf_all_logits_tok_s": n / theirs_all,
+                      "gemm_tok_s": n / gemm, "gemm_attention_tok_s": n / with_attention,
+                      "engine_chunked_tok_s": n / chunked}
         print(f"  prefill {n:5d}: engine {n / ours:8.0f} tok/s (chunks of {engine.config.prefill_chunk_tokens}: "
               f"{n / chunked:6.0f})  hf {n / theirs:8.0f} (all logits {n / theirs_all:6.0f})  gemm {n / gemm:8.0f} "
               f"(with attention {n / with_attention:6.0f})",
               flush=True)
     # A 1024^3 product is a CPU core's best case; a GPU needs a larger one to reach its peak.
-    result["peak_size"] = 1024 if device == "cpu" else 8192
-    peak = peak_mac_rate(dtype, result["peak_size"], device)
+    peak_size = result["peak_size"] = 1024 if device == "cpu" else 8192
+    peak = peak_mac_rate(dtype, peak_size, device)
     result["peak_gmacs"] = peak / 1e9
     for b in DECODE_BATCHES:
         ours = engine_decode_seconds(engine, b, num_steps)
         theirs = hf_decode_seconds(hf, b, max(3, num_steps // 4))
         gemm = gemm_seconds(weights, b, b)
         floor = decode_step_floor(model.config, weights, b, CONTEXT, peak, max(bandwidth.values()))
-        result["decode"][b] = {"engine_tok_s": b / ours, "hf_tok_s": b / theirs, "gemm_tok_s": b / gemm,
-                               "engine_step_ms": ours * 1e3, "hf_step_ms": theirs * 1e3,
-                               "floor_step_ms": floor["seconds"] * 1e3, "floor_gmacs": floor["macs"] / 1e9,
-                               "floor_mb": floor["bytes"] / 1e6}
+        decode[b] = {"engine_tok_s": b / ours, "hf_tok_s": b / theirs, "gemm_tok_s": b / gemm,
+                     "engine_step_ms": ours * 1e3, "hf_step_ms": theirs * 1e3,
+                     "floor_step_ms": floor["seconds"] * 1e3, "floor_gmacs": floor["macs"] / 1e9,
+                     "floor_mb": floor["bytes"] / 1e6}
         eager_note = ""
         if eager is not None:
             eager_s = engine_decode_seconds(eager, b, num_steps)
-            result["decode"][b] |= {"eager_tok_s": b / eager_s, "eager_step_ms": eager_s * 1e3}
+            decode[b] |= {"eager_tok_s": b / eager_s, "eager_step_ms": eager_s * 1e3}
             eager_note = f"  without CUDA graphs {b / eager_s:8.1f} ({eager_s * 1e3:6.2f} ms)"
         print(f"  decode  b={b:3d}: engine {b / ours:8.1f} tok/s ({ours * 1e3:6.2f} ms/step)  "
               f"hf {b / theirs:7.1f} ({theirs * 1e3:6.2f} ms)  gemm {b / gemm:8.1f}{eager_note}", flush=True)
@@ -250,6 +258,12 @@ print(sorted(times)[len(times) // 2] * 1e3, flush=True)
 THREAD_LAYOUTS = ((1, 1), (2, 1), (1, 2))   # (processes, torch threads each) on the 2 cores
 
 
+class Results(TypedDict):
+    """What `--json` writes: `bench_dtype`'s result per dtype, and `thread_study`'s."""
+    speed: list[dict[str, object]]
+    threads: dict[str, list[float]]
+
+
 def run_layout(dtype_name: str, batch: int, seconds: float, policy: str, processes: int, threads: int) -> list[float]:
     """Median decode step (ms) of each of `processes` engines stepping at the same time."""
     env = {k: v for k, v in os.environ.items() if k != "OMP_WAIT_POLICY"} | {"OMP_NUM_THREADS": str(threads)}
@@ -259,14 +273,16 @@ def run_layout(dtype_name: str, batch: int, seconds: float, policy: str, process
     procs = [subprocess.Popen(argv, env=env, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
              for _ in range(processes)]
     for proc in procs:
+        assert proc.stdout is not None   # stdout=PIPE
         assert proc.stdout.readline().strip() == "READY"
     for proc in procs:   # start together so the processes really share the cores
+        assert proc.stdin is not None   # stdin=PIPE
         proc.stdin.write("go\n")
         proc.stdin.flush()
     return [float(proc.communicate()[0].strip()) for proc in procs]
 
 
-def thread_study(dtype_name: str, batch: int, seconds: float, rounds: int = 2) -> dict:
+def thread_study(dtype_name: str, batch: int, seconds: float, rounds: int = 2) -> dict[str, list[float]]:
     """Each (wait policy, layout) `rounds` times, interleaved so machine noise hits all alike."""
     results: dict[str, list[float]] = {}
     for _ in range(rounds):
@@ -296,7 +312,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.device != "cpu":
         print(f"device {args.device}: {torch.cuda.get_device_name(torch.device(args.device))}")
     print(f"torch {torch.__version__}, {args.threads} thread(s), OMP_WAIT_POLICY={os.environ.get('OMP_WAIT_POLICY', 'default')}")
-    results = {"speed": [], "threads": {}}
+    results: Results = {"speed": [], "threads": {}}
     for dtype_name in [] if args.only_threads else args.dtypes.split(","):
         print(f"[{dtype_name}]", flush=True)
         results["speed"].append(bench_dtype(model, dtype_name, args.threads, args.steps, args.device,

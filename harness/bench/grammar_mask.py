@@ -185,7 +185,9 @@ def measure(library: str, tokenizer_name: str, repeats: int, wide: tuple[int, ..
     start = time.perf_counter()  # the first grammar on a new tokenizer object pays for lazy set-up
     adapter.fill(adapter.new_state(adapter.compile(json.dumps(WEATHER))), bitmask, 0)
     result["cold_first_grammar_ms"] = (time.perf_counter() - start) * 1e3
-    after_tokenizer, kept, seen = rss_mib(), [], []
+    after_tokenizer = rss_mib()
+    kept: list[Any] = []   # measure_grammar's `keep`: the compiled grammars, the masks met
+    seen: list[Any] = []
     result["grammars"] = {name: measure_grammar(adapter, tokenizer, source, doc, repeats, bitmask, (kept, seen))
                           for name, (source, doc) in GRAMMARS.items()}
     result["rss_grammars_mib"] = rss_mib() - after_tokenizer - sum(m.numel() * 4 for m in seen) / 2**20

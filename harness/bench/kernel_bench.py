@@ -43,9 +43,11 @@ import json
 import math
 import statistics
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from datetime import UTC, datetime
 from pathlib import Path
+from typing import TypedDict
 
 import torch
 
@@ -73,9 +75,10 @@ def cpu_model() -> str:
 
 
 def header(threads: int, rounds: int) -> str:
-    features = probe().as_log()
+    cpu = probe()
+    features = cpu.as_log()
     flags = [name for name, value in features.items() if value is True]
-    masked = f", masked {list(features['masked'])}" if features["masked"] else ""
+    masked = f", masked {list(cpu.masked)}" if cpu.masked else ""
     return (f"# kernel_bench: {cpu_model()} | features: {' '.join(flags) or 'none'}{masked} | "
             f"torch {torch.__version__}, {threads} thread(s), {rounds} paired rounds")
 
@@ -103,10 +106,22 @@ def calls_for(fn, seconds: float) -> int:
     return max(1, min(MAX_CALLS, math.ceil(seconds / max(_per_call(fn, 1), 1e-9))))
 
 
-def paired_rounds(kernel, reference, rounds: int, seconds: float) -> dict[str, object]:
+class Timed(TypedDict):
+    """What `paired_rounds` measures of one pair."""
+    kernel_us: float
+    torch_us: float
+    gain: float
+    ratios: list[float]
+    kernel_calls: int
+    torch_calls: int
+
+
+def paired_rounds(kernel: Callable[[], object], reference: Callable[[], object], rounds: int,
+                  seconds: float) -> Timed:
     """Per-call seconds of each side in each round, taking turns at going first (neither always
     runs on the caches and clock the other left), and the median of the per-round ratios."""
-    sides = [(kernel, calls_for(kernel, seconds), []), (reference, calls_for(reference, seconds), [])]
+    sides: list[tuple[Callable[[], object], int, list[float]]] = [
+        (kernel, calls_for(kernel, seconds), []), (reference, calls_for(reference, seconds), [])]
     for r in range(rounds):
         for fn, calls, times in sides if r % 2 == 0 else sides[::-1]:
             times.append(_per_call(fn, calls))

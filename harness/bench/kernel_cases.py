@@ -14,7 +14,7 @@ are random (speed does not depend on values).
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, replace
 
 import numpy as np
@@ -35,6 +35,7 @@ from nodes.engines.kv_quant import TorchQuantizer
 
 BF16_ULPS = 4
 F32_RELATIVE = 2.0**-13
+Output = torch.Tensor | tuple[torch.Tensor, ...]   # what the two sides of a `pair` return
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,17 +88,22 @@ def close(got: torch.Tensor, want: torch.Tensor) -> str | None:
     return None if err <= tolerance else f"max |diff| {err:.3g} at scale {scale:.3g} (> {tolerance:.3g})"
 
 
-def checker(kernel: Callable[[], object], reference: Callable[[], object]) -> Callable[[], str | None]:
+def checker(kernel: Callable[[], Output], reference: Callable[[], Output]) -> Callable[[], str | None]:
     """Runs both once (compiling each) and compares their outputs, a tensor or a tuple of them."""
     def check() -> str | None:
         got, want = kernel(), reference()
-        pairs = zip(got, want, strict=True) if isinstance(got, tuple) else [(got, want)]
+        pairs: Iterable[tuple[torch.Tensor, torch.Tensor]]
+        if isinstance(got, tuple):
+            pairs = zip(got, want, strict=True)
+        else:
+            assert isinstance(want, torch.Tensor), "a tensor against a tuple of them"
+            pairs = [(got, want)]
         return next((error for a, b in pairs if (error := close(a, b))), None)
     return check
 
 
-def pair(operation: str, module: str, dtype: str, shape: str, kernel: Callable[[], object],
-         reference: Callable[[], object]) -> Case:
+def pair(operation: str, module: str, dtype: str, shape: str, kernel: Callable[[], Output],
+         reference: Callable[[], Output]) -> Case:
     """A Case whose check compares the two sides' outputs with `close`."""
     return Case(operation, module, dtype, shape, kernel, reference, checker(kernel, reference))
 

@@ -22,8 +22,9 @@ import torch
 
 from harness.bench.kernel_cases import Case, Sizes, Skip
 from harness.bench.kernel_torch import SMOLLM2
+from nodes.engines.forward_batch import DecodeGroup, ForwardBatch
 from nodes.engines.kernels.dispatch import KernelPlan
-from nodes.engines.llama import DecodeGroup, ForwardBatch, LlamaRunner
+from nodes.engines.llama import LlamaRunner
 from nodes.engines.tiny import random_llama_weights
 
 KERNELS = {"bfloat16": ("amx", "dot_bf16"), "float32": ("dot_f32",)}

@@ -13,13 +13,14 @@ from __future__ import annotations
 
 import contextlib
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterable, Iterator
+from typing import TYPE_CHECKING, Any, cast
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-from nodes.engines.llama import apply_rope, rms_norm
+from nodes.engines.llama_ops import apply_rope, rms_norm
 from nodes.engines.model_config import LlamaConfig, weight_shapes
 from nodes.engines.rope import rope_tables
 
@@ -50,9 +51,10 @@ def inductor_settings() -> Iterator[None]:
         select_algorithm.PRINT_AUTOTUNE = printing
 
 
-def compiled(module: nn.Module, linear: bool = False) -> Callable[..., object]:
+def compiled(module: nn.Module, linear: bool = False) -> Callable[..., Any]:
     """torch.compile, static shapes: max-autotune for linear layers (inductor may pick its own GEMM
-    templates over oneDNN's), the default mode elsewhere."""
+    templates over oneDNN's), the default mode elsewhere. Returns what the module's forward does
+    (torch types every nn.Module call as Any)."""
     return torch.compile(module.eval(), mode="max-autotune-no-cudagraphs" if linear else None, dynamic=False)
 
 
@@ -85,6 +87,14 @@ class Params(nn.Module):
         for name, tensor in tensors.items():
             self.register_parameter(name, nn.Parameter(tensor, requires_grad=False))
 
+    if TYPE_CHECKING:   # its attributes are the tensors it was given (nn.Module says Tensor | Module)
+        def __getattr__(self, name: str) -> torch.Tensor: ...
+
+
+def _params(layers: nn.ModuleList) -> Iterable[Params]:
+    """The layers' Params: torch types a ModuleList's items as Module only."""
+    return cast("Iterable[Params]", layers)
+
 
 class LayerLinears(nn.Module):
     """The linear work of decoder layers as LlamaRunner's bf16 torch path does it: RMSNorm + fused
@@ -97,7 +107,7 @@ class LayerLinears(nn.Module):
 
     def forward(self, x: torch.Tensor, attn: torch.Tensor) -> tuple[torch.Tensor, ...]:
         qkvs = []
-        for w in self.layers:
+        for w in _params(self.layers):
             qkvs.append(F.linear(rms_norm(x, w.input_norm, EPS), w.qkv))
             x = x + F.linear(attn, w.o)
             h = rms_norm(x, w.post_norm, EPS)
@@ -126,7 +136,7 @@ class Linears(nn.Module):
                                            down=w["down"]) for w in layers)
 
     def forward(self, x: torch.Tensor, attn: torch.Tensor, gated: torch.Tensor) -> tuple[torch.Tensor, ...]:
-        return tuple(y for w in self.layers for y in (F.linear(x, w.qkv), F.linear(attn, w.o),
+        return tuple(y for w in _params(self.layers) for y in (F.linear(x, w.qkv), F.linear(attn, w.o),
                                                       F.linear(x, w.gate_up), F.linear(gated, w.down)))
 
 

@@ -43,7 +43,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import deque
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, cast
 
 import numpy as np
 import zmq
@@ -75,7 +75,8 @@ def flat_bytes(source: torch.Tensor) -> np.ndarray:
 
 def _info(source: torch.Tensor) -> KVInfo:
     from nodes.engines.kv_quant import TORCH_DTYPES  # imports torch: only a sender splits tensors
-    return KVInfo(tuple(source.shape), TORCH_DTYPES[source.dtype])
+    # KV is 5-D (layers, 2, kv_heads, tokens, head_dim); KVInfo checks the length itself
+    return KVInfo(cast("tuple[int, int, int, int, int]", tuple(source.shape)), TORCH_DTYPES[source.dtype])
 
 
 def int8_wire_chunks(source: torch.Tensor, chunk_bytes: int) -> list[np.ndarray]:
@@ -164,7 +165,7 @@ async def chunked_send_seconds(socket: zmq.asyncio.Socket, chunks: list, window:
             if release > loop.time():
                 await asyncio.sleep(release - loop.time())
             await socket.send_multipart(frames, copy=False)
-            if not await socket.poll(0, zmq.POLLIN):
+            if not await socket.poll(0):   # flags default to POLLIN (pyzmq's stub omits the argument)
                 continue
         answer = await socket.recv_multipart()
         if answer[-1] != b"ok":
@@ -262,7 +263,8 @@ async def run_link_floor(endpoints: dict, sources: dict, chunk_bytes: int, repea
     checked.connect(endpoints["checked"])
     times: dict[tuple[str, str], list[float]] = {}
     for name, source in sources.items():
-        chunks = {"raw-sized": raw_chunk_frames(source, chunk_bytes), "int8-sized": int8_wire_chunks(source, chunk_bytes)}
+        chunks: dict[str, list[list[np.ndarray]] | list[np.ndarray]] = {
+            "raw-sized": raw_chunk_frames(source, chunk_bytes), "int8-sized": int8_wire_chunks(source, chunk_bytes)}
         for round_ in range(repeats + 1):   # round 0 warms up
             for case in (list(chunks) if round_ % 2 else list(chunks)[::-1]):
                 seconds = await chunked_send_seconds(checked, chunks[case], WINDOW, LinkShaper(link))

@@ -30,6 +30,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import TYPE_CHECKING
 
 if __name__ == "__main__":   # the bench's own process only: an importer (a test) keeps its environment,
     # which its child processes inherit (PDBUS_LOG_LEVEL=warning in a pytest process hid the
@@ -72,6 +73,9 @@ from harness.bench.kv_stages import (  # noqa: E402
 )
 from nodes.engines.kv_quant import TorchQuantizer  # noqa: E402
 
+if TYPE_CHECKING:
+    from bus.security import SecurityConfig
+
 MiB = 1024 * 1024
 CASES = [  # (source dtype, mode, compression); "none again": `none` twice a round, a null pair for auto / none
     ("fp32", "raw", "none"), ("fp32", "raw", "auto"), ("fp32", "raw", "none again"), ("fp32", "raw", "lz4"),
@@ -82,15 +86,23 @@ CASES = [  # (source dtype, mode, compression); "none again": `none` twice a rou
 CPU_TRANSFERS = 100   # per case of the CPU accounting (kernel ticks are 10 ms: an average over many)
 
 
-def start_peer(curve_keys: dict | None = None) -> tuple[subprocess.Popen, dict]:
+def start_peer(curve_keys: dict[str, list[str]] | None = None) -> tuple[subprocess.Popen[str], dict]:
     env = {**os.environ, "PDBUS_BENCH_CURVE_KEYS": json.dumps(curve_keys)} if curve_keys else None
     peer = subprocess.Popen([sys.executable, "-m", "harness.bench.kv_decode_side", "--torch"],
                             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    assert peer.stdout is not None   # stdout=PIPE
     endpoints = json.loads(peer.stdout.readline())
     # The peer prints a line per transfer it received; drained, so that a run of more transfers
     # than a pipe holds (~500) cannot block the peer's event loop in a print and time transfers out.
     threading.Thread(target=peer.stdout.read, daemon=True).start()
     return peer, endpoints
+
+
+def stop_peer(peer: subprocess.Popen[str]) -> None:
+    """Close the peer's stdin (it serves until then) and wait for it to exit."""
+    assert peer.stdin is not None   # stdin=PIPE
+    peer.stdin.close()
+    peer.wait(timeout=30)
 
 
 async def run_end_to_end(endpoints: dict, sources: dict, quantizer: TorchQuantizer, chunk_bytes: int,
@@ -194,7 +206,7 @@ def print_targets(loop: dict, shaped: dict, auto_pairs: dict, auto_rounds: int) 
 
 
 async def curve_cost(endpoints: dict, sources: dict, quantizer: TorchQuantizer, chunk_bytes: int,
-                     repeats: int, security: object) -> dict[str, tuple[float, float]]:
+                     repeats: int, security: SecurityConfig) -> dict[str, tuple[float, float]]:
     """Best-of-N seconds per case, plain vs CURVE, the two interleaved in every round."""
     senders = {"plain": (KVSender(quantizer=quantizer, chunk_bytes=chunk_bytes, config=SEND_CONFIG), endpoints["kv"]),
                "curve": (KVSender(quantizer=quantizer, chunk_bytes=chunk_bytes, config=SEND_CONFIG, security=security),
@@ -237,8 +249,7 @@ def sweep(sources: dict, quantizer: TorchQuantizer, repeats: int, loopback_rate:
                 cells = " | ".join(f"{results[f'{d} {m}+{c}'][0] * 1e3:.1f}" for d, m, c in SWEEP_CASES)
                 print(f"| {mib} MiB | {'10 Gbit/s' if link else 'loopback'} | {cells} |", flush=True)
     finally:
-        peer.stdin.close()
-        peer.wait(timeout=30)
+        stop_peer(peer)
 
 
 def main() -> int:
@@ -273,8 +284,7 @@ def main() -> int:
             results = asyncio.run(curve_cost(endpoints, sources, quantizer, chunk_bytes, args.repeats,
                                              curve_configs(keys)[1]))
         finally:
-            peer.stdin.close()
-            peer.wait(timeout=30)
+            stop_peer(peer)
         print_curve_cost(results, raw_bytes)
         if args.curve_only:
             return 0
@@ -290,8 +300,7 @@ def main() -> int:
         auto_pairs = asyncio.run(run_auto_pairs(endpoints["kv"], sources, quantizer, chunk_bytes, args.auto_rounds,
                                                 {"loopback": (loopback_rate, None), "10 Gbit/s": (gbit(10), gbit(10))}))
     finally:
-        peer.stdin.close()
-        peer.wait(timeout=30)
+        stop_peer(peer)
     print(f"\nloopback bare pyzmq: {loopback_rate / 1e9:.2f} GB/s (the link speed `auto` used on loopback)")
     print_end_to_end("loopback TCP, two processes", loop_results, raw_bytes)
     print_end_to_end("10 Gbit/s shaped link (token bucket in the sender)", shaped, raw_bytes)

@@ -54,7 +54,8 @@ def digest(kv) -> int:
     if hasattr(kv, "numpy"):
         import torch
         kv = kv.view(torch.int16).numpy() if kv.dtype == torch.bfloat16 else kv.numpy()
-    return xxhash.xxh3_64_intdigest(np.ascontiguousarray(kv).view(np.uint8))
+    # numpy's stubs give ndarray `__buffer__` (what makes it a Buffer) only for Python >= 3.12
+    return xxhash.xxh3_64_intdigest(np.ascontiguousarray(kv).view(np.uint8))  # type: ignore[arg-type]
 
 
 async def main(args: argparse.Namespace) -> None:

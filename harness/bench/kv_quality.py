@@ -24,7 +24,7 @@ import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 from bus.kv.chunk_codec import ChunkEncoder, verify_and_decode  # noqa: E402
-from bus.kv.frames import decode_message, encode_message  # noqa: E402
+from bus.kv.frames import Chunk, decode_message, encode_message  # noqa: E402
 from bus.kv.quant import NumpyQuantizer  # noqa: E402
 from harness.bench.kv_model import held_out_text, load_model, prompt_kv  # noqa: E402
 from harness.bench.kv_quant_variants import VARIANTS, round_trip_variant  # noqa: E402
@@ -42,6 +42,7 @@ def codec_round_trip(kv: np.ndarray, mode: str) -> np.ndarray:
     for index in range(encoder.num_chunks):
         header, wire = encoder.encode(index, outs)
         chunk, payload = decode_message([bytes(memoryview(f).cast("B")) for f in encode_message(header, wire)])
+        assert isinstance(chunk, Chunk)   # the encoder's header, decoded
         verify_and_decode(chunk, payload, quantizer, dst)
     return dst
 

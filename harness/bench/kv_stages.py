@@ -74,7 +74,9 @@ def measure_stages(kv_fp32: np.ndarray, torch_quantizer: TorchQuantizer, chunk_b
     nbytes = kv_fp32.nbytes
     target = np.empty_like(kv_fp32)
     rows.append(("memcpy fp32 into a reused buffer", nbytes / best_seconds(lambda: np.copyto(target, kv_fp32), repeats)))
-    rows.append(("xxh3_64 checksum", nbytes / best_seconds(lambda: xxhash.xxh3_64_intdigest(kv_fp32), repeats)))
+    # numpy's stubs give ndarray `__buffer__` (what makes it a Buffer) only for Python >= 3.12
+    rows.append(("xxh3_64 checksum", nbytes / best_seconds(
+        lambda: xxhash.xxh3_64_intdigest(kv_fp32), repeats)))  # type: ignore[arg-type]
     tensors = _sources(kv_fp32)
     fast_int8 = torch_quantizer.fast_int8
     for name, kv in tensors.items():
@@ -91,12 +93,12 @@ def measure_stages(kv_fp32: np.ndarray, torch_quantizer: TorchQuantizer, chunk_b
             rows.append((f"decode {mode} into {name} ({path})",
                          size / decode_seconds(torch_quantizer, kv, mode, dst, chunk_bytes, repeats)))
         torch_quantizer.fast_int8 = fast_int8
-    numpy_quantizer, dst = NumpyQuantizer(), np.empty_like(kv_fp32)
+    numpy_quantizer, array_dst = NumpyQuantizer(), np.empty_like(kv_fp32)
     for mode in ("int8", "bf16"):
         rows.append((f"encode {mode} from fp32 (numpy reference)",
                      nbytes / encode_seconds(numpy_quantizer, kv_fp32, mode, chunk_bytes, 3)))
         rows.append((f"decode {mode} into fp32 (numpy reference)",
-                     nbytes / decode_seconds(numpy_quantizer, kv_fp32, mode, dst, chunk_bytes, 3)))
+                     nbytes / decode_seconds(numpy_quantizer, kv_fp32, mode, array_dst, chunk_bytes, 3)))
     return [(stage, value / 1e9) for stage, value in rows]
 
 
@@ -153,7 +155,7 @@ def auto_overhead(kv_fp32: np.ndarray, torch_quantizer: TorchQuantizer, chunk_by
     rows = []
     for name, kv in _sources(kv_fp32).items():
         for mode in ("int8", "raw"):
-            best = {}
+            best: dict[str, float] = {}
             outs = None
             for round_ in range(rounds):
                 for compression in ("none", "auto") if round_ % 2 else ("auto", "none"):
@@ -197,7 +199,7 @@ def destination_cost(kv_fp32: np.ndarray, torch_quantizer: TorchQuantizer, chunk
                     decode(header, verify(header, wire), torch_quantizer, dst)
 
             kinds = ("new", "pooled", "kept") if mode == "raw" else ("new", "pooled")
-            best = {}
+            best: dict[str, float] = {}
             for round_ in range(rounds + 1):   # round 0 warms up (and fills the pool)
                 for kind in kinds[round_ % len(kinds):] + kinds[:round_ % len(kinds)]:
                     dst = (torch.empty_like(kv) if kind == "new" else RawPieces(encoder.info) if kind == "kept"
@@ -206,6 +208,7 @@ def destination_cost(kv_fp32: np.ndarray, torch_quantizer: TorchQuantizer, chunk
                     receive(dst)
                     seconds = time.perf_counter() - started
                     if kind == "pooled":
+                        assert isinstance(dst, torch.Tensor)   # pool.take's buffer
                         pool.give(dst)
                     if round_:
                         best[kind] = min(best.get(kind, seconds), seconds)

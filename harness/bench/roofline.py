@@ -72,7 +72,7 @@ def plain_weights(model, dtype: torch.dtype, device: str = "cpu") -> list[torch.
 
 def gemm_seconds(weights: list[torch.Tensor], num_tokens: int, num_logit_rows: int) -> float:
     """torch.matmul of exactly the model's linear layers for `num_tokens` rows, every layer."""
-    inputs = {}
+    inputs: dict[int, torch.Tensor] = {}
     for w in weights:
         inputs.setdefault(w.shape[1], torch.randn(num_tokens, w.shape[1], dtype=w.dtype, device=w.device))
     *layers, head = weights

@@ -28,6 +28,7 @@ import json
 import math
 import sys
 from pathlib import Path
+from typing import TypedDict
 
 from tqdm import tqdm
 
@@ -41,8 +42,17 @@ EXTRA_SYSTEMS = ("pdbus-disagg-nocache", "pdbus-disagg-nolend")   # by name only
 NO_LEND = {"PDBUS__DECODE__LEND_PREFILL_TOKENS": "0"}
 NO_CACHE = {"PDBUS__PREFILL__PREFIX_CACHE_MIB": "0", "PDBUS__ENGINE__KEEP_PREFIXES": "false",
             "PDBUS__ENGINE__KEEP_SESSIONS": "false"}
-QUICK = {"rates": [0.5, 1.0, 1.5], "num_prompts": 24, "output_scale": 0.5}
-FULL = {"rates": [0.25, 0.5, 0.75, 1.0, 1.5, 2.0], "num_prompts": 60, "output_scale": 1.0}
+
+
+class Preset(TypedDict):
+    """A sweep's defaults where a flag leaves them: `--quick`'s or the full run's."""
+    rates: list[float]
+    num_prompts: int
+    output_scale: float
+
+
+QUICK: Preset = {"rates": [0.5, 1.0, 1.5], "num_prompts": 24, "output_scale": 0.5}
+FULL: Preset = {"rates": [0.25, 0.5, 0.75, 1.0, 1.5, 2.0], "num_prompts": 60, "output_scale": 1.0}
 VOCAB_SIZES = {"tiny": 512}
 SMOLLM2_VOCAB = 49152
 
@@ -98,9 +108,10 @@ def sweep_config(args: argparse.Namespace) -> SweepConfig:
         tag=args.tag or ("serve-quick" if args.quick else "serve")))
 
 
-def build_systems(names: list[str], args: argparse.Namespace, config: SweepConfig) -> list:
+def build_systems(names: list[str], args: argparse.Namespace,
+                  config: SweepConfig) -> list[PdbusSystem | VllmSystem]:
     env = {"PDBUS__ENGINE__DTYPE": f'"{args.dtype}"', "PDBUS__ENGINE__NUM_THREADS": "1"}
-    systems = []
+    systems: list[PdbusSystem | VllmSystem] = []
     for name in names:
         if name == "vllm":   # its prefix caching on for the shared-prefix workload, as pdbus's is
             systems.append(VllmSystem(model=args.model, dtype=args.dtype,

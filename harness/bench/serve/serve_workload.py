@@ -31,10 +31,22 @@ from __future__ import annotations
 import math
 import random
 from dataclasses import dataclass
+from typing import TypedDict
 
 FIRST_ID = 20
-CHAT = {"kind": "chat", "input_len": 128, "input_ratio": 0.5, "output_len": 128, "share": 0.8}
-DOCUMENT = {"kind": "document", "input_len": 1536, "input_ratio": 0.25, "output_len": 64, "share": 0.2}
+
+
+class RequestShape(TypedDict):
+    """One kind of request of a mix: its prompt length (mean, ± ratio), output length, share."""
+    kind: str
+    input_len: int
+    input_ratio: float
+    output_len: int
+    share: float
+
+
+CHAT: RequestShape = {"kind": "chat", "input_len": 128, "input_ratio": 0.5, "output_len": 128, "share": 0.8}
+DOCUMENT: RequestShape = {"kind": "document", "input_len": 1536, "input_ratio": 0.25, "output_len": 64, "share": 0.2}
 
 
 @dataclass(frozen=True, slots=True)

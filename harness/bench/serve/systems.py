@@ -102,8 +102,10 @@ class PdbusSystem:
         return self.url
 
     def _watch(self) -> None:
+        process = self._process
+        assert process is not None and process.stderr is not None   # start() set it, stderr=PIPE
         with self.log_path.open("w") as log:
-            for line in self._process.stderr:
+            for line in process.stderr:
                 log.write(line)
                 try:
                     event = json.loads(line)
