@@ -49,7 +49,7 @@ from bus.bus_client import BusClient
 from bus.liveness import HeartbeatConfig
 from bus.mailbox import ReplyStream
 from nodes import wire
-from nodes.cluster.attempt import PrefillBacklog
+from nodes.cluster.attempt_inputs import PrefillBacklog
 from nodes.cluster.generation import Generation
 from nodes.cluster.results import GenerationResult
 

@@ -20,7 +20,8 @@ from typing import TYPE_CHECKING
 from bus.log import get_logger
 from bus.mailbox import ReplyStream
 from nodes import wire
-from nodes.cluster.attempt import Attempt, AttemptSpec, PrefillBacklog
+from nodes.cluster.attempt import Attempt
+from nodes.cluster.attempt_inputs import AttemptSpec, PrefillBacklog
 from nodes.cluster.results import ClusterError, GenerationResult, RequestTrace, StreamToken
 from nodes.cluster.retries import FATAL_CODES, MAX_DRAIN_BOUNCES, NO_PREFILL_NODE_MEMORY_S, Retry, retry_delay
 

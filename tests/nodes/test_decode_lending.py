@@ -9,7 +9,8 @@ import asyncio
 import pytest
 
 from nodes import wire
-from nodes.cluster.attempt import Attempt, PrefillBacklog
+from nodes.cluster.attempt import Attempt
+from nodes.cluster.attempt_inputs import PrefillBacklog
 from nodes.cluster.retries import Retry
 from nodes.node_settings import LendSettings
 from nodes.wire import Code

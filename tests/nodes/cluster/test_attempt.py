@@ -7,7 +7,8 @@ from __future__ import annotations
 import time
 
 from nodes.cluster import ClusterClient, RequestTrace, StreamToken
-from nodes.cluster.attempt import Attempt, AttemptOwner, AttemptSpec, PrefillBacklog
+from nodes.cluster.attempt import Attempt
+from nodes.cluster.attempt_inputs import AttemptOwner, AttemptSpec, PrefillBacklog
 from nodes.engines.base import SamplingParams
 from nodes.wire import TokenBody
 
