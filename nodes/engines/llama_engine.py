@@ -5,11 +5,12 @@ step's chunks (decode tokens first, then prefill chunks), `_run()` packs them in
 (`batch_pack.py`), `_postprocess()` samples (each request's penalties, bias and grammar applied
 first: `logits_process.py`; its logprobs when asked), streams and retires finished requests. A
 grammar that does not compile is `rejected` at admission; the compiler (llguidance) is built at the
-first request with one. Admission
-(`admission.py`) charges each request its KV reservation (prompt + max_tokens, in blocks) and the
-padded slot cache it implies, evicting least-recently-used kept KV first (finished sessions, shared
-prefixes: `session_cache.py`; never one held for a request, `prefix_leases.py`), and answers "full"
-rather than over-committing memory. Torch threads are pinned at construction (`num_threads`).
+first request with one. Admission (`admission.py`) charges each request its KV reservation (prompt +
+max_tokens, in blocks) and the padded slot cache it implies, evicting least-recently-used kept KV
+first (finished sessions, shared prefixes: `session_cache.py`; never one held for a request,
+`prefix_leases.py`), and answers "full" rather than over-committing memory; an admitted request
+becomes a running sequence in `sequence_start.py`, and the slot store is reserved up front in
+`kv_reservation.py`. Torch threads are pinned at construction (`num_threads`).
 """
 
 from __future__ import annotations
@@ -21,7 +22,6 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from nodes.engines import hugepages
 from nodes.engines.admission import AdmissionPlanner
 from nodes.engines.base import (
     Admission,
@@ -41,28 +41,23 @@ from nodes.engines.block_manager import BlockManager
 from nodes.engines.engine_common import DTYPES, resolve_device, resolve_dtype
 from nodes.engines.engine_types import EngineStats
 from nodes.engines.kernels.cpu import probe
+from nodes.engines.kv_reservation import reserve_slot_store
 from nodes.engines.kv_slots import SlotCache
 from nodes.engines.llama import LlamaRunner
 from nodes.engines.logits_process import RequestLogits, sampled_logprobs
 from nodes.engines.model_loader import LoadedModel
-from nodes.engines.output import OutputTracker
 from nodes.engines.prefill_pass import ChunkedPrefill, run_prefill
 from nodes.engines.prefix_cache import PrefixCache
 from nodes.engines.prefix_leases import DecodePrefixes, Lease
-from nodes.engines.sampling import new_generator, sample
+from nodes.engines.sampling import sample
+from nodes.engines.sequence_start import start_sequence
 from nodes.engines.session_cache import CachedSession, SessionCache
 from nodes.engines.step_schedule import ScheduledChunk, Sequence, schedule
 
 if TYPE_CHECKING:   # llguidance is imported at the first request with a grammar
     from nodes.engines.grammar import GrammarCompiler
 
-__all__ = ["DTYPES", "EngineStats", "KVMemoryError", "LlamaEngine", "resolve_dtype"]
-
-MAX_MEMORY_SHARE = 0.9   # of MemAvailable a KV reservation may take: the other processes need some
-
-
-class KVMemoryError(ValueError):
-    """The configured KV budget cannot be reserved in this machine's memory."""
+__all__ = ["DTYPES", "EngineStats", "LlamaEngine", "resolve_dtype"]
 
 
 class LlamaEngine(Engine):
@@ -162,7 +157,7 @@ class LlamaEngine(Engine):
         for session_id in plan.evict_sessions:
             self.planner.drop_session(session_id)
         reused = self.planner.take_session(plan.reuse_session) if plan.reuse_session else None
-        seq = self._new_sequence(request, plan.num_reserved_tokens, processor)
+        seq = start_sequence(request, plan.num_reserved_tokens, processor, self.tokenizer, self.eos_token_ids)
         seq.cache_salt, seq.prefix_keys = request.cache_salt, self.prefixes.keys(request.prompt_token_ids,
                                                                                request.cache_salt)
         self.prefixes.observe(seq.prefix_keys)
@@ -181,26 +176,6 @@ class LlamaEngine(Engine):
 
     def _grammars_for(self, sampling: SamplingParams) -> GrammarCompiler | None:
         return self.grammars if sampling.grammar is not None else None
-
-    def _new_sequence(self, request: DecodeRequest, num_reserved: int, processor: RequestLogits | None) -> Sequence:
-        sampling = request.sampling
-        # The context may end before max_tokens does: then the request ends with "length" there.
-        max_tokens = num_reserved - len(request.prompt_token_ids)
-        tracker = OutputTracker(self.tokenizer, sampling, self.eos_token_ids, max_tokens=max_tokens)
-        seq = Sequence(request.request_id, list(request.prompt_token_ids), len(request.prompt_token_ids),
-                       sampling, tracker, num_reserved,
-                       session_id=request.session_id, generator=new_generator(sampling.seed),
-                       processor=processor)
-        if request.first_token_id is not None:
-            # The prefill node sampled (and streamed) this token: replay it so text, penalties and
-            # the seeded random stream continue exactly where the prefill node left them.
-            seq.token_ids.append(request.first_token_id)
-            seq.output.push(request.first_token_id)
-            if seq.processor is not None:
-                seq.processor.accept(request.first_token_id)
-            if seq.generator is not None and not sampling.is_greedy:
-                torch.rand(1, generator=seq.generator)
-        return seq
 
     def _load_kv(self, seq: Sequence, request: DecodeRequest, reused: CachedSession | None,
                  num_reused: int, lease: Lease | None) -> None:
@@ -310,29 +285,9 @@ class LlamaEngine(Engine):
         return bool(self.running or self._pending_events)
 
     def reserve_kv_memory(self) -> None:
-        """The slot store for the whole budget, faulted in now (`preallocate_kv`): no request then
-        waits for memory, neither the first one nor the one that grows the batch (kv_slots.py).
-        Raises KVMemoryError, before touching any of it, when the budget exceeds the memory
-        available (faulting it in would end in the kernel's OOM killer, not in an error). A second
-        call finds it done and does nothing (`pdbus decode` reserves before DecodeWork.prepare)."""
-        num_tokens = self.planner.slot_budget_tokens()
-        num_bytes = self.slots.num_bytes_for(num_tokens) - self.slots.num_bytes
-        if not self.config.preallocate_kv or num_bytes <= 0:   # off, or reserved already: nothing to do
-            return
-        available = hugepages.available_bytes() if self.device.type == "cpu" else None
-        if available is not None and num_bytes > MAX_MEMORY_SHARE * available:
-            raise self._memory_error(num_bytes, f"only {available / 2**30:.2f} GiB of memory is available")
-        try:
-            self.slots.reserve(num_tokens)
-        except RuntimeError as exc:   # the allocator's refusal (torch.OutOfMemoryError on a GPU)
-            raise self._memory_error(num_bytes, f"allocating it failed ({str(exc).splitlines()[0]})") from None
-
-    def _memory_error(self, num_bytes: int, why: str) -> KVMemoryError:
-        c = self.config
-        return KVMemoryError(
-            f"the KV budget ([decode] num_kv_blocks = {c.num_kv_blocks} x block_size {c.block_size} tokens) "
-            f"needs {num_bytes / 2**30:.2f} GiB, but {why}: lower num_kv_blocks, or set "
-            "[decode] preallocate_kv = false to allocate it on demand")
+        """The slot store for the whole budget, faulted in now (kv_reservation.py); KVMemoryError
+        when the budget exceeds the memory available. A second call does nothing."""
+        reserve_slot_store(self.slots, self.planner.slot_budget_tokens(), self.config, self.device)
 
     # ---- sessions and usage --------------------------------------------------------------------
     def cached_session_tokens(self, session_id: str) -> int:

@@ -211,7 +211,7 @@ def test_a_chunked_prefill_pass_exports_the_one_pass_kv(tiny_model):
 
 @needs_cuda
 def test_a_kv_budget_larger_than_the_gpu_is_a_clear_error_and_the_engine_still_serves(tiny_model):
-    from nodes.engines.llama_engine import KVMemoryError
+    from nodes.engines.kv_reservation import KVMemoryError
     token_bytes = 2 * 2 * 2 * 16 * 4   # tiny model: layers x {K,V} x kv_heads x head_dim x fp32
     total = torch.cuda.get_device_properties(torch.device(DEVICE)).total_memory
     num_blocks = 2 * total // (token_bytes * 1024) + 1

@@ -232,7 +232,7 @@ def test_a_kept_session_lives_in_the_reserved_store_and_takes_no_memory_of_its_o
 def test_a_kv_budget_beyond_the_memory_available_is_a_clear_error_before_any_of_it_is_touched(
         tiny_model, monkeypatch):
     from nodes.engines import hugepages
-    from nodes.engines.llama_engine import KVMemoryError
+    from nodes.engines.kv_reservation import KVMemoryError
     monkeypatch.setattr(hugepages, "available_bytes", lambda: 1 << 20)   # 1 MiB left
     engine = make_engine(tiny_model)
     with pytest.raises(KVMemoryError, match=r"num_kv_blocks = 2048 .* preallocate_kv = false"):
@@ -243,7 +243,7 @@ def test_a_kv_budget_beyond_the_memory_available_is_a_clear_error_before_any_of_
 
 
 def test_an_allocator_refusing_the_kv_budget_is_the_same_clear_error(tiny_model, monkeypatch):
-    from nodes.engines.llama_engine import KVMemoryError
+    from nodes.engines.kv_reservation import KVMemoryError
     engine = make_engine(tiny_model)
 
     def refuse(num_tokens):
