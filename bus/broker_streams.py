@@ -24,6 +24,7 @@ from bus import codec
 from bus.broker_tables import Node, Route
 from bus.codec import HEADERS, ProtocolError
 from bus.constants import Command, DropReason
+from bus.stream_index import stream_index, stream_index_shape
 
 if TYPE_CHECKING:
     from collections import Counter
@@ -41,7 +42,7 @@ class StreamRoutes:
 
     def on_streams(self, node: Node, command: Command, frames: list, now: float) -> None:
         try:
-            index = codec.stream_index_shape(frames[1])
+            index = stream_index_shape(frames[1])
         except ProtocolError as exc:
             self.reject(node.identity, exc, frames)
             return
@@ -65,7 +66,7 @@ class StreamRoutes:
 
     def _split(self, node: Node, frames: list, now: float) -> None:
         try:
-            index = codec.stream_index(frames[1])   # every id and seq checked: each becomes a PARTIAL
+            index = stream_index(frames[1])   # every id and seq checked: each becomes a PARTIAL
             bodies = codec.unpack(frames[2])
             if type(bodies) is not list or 2 * len(bodies) != len(index):
                 raise ProtocolError(DropReason.MALFORMED, "STREAMS bodies must be a list, one per index entry")

@@ -1,4 +1,5 @@
-"""Messages <-> ZeroMQ frames for the control plane; the only bus module that imports msgpack.
+"""Messages <-> ZeroMQ frames for the control plane; it and `bus.stream_index` are the only
+control-plane modules that import msgpack.
 
 Contract:
 - `encode(message) -> list` of frames (header first). Payload frames are passed through
@@ -11,7 +12,9 @@ Contract:
   types), so `encode` fails in the caller, never on a peer.
 - `parse_header(frame) -> Command` is the cheap check the broker's hot path uses, so it can route
   on the header and the routing frames and pass body and payload frames through undecoded.
-Frame layouts (after the ROUTER identity): see docs/PROTOCOL.md part 1 and `_LAYOUT` below.
+- The sender's checks on routing frames are `bus.send_checks.encode_checked`'s; the reads of a
+  STREAMS index frame (which the broker also makes without decoding) are `bus.stream_index`'s.
+Frame layouts (after the ROUTER identity): docs/PROTOCOL.md part 1; `_ENCODERS` and `_DECODERS` below.
 """
 
 from __future__ import annotations
@@ -41,6 +44,7 @@ from bus.messages import (
     Request,
     Streams,
 )
+from bus.stream_index import stream_index
 from bus.wire_checks import ProtocolError
 
 HEADERS: dict[Command, bytes] = {cmd: c.SIGNATURE + bytes((c.VERSION, cmd)) for cmd in Command}
@@ -122,31 +126,6 @@ def encode(message: Message) -> list[Any]:
     return _ENCODERS[type(message)](message)
 
 
-def encode_checked(message: Request | Direct | Control) -> list[Any]:
-    """`encode`, after checking the routing frames a broker would refuse (ids, service, key,
-    peer of 1..MAX_ID_BYTES UTF-8 bytes; key may be empty): a message that cannot travel fails
-    here, in the sender, with ProtocolError, instead of on the bus."""
-    routing = ((message.service, "service"), (message.request_id, "request_id")) if isinstance(
-        message, Request) else ((message.peer, "peer"),)
-    for value, what in routing:
-        _check_routing(value, what, allow_empty=False)
-    if isinstance(message, Request):
-        _check_routing(message.key, "key", allow_empty=True)
-    frames = encode(message)
-    if isinstance(message, Control) and len(frames[2]) > c.MAX_CONTROL_BYTES:
-        raise ProtocolError(c.DropReason.MALFORMED, f"CONTROL body over {c.MAX_CONTROL_BYTES} bytes")
-    return frames
-
-
-def _check_routing(value: str, what: str, *, allow_empty: bool) -> None:
-    try:
-        size = len(value.encode())
-    except (AttributeError, UnicodeEncodeError):
-        raise ProtocolError(c.DropReason.MALFORMED, f"{what} must be UTF-8 text") from None
-    if size > c.MAX_ID_BYTES or (size == 0 and not allow_empty):
-        raise ProtocolError(c.DropReason.MALFORMED, f"{what} must be {int(not allow_empty)}..{c.MAX_ID_BYTES} bytes")
-
-
 def decode(frames: list[Any]) -> Message:
     """The message in `frames` (header first, no ROUTER identity)."""
     if not frames:
@@ -154,32 +133,6 @@ def decode(frames: list[Any]) -> Message:
     command = parse_header(frames[0])
     check_frames(command, len(frames))
     return _DECODERS[command](frames)
-
-
-def stream_index_shape(frame: Any) -> list[Any]:
-    """The broker's cheap read of a STREAMS index: a flat list of 2..2*MAX_STREAM_ENTRIES items, or
-    ProtocolError. Its items are not checked here: the broker routes only entries whose id is a
-    routed request id (bytes found in its table) and splits the message otherwise, where
-    `stream_index` checks everything; the client decodes every entry in full."""
-    try:
-        index = msgpack.unpackb(frame, raw=False, use_list=True)
-    except Exception as exc:  # msgpack raises several unrelated types on bad input
-        raise ProtocolError(c.DropReason.MALFORMED, f"STREAMS index is not msgpack: {type(exc).__name__}") from None
-    if type(index) is not list or not 2 <= len(index) <= 2 * c.MAX_STREAM_ENTRIES or len(index) % 2:
-        raise ProtocolError(c.DropReason.MALFORMED, f"STREAMS index must pair 1..{c.MAX_STREAM_ENTRIES} "
-                                                    "request ids with seqs")
-    return index
-
-
-def stream_index(frame: Any) -> list[Any]:
-    """A STREAMS index frame, validated in full: `stream_index_shape`, and each id 1..MAX_ID_BYTES
-    bytes (msgpack bin), each seq a uint (not bool). What the client and the broker's split path read."""
-    index = stream_index_shape(frame)
-    if (not all(type(r) is bytes and 0 < len(r) <= c.MAX_ID_BYTES for r in index[::2])
-            or not all(type(s) is int and s >= 0 for s in index[1::2])):
-        raise ProtocolError(c.DropReason.MALFORMED, f"STREAMS index must pair request ids (bin, "
-                                                    f"1..{c.MAX_ID_BYTES} bytes) with seqs (uint)")
-    return index
 
 
 def _encode_streams(m: Streams) -> list[Any]:

@@ -8,7 +8,8 @@ Contract for the shell (bus.endpoint):
   (broker lost, or registration not acknowledged in time); then send everything `take_outbox()`
   returns and dispatch `take_events()`.
 - Events: the received `Request`, `Direct`, `Control`, `Cancel` (for node code), `Partial`/`Final`/`Error`
-  (for the reply stream of a request this node sent), and `LinkUp` / `LinkDown`.
+  (for the reply stream of a request this node sent), and `LinkUp` / `LinkDown`. Which message
+  becomes an event, and what it does to the stream tables, is `bus.endpoint_inbound`'s.
 - App calls (`request`, `reply`, `reply_error`, `direct`, `control_encoded`, `cancel`,
   `update_capacity`, `change_role`) queue frames; while unregistered they wait in a bounded backlog that is flushed on registration.
   READY's `pending` names only requests that left the backlog (a new broker would otherwise make
@@ -37,7 +38,7 @@ from __future__ import annotations
 
 import random
 from collections import Counter, deque
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -45,21 +46,17 @@ from bus import codec
 from bus import constants as c
 from bus.backlog import Backlog
 from bus.codec import ProtocolError
+from bus.endpoint_inbound import InboundHandlers
 from bus.endpoint_replies import ServingReplies
 from bus.liveness import Backoff, HeartbeatConfig, LinkTimers
 from bus.messages import (
     Cancel,
     CapacityUpdate,
-    Control,
-    Direct,
     Disconnect,
     Error,
-    Final,
     Heartbeat,
-    Partial,
     Ready,
     Request,
-    Streams,
 )
 
 
@@ -73,7 +70,7 @@ class LinkDown:
     reason: str   # "expired" (broker silent) or the DISCONNECT reason it sent
 
 
-class EndpointCore(ServingReplies):
+class EndpointCore(ServingReplies, InboundHandlers):
     def __init__(self, role: str, node_id: str, capacity: Mapping[str, float] | None = None,
                  data_endpoint: str = "", heartbeat: HeartbeatConfig | None = None,
                  rng: random.Random | None = None, max_backlog: int = 100_000) -> None:
@@ -178,9 +175,7 @@ class EndpointCore(ServingReplies):
             return
         if not self.registered:
             self._link_up()
-        handler = _HANDLERS.get(type(message))
-        if handler is not None:
-            handler(self, message)
+        self._on_message(message)
 
     def _on_bad_input(self, exc: ProtocolError) -> None:
         self.metrics[f"dropped.{exc.reason}"] += 1
@@ -196,64 +191,6 @@ class EndpointCore(ServingReplies):
         # First retry at once (the usual case: a restarted broker); repeated refusals back off.
         delay = 0.0 if self.backoff.num_attempts == 0 else self.backoff.next_delay()
         self.retry_at = min(self.retry_at, now + delay)
-
-    def _on_request(self, message: Request) -> None:
-        if self.role not in c.SERVING_ROLES:
-            self.metrics["dropped.not_served"] += 1
-            return
-        self.serving[message.request_id] = 0
-        self.clients[message.request_id] = message.peer
-        self.events.append(message)
-
-    def _on_direct(self, message: Direct) -> None:
-        if self.role not in c.SERVING_ROLES:
-            self.metrics["dropped.not_served"] += 1
-            return
-        self.events.append(message)
-
-    def _on_control(self, message: Control) -> None:
-        if self.role not in c.SERVING_ROLES:
-            self.metrics["dropped.not_served"] += 1
-            return
-        self.events.append(message)
-
-    def _on_cancel(self, message: Cancel) -> None:
-        self.clients.pop(message.request_id, None)
-        if self.serving.pop(message.request_id, None) is not None:
-            self.events.append(message)
-
-    def _on_reply(self, message: Partial | Final | Error) -> None:
-        expected = self.streams.get(message.request_id)
-        if expected is None:
-            if isinstance(message, Error) and self.role in c.SERVING_ROLES and (
-                    not message.request_id or self._stop_serving(message.request_id)):
-                # Not tied to a stream of ours: about a DIRECT (unknown_node) or about a reply
-                # we sent that the broker refused; node code gets it with the requests.
-                self.events.append(message)
-                return
-            self.metrics["dropped.unknown_request"] += 1
-            return
-        if isinstance(message, Error):
-            del self.streams[message.request_id]
-            self.events.append(message)
-            return
-        if message.seq < expected:
-            self.metrics["dropped.duplicate"] += 1
-            return
-        if message.seq > expected:
-            self.metrics["stream.gaps"] += message.seq - expected
-        self.streams[message.request_id] = message.seq + 1
-        if isinstance(message, Final):
-            del self.streams[message.request_id]
-        self.events.append(message)
-
-    def _stop_serving(self, request_id: str) -> bool:
-        self.clients.pop(request_id, None)
-        return self.serving.pop(request_id, None) is not None
-
-    def _on_streams(self, message: Streams) -> None:
-        for entry in message.entries:
-            self._on_reply(entry)
 
     # -- app calls -----------------------------------------------------------------------
 
@@ -311,10 +248,3 @@ class EndpointCore(ServingReplies):
         events, self.events = self.events, []
         return events
 
-
-_HANDLERS: dict[type, Callable[[EndpointCore, Any], None]] = {
-    Request: EndpointCore._on_request, Cancel: EndpointCore._on_cancel,
-    Direct: EndpointCore._on_direct, Control: EndpointCore._on_control,
-    Partial: EndpointCore._on_reply, Final: EndpointCore._on_reply, Error: EndpointCore._on_reply,
-    Streams: EndpointCore._on_streams,
-}

@@ -19,6 +19,7 @@ from bus.endpoint_core import EndpointCore
 from bus.endpoint_set import EndpointSet
 from bus.liveness import HeartbeatConfig
 from bus.messages import Control, Disconnect, Error, Final, Heartbeat, Ready, Request
+from bus.send_checks import encode_checked
 from bus.wire_checks import ProtocolError
 from tests.bus.broker_helpers import BrokerDriver
 
@@ -46,7 +47,7 @@ def test_codec_round_trip_and_bounds():
     assert frames[0] == codec.HEADERS[Command.CONTROL]
     assert codec.decode(frames) == Control("d1", {"action": "drain"})
     with pytest.raises(ProtocolError):   # the sender learns at once, before anything travels
-        codec.encode_checked(Control("d1", {"pad": "x" * c.MAX_CONTROL_BYTES}))
+        encode_checked(Control("d1", {"pad": "x" * c.MAX_CONTROL_BYTES}))
     with pytest.raises(ProtocolError):
         codec.decode([frames[0], b"d1", msgpack.packb([1, 2])])   # not a map
     with pytest.raises(ProtocolError):
