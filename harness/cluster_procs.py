@@ -30,7 +30,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 NODE_ENV = {"OMP_NUM_THREADS": "1", "OMP_WAIT_POLICY": "PASSIVE", "PYTHONUNBUFFERED": "1"}
@@ -91,13 +91,16 @@ class Proc:
     """A child process whose stderr JSON log lines are collected by a reader thread."""
 
     def __init__(self, args: list[str], env: dict[str, str] | None = None) -> None:
-        self.args, self.events, self.raw = args, [], []
+        self.args = args
+        self.events: list[dict[str, Any]] = []
+        self.raw: list[str] = []
         self.process = subprocess.Popen(args, cwd=REPO_ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                                         text=True, env={**os.environ, **NODE_ENV, **(env or {})})
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
 
     def _read(self) -> None:
+        assert self.process.stderr is not None   # opened with stderr=PIPE
         for line in self.process.stderr:
             self.raw.append(line)
             seen_at = time.monotonic()   # when the line arrived here, for intervals across processes
@@ -186,7 +189,7 @@ class ClusterProcs:
         self.log_level = log_level
         self._dir = tempfile.TemporaryDirectory(prefix="pdbus-cluster-")
         self.config_path = Path(self._dir.name) / "cluster.toml"
-        sections = {
+        sections: dict[str, dict[str, Any]] = {
             "broker": {"endpoint": self.broker_endpoint},
             "heartbeat": {"interval_ms": 250, "liveness": 3},
             "engine": {"model": model, "dtype": "float32", "num_threads": 1},
@@ -222,7 +225,7 @@ class ClusterProcs:
         self.nodes[node_id] = node
         return node
 
-    def start(self, timeout: float = 120.0) -> ClusterProcs:
+    def start(self, timeout: float = 120.0) -> Self:
         for index in range(len(self.brokers)):
             self.start_broker(index)
         for role, count in self.counts.items():
@@ -241,6 +244,7 @@ class ClusterProcs:
                 raise AssertionError(f"{node_id} exited with {node.wait_exit()} before joining; "
                                      "its log tail:\n" + node.log_tail())
             if time.monotonic() > deadline:
+                assert self.broker is not None   # start() started every broker first
                 raise AssertionError(f"no node_joined for {node_id} in time; the broker's log tail:\n"
                                      + self.broker.log_tail())
             time.sleep(0.02)
@@ -276,7 +280,7 @@ class ClusterProcs:
                 broker.stop()
         self._dir.cleanup()
 
-    def __enter__(self) -> ClusterProcs:
+    def __enter__(self) -> Self:
         try:
             return self.start()
         except BaseException:

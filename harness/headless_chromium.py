@@ -122,9 +122,10 @@ class Tab:
 class Chromium:
     def __init__(self, size: tuple[int, int] = (1600, 1200), binary: str | None = None) -> None:
         self.size = size
-        self.binary = binary or find_chromium()
-        if self.binary is None:
+        found = binary or find_chromium()
+        if found is None:
             raise FileNotFoundError("no Chromium: apt-get install -y chromium (or set PDBUS_CHROMIUM)")
+        self.binary = found
         self.profile = tempfile.mkdtemp(prefix="pdbus-chromium-")
         self.process: subprocess.Popen | None = None
         self.pipe: DevToolsPipe | None = None

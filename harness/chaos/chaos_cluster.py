@@ -23,7 +23,7 @@ import os
 import signal
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Self
 
 from harness.cluster_procs import (
     ClusterProcs,
@@ -35,6 +35,9 @@ from harness.cluster_procs import (
     render_config,
 )
 
+if TYPE_CHECKING:
+    from harness.chaos.proxy import PartitionProxy
+
 GATEWAY_SETTINGS = {"stall_timeout_s": 3.0, "stream_buffer_tokens": 16, "send_buffer_bytes": 4096,
                     "max_streams_per_key": 0, "rate_limit_rps": 0.0}
 
@@ -43,8 +46,8 @@ class ChaosCluster(ClusterProcs):
     def __init__(self, *, proxied: str | None = None, gateway: bool = True, **options: Any) -> None:
         super().__init__(**options)
         self.proxied = proxied
-        self.proxies: list = []   # the proxied node's bus links (one per broker)
-        self.kv_proxy = None   # and its KV data endpoint (decode nodes)
+        self.proxies: list[PartitionProxy] = []   # the proxied node's bus links (one per broker)
+        self.kv_proxy: PartitionProxy | None = None   # and its KV data endpoint (decode nodes)
         self.with_gateway = gateway
         self.gateway: Proc | None = None
         self.gateway_url: str | None = None
@@ -70,7 +73,7 @@ class ChaosCluster(ClusterProcs):
         self.nodes[node_id] = node
         return node
 
-    def start(self, timeout: float = 120.0) -> ChaosCluster:
+    def start(self, timeout: float = 120.0) -> Self:
         super().start(timeout)
         if self.with_gateway:
             self.start_gateway()
@@ -92,9 +95,11 @@ class ChaosCluster(ClusterProcs):
             return
         self.dead.append((node_id, old))
         role = node_id.rsplit("-", 1)[0]
-        joined = len(self.broker.find("node_joined", node_id=node_id))
+        broker = self.broker
+        assert broker is not None, "the cluster was never started"
+        joined = len(broker.find("node_joined", node_id=node_id))
         self.start_node(role, node_id)
-        self.broker.wait_for("node_joined", timeout=timeout, node_id=node_id, count=joined + 1)
+        broker.wait_for("node_joined", timeout=timeout, node_id=node_id, count=joined + 1)
 
     def stop(self) -> None:
         if self.gateway is not None:
@@ -106,7 +111,7 @@ class ChaosCluster(ClusterProcs):
                 proxy.stop()
 
     # -- the partition ----------------------------------------------------------------------
-    def partition_proxies(self) -> list:
+    def partition_proxies(self) -> list[PartitionProxy]:
         return [p for p in (*self.proxies, self.kv_proxy) if p is not None]
 
     def cut(self) -> None:

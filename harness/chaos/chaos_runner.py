@@ -202,7 +202,7 @@ def run_scenario(scenario: Scenario, ctx: Ctx, options: ChaosOptions, reference:
     if scenario.recovery_bound:
         if not recovery:
             problems.append("no stream was hit by the fault (nothing to recover)")
-        elif recovery_p99 > bound and options.enforce_recovery_bound:
+        elif recovery_p99 is not None and recovery_p99 > bound and options.enforce_recovery_bound:
             problems.append(f"recovery p99 {recovery_p99:.2f}s over the bound {bound:.2f}s")
     return {
         "scenario": scenario.name, "summary": scenario.summary, "ok": not problems, "problems": problems,

@@ -22,6 +22,7 @@ Contract:
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -107,7 +108,7 @@ class Comparison:
         return self.num_compared > 0 and self.num_identical == self.num_compared
 
 
-def first_divergence(ours: list, theirs: list) -> int | None:
+def first_divergence(ours: Sequence[object], theirs: Sequence[object]) -> int | None:
     for i, (a, b) in enumerate(zip(ours, theirs, strict=False)):
         if a != b:
             return i
@@ -123,6 +124,7 @@ def compare(records: list[StreamRecord], reference: dict[str, StreamRecord]) -> 
         expected = reference[record.name]
         comparison.num_compared += 1
         if exact:
+            assert record.token_ids is not None and expected.token_ids is not None   # what `exact` means
             where = first_divergence(record.token_ids, expected.token_ids)
         else:
             where = first_divergence(record.text, expected.text)

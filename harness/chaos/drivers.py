@@ -92,6 +92,7 @@ class SseDriver:
     async def run(self, spec: RequestSpec, abort_after: int | None = None) -> StreamRecord:
         record = new_record(self, spec, exact=False)
         try:
+            assert self.http is not None, "open() the driver first"
             async with asyncio.timeout(REQUEST_TIMEOUT_S), \
                     self.http.stream("POST", "/v1/completions", json=request_body(spec)) as response:
                 record.decode_node = response.headers.get("x-pdbus-decode-node")
@@ -147,16 +148,18 @@ class WsDriver:
         import websockets
 
         record = new_record(self, spec, exact=True)
+        token_ids = record.token_ids
+        assert token_ids is not None   # an exact record
         try:
             async with asyncio.timeout(REQUEST_TIMEOUT_S), websockets.connect(self.url, max_size=None) as ws:
                 await ws.send(json.dumps(request_body(spec)))
                 async for raw in ws:
                     message = json.loads(raw)
                     if message["type"] == "token":
-                        record.token_ids.append(message["token_id"])
+                        token_ids.append(message["token_id"])
                         record.texts.append(message["text"])
                         record.token_times.append(time.monotonic())
-                        if abort_after is not None and len(record.token_ids) >= abort_after:
+                        if abort_after is not None and len(token_ids) >= abort_after:
                             record.aborted = True
                             return record
                     elif message["type"] == "done":
@@ -195,20 +198,24 @@ class BusDriver:
         from nodes.gateway.openai_format import pdbus_info
 
         record = new_record(self, spec, exact=True)
+        token_ids = record.token_ids
+        assert token_ids is not None   # an exact record
         sampling = SamplingParams(temperature=0.0, max_tokens=spec.max_tokens, ignore_eos=True)
         generation = self.client.generate(spec.prompt_token_ids, sampling)
         try:
             async with asyncio.timeout(REQUEST_TIMEOUT_S):
                 async for token in generation:
-                    record.decode_node = record.decode_node or (generation.trace.decode_node_ids or [None])[-1]
-                    record.token_ids.append(token.token_id)
+                    node_ids = generation.trace.decode_node_ids
+                    record.decode_node = record.decode_node or (node_ids[-1] if node_ids else None)
+                    token_ids.append(token.token_id)
                     record.texts.append(token.text)
                     record.token_times.append(time.monotonic())
-                    if abort_after is not None and len(record.token_ids) >= abort_after:
+                    if abort_after is not None and len(token_ids) >= abort_after:
                         record.aborted = True
                         await generation.aclose()
                         return record
             result = generation.result
+            assert result is not None   # set once the generation ended
             record.finish_reason, record.num_completion_tokens = result.finish_reason, len(result.token_ids)
             record.ok = True
         except ClusterError as exc:
@@ -224,6 +231,8 @@ class BusDriver:
 
 def make_driver(kind: str, *, gateway_url: str | None = None, broker_endpoint: str | None = None) -> Any:
     if kind == "bus":
+        if broker_endpoint is None:
+            raise ValueError("the bus driver needs the broker endpoint")
         return BusDriver(broker_endpoint)
     if gateway_url is None:
         raise ValueError(f"the {kind} driver needs the gateway")

@@ -24,7 +24,7 @@ import json
 import os
 import sys
 import time
-from typing import Any
+from typing import Any, cast
 
 from bus.kv import frames
 from bus.kv.faults import FaultInjector
@@ -75,7 +75,8 @@ class ArmedInjector(FaultInjector):
         before = self.num_faults
         result = super().apply(frames_out)
         if self.num_faults > before:
-            chunk = frames.decode_header(frames_out[0])   # the original, intact header
+            # The original, intact header; a CHUNK's, as `only_kinds` admits no other kind.
+            chunk = cast(frames.Chunk, frames.decode_header(frames_out[0]))
             log.info("chaos_kv_fault", kind="drop" if result is None else "flip", n=self.num_faults,
                      transfer_id=chunk.transfer_id, index=chunk.index)
         return result
@@ -85,8 +86,11 @@ def install(control_path: str, node_id: str | None = None) -> None:
     import nodes.prefill_node
 
     ArmedInjector.control_path = control_path
-    nodes.prefill_node.FaultInjector = ArmedInjector
-    next_batch, cache = nodes.prefill_node.PrefillBatcher.next_batch, {}
+    # Monkeypatches of the node's seams, set with setattr: a class and a method are not assignable
+    # attributes to the type checker, and replacing them is the point here.
+    setattr(nodes.prefill_node, "FaultInjector", ArmedInjector)  # noqa: B010
+    next_batch = nodes.prefill_node.PrefillBatcher.next_batch
+    cache: dict[str, Any] = {}
 
     def delayed_next_batch(self: Any, *args: Any, **kwargs: Any) -> Any:
         batch = next_batch(self, *args, **kwargs)
@@ -97,7 +101,7 @@ def install(control_path: str, node_id: str | None = None) -> None:
             time.sleep(delay_ms / 1000)
         return batch
 
-    nodes.prefill_node.PrefillBatcher.next_batch = delayed_next_batch
+    setattr(nodes.prefill_node.PrefillBatcher, "next_batch", delayed_next_batch)  # noqa: B010
 
 
 def main(argv: list[str]) -> int:

@@ -62,7 +62,7 @@ def busiest_decode(ctx: Ctx, live: list[StreamRecord]) -> str:
     """The live decode node serving the most live streams (SSE header / bus trace), else the one
     whose last published capacity shows the most running sequences."""
     alive = [n for n in ctx.cluster.decode_ids() if ctx.cluster.nodes[n].alive]
-    counts = Counter(r.decode_node for r in live if r.decode_node in alive)
+    counts = Counter(r.decode_node for r in live if r.decode_node is not None and r.decode_node in alive)
     if counts:
         return counts.most_common(1)[0][0]
     return max(alive, key=lambda n: ((ctx.cluster.kv_capacity(n) or {}).get("num_running", 0), ctx.rng.random()))
@@ -121,6 +121,7 @@ def after_thaw(ctx: Ctx, event: FaultEvent) -> None:
 
 def check_freeze(ctx: Ctx, before: dict, after: dict) -> dict:
     event = ctx.fault
+    assert event is not None   # checks run only after an injected fault
     node = ctx.cluster.nodes[event.target]
     orphans_freed = len(node.find("decode_cancelled")) - event.details["cancelled_before"]
     ok = bool(event.details.get("declared_lost") and event.details.get("rejoined"))
@@ -141,9 +142,10 @@ async def kill_prefill(ctx: Ctx, progress: Progress) -> FaultEvent:
     for victim in candidates * 2:   # the favourite may get no prefill this pass: try the others in turn
         mark = len(cluster.nodes[victim].find("chaos_prefill_started"))
         cluster.control(prefill_delay_ms=PREFILL_DELAY_MS, prefill_delay_node=victim)
-        started = await progress.wait_for(
-            lambda v=victim, m=mark: len(cluster.nodes[v].find("chaos_prefill_started")) > m,
-            timeout=30.0 / (2 * len(candidates)))
+
+        def prefill_started(v: str = victim, m: int = mark) -> bool:
+            return len(cluster.nodes[v].find("chaos_prefill_started")) > m
+        started = await progress.wait_for(prefill_started, timeout=30.0 / (2 * len(candidates)))
         if started:
             break
     at = time.monotonic()
@@ -292,6 +294,7 @@ async def partition(ctx: Ctx, progress: Progress) -> FaultEvent:
 
 def check_partition(ctx: Ctx, before: dict, after: dict) -> dict:
     event = ctx.fault
+    assert event is not None   # checks run only after an injected fault
     # KV reached the node only through its proxy (so the cut covered the data plane too).
     kv_through_proxy = event.details.get("kv_connections_before", 0) > 0
     ok = bool(event.details.get("declared_lost") and event.details.get("rejoined") and kv_through_proxy)

@@ -84,7 +84,9 @@ class PdbusOffline(TemplateLM):
         self.batch_size = max(1, int(batch_size)) if str(batch_size).isdigit() else 1
         self.engine = _new_engine(model, dtype)
         self.pdbus_tokenizer = self.engine.tokenizer
-        self.tokenizer = hf_tokenizer(model) if mode == "completions" else None
+        # Hugging Face's tokenizer (mode completions; None in chat mode, where lm-eval reads none of
+        # the members below that use it): untyped, as `hf_tokenizer` returns it.
+        self.tokenizer: Any = hf_tokenizer(model) if mode == "completions" else None
         self._num_requests = 0
 
     # ---- tokenization, as lm-eval's local-completions does it ----------------------------------

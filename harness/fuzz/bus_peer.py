@@ -99,6 +99,12 @@ class Session:
     def node_id(self) -> str:
         return self.ready.node_id
 
+    @property
+    def dealer(self) -> zmq.asyncio.Socket:
+        """The session's socket, which `start()` opened."""
+        assert self.socket is not None, "start() the session first"
+        return self.socket
+
     async def start(self, timeout: float = 5.0) -> bool:
         self.socket = new_dealer(self.context, self.endpoint)
         await self._register()
@@ -110,16 +116,16 @@ class Session:
 
     async def _register(self) -> None:
         self.registered.clear()
-        await self.socket.send_multipart(codec.encode(self.ready))
+        await self.dealer.send_multipart(codec.encode(self.ready))
 
     async def send(self, kind: str, frames: list[bytes]) -> bool:
-        return await send(self.socket, frames, self.counts, f"{self.label}.{kind}")
+        return await send(self.dealer, frames, self.counts, f"{self.label}.{kind}")
 
     async def _run(self) -> None:
         beat = asyncio.create_task(self._heartbeat())
         try:
             while True:
-                frames = await self.socket.recv_multipart()
+                frames = await self.dealer.recv_multipart()
                 kind = kind_of(frames)
                 self.counts[f"seen.{self.label}.{kind}"] += 1
                 if kind == "DISCONNECT":
@@ -144,7 +150,7 @@ class Session:
             await asyncio.sleep(HEARTBEAT_S)
             with contextlib.suppress(TimeoutError):
                 async with asyncio.timeout(SEND_TIMEOUT_S):
-                    await self.socket.send_multipart(heartbeat)
+                    await self.dealer.send_multipart(heartbeat)
 
     async def close(self) -> None:
         if self._task is not None:

@@ -46,6 +46,7 @@ def tiny_geometry() -> tuple[int, int, int]:
     """(layers, kv_heads, head_dim) of the tiny random model, read without importing torch."""
     from nodes.engines.model_loader import build_tiny_model
     kw = build_tiny_model.__kwdefaults__
+    assert kw is not None   # its parameters are keyword-only, with defaults
     return kw["num_layers"], kw["num_kv_heads"], kw["hidden_size"] // kw["num_heads"]
 
 
@@ -68,12 +69,12 @@ def chunk_fields(transfer_id: str, request_id: str, shape: list, spec: ChunkSpec
             spec.plane_stop, spec.token_start, spec.token_stop, "", [["none", 0, n, n] for n in sizes], checksum, 0]
 
 
-def forged_transfer(transfer_id: str, request_id: str, shape: tuple[int, ...], fill: bytes,
+def forged_transfer(transfer_id: str, request_id: str, shape: tuple[int, int, int, int, int], fill: bytes,
                     chunk_bytes: int = 4096) -> list[list[bytes]]:
     """Every CHUNK and the END of a consistent raw float32 transfer of `shape` holding `fill`
     repeated (NaN, infinities, ...), with valid payload checksums, trailers and digest: it passes
     every check a receiver can make without knowing who sent it."""
-    info = KVInfo(tuple(shape), "float32")
+    info = KVInfo(shape, "float32")
     specs = plan_chunks(info, chunk_bytes)
     messages, checksums = [], np.zeros(len(specs), np.uint64)
     for spec in specs:

@@ -69,8 +69,10 @@ def build_cluster() -> ChaosCluster:
 
 
 def view_of(cluster: ChaosCluster) -> ClusterView:
+    assert cluster.broker is not None and cluster.gateway_url is not None   # started, with the gateway
     joined = {e["node_id"]: e.get("data_endpoint") for e in cluster.broker.find("node_joined")}
-    kv_endpoints = {node_id: joined[node_id] for node_id in cluster.decode_ids() if joined.get(node_id)}
+    kv_endpoints = {node_id: endpoint for node_id in cluster.decode_ids()
+                    if (endpoint := joined.get(node_id))}
     return ClusterView(cluster.broker_endpoint, cluster.gateway_url, kv_endpoints, list(cluster.nodes),
                        procs=dict(cluster.nodes))
 
@@ -78,11 +80,14 @@ def view_of(cluster: ChaosCluster) -> ClusterView:
 def run_fuzz(options: FuzzOptions) -> dict[str, Any]:
     started = time.monotonic()
     with build_cluster() as cluster:
+        gateway_url = cluster.gateway_url
+        # Started, with the gateway.
+        assert cluster.broker is not None and cluster.gateway is not None and gateway_url is not None
         procs = {"broker": cluster.broker, **cluster.nodes, "gateway": cluster.gateway}
-        first = asyncio.run(complete(cluster.gateway_url, max_tokens=8))
+        first = asyncio.run(complete(gateway_url, max_tokens=8))
         if not first["ok"]:
             raise RuntimeError(f"the cluster could not serve a normal request before fuzzing: {first}")
-        if (statuses := asyncio.run(warm_extras(cluster.gateway_url))) != [200, 200, 200]:
+        if (statuses := asyncio.run(warm_extras(gateway_url))) != [200, 200, 200]:
             raise RuntimeError(f"the cluster could not serve the OpenAI extras before fuzzing: {statuses}")
         view = view_of(cluster)
         say(options, f"cluster up in {time.monotonic() - started:.1f}s (KV endpoints {view.kv_endpoints}); "
@@ -93,7 +98,7 @@ def run_fuzz(options: FuzzOptions) -> dict[str, Any]:
         series: dict[str, int | None] = {}
 
         def on_warm() -> None:
-            series["before"] = fuzz_report.metrics_series(cluster.gateway_url)
+            series["before"] = fuzz_report.metrics_series(gateway_url)
             baseline.update(fuzz_report.rss_mib(procs))
             held_before.update({n: fuzz_report.held_mib(cluster.kv_capacity(n)) for n in cluster.decode_ids()})
 
@@ -109,9 +114,9 @@ def run_fuzz(options: FuzzOptions) -> dict[str, Any]:
         rss_after = fuzz_report.rss_mib(procs)
         held = {n: fuzz_report.held_mib(cluster.kv_capacity(n)) - held_before.get(n, 0.0) for n in cluster.decode_ids()}
         alive_before = {name: proc.alive for name, proc in procs.items()}
-        final = asyncio.run(complete(cluster.gateway_url, max_tokens=16))
+        final = asyncio.run(complete(gateway_url, max_tokens=16))
         alive = {name: proc.alive and alive_before[name] for name, proc in procs.items()}
-        series["after"] = fuzz_report.metrics_series(cluster.gateway_url)
+        series["after"] = fuzz_report.metrics_series(gateway_url)
         run = {"options": asdict(options), "seconds_fuzzed": round(seconds, 1), "rounds": fuzzer.sampler.rounds,
                "counts": dict(fuzzer.counts), "kv_endpoints": view.kv_endpoints, "rss_before": baseline,
                "rss_after": rss_after, "rss_growth": fuzz_report.rss_growth(baseline, rss_after, held),

@@ -67,8 +67,9 @@ async def answer(session: Session, request_id: str, replies: list[tuple[Command,
 async def forge(session: Session, request: Request, body: dict, kv: KvPeer, known: forged_frames.Known, fill: bytes,
                 first_token_id: Any, counts: Counts) -> None:
     prompt = body.get("prompt_token_ids")
-    ids = [body.get(k) for k in ("transfer_id", "request_id", "decode_node_id")]
-    if not (isinstance(prompt, list) and prompt and all(isinstance(i, str) and i for i in ids)):
+    ids = [i for i in (body.get(k) for k in ("transfer_id", "request_id", "decode_node_id"))
+           if isinstance(i, str) and i]
+    if not (isinstance(prompt, list) and prompt and len(ids) == 3):
         return
     transfer_id, decode_request_id, decode_node_id = ids
     layers, heads, dim = known.geometry

@@ -87,8 +87,8 @@ async def warm_extras(url: str, timeout: float = 60.0) -> list[int]:
                                             "name": "f", "parameters": {"type": "object"}}}]}),
               ("/v1/completions", {"model": MODEL_NAME, "prompt": "Hi", "max_tokens": 2, "guided_regex": "[a-z]{2}"})]
     # What the library refuses, and a schema it panics on: their paths allocate on first use too.
-    refused = [{"guided_regex": "(("}, {"response_format": {"type": "json_schema", "json_schema": {
-        "name": "s", "schema": {"required": "\u00e9" * 80}}}}]
+    refused: list[dict[str, Any]] = [{"guided_regex": "(("}, {"response_format": {
+        "type": "json_schema", "json_schema": {"name": "s", "schema": {"required": "\u00e9" * 80}}}}]
     async with httpx.AsyncClient(base_url=url, timeout=httpx.Timeout(timeout)) as http:
         statuses = [(await http.post(path, json=body)).status_code for path, body in bodies]
         for extra in refused:

@@ -14,11 +14,11 @@ from typing import Any
 
 from hypothesis import strategies as st
 
-from harness.fuzz.strategies import MODEL_NAME, long_texts, mostly, tokens, weighted
+from harness.fuzz.strategies import MODEL_NAME, SURROGATES, long_texts, mostly, tokens, weighted
 
 json_scalars = st.one_of(st.none(), st.booleans(), st.integers(), st.sampled_from(
     [2**64, -(2**63) - 1, 10**300, 10**4000]), st.floats(), st.text(max_size=16),
-    st.text(st.characters(categories=("Cs",)), min_size=1, max_size=4))
+    st.text(st.characters(categories=SURROGATES), min_size=1, max_size=4))
 json_nested = st.recursive(json_scalars, lambda k: st.lists(k, max_size=3) | st.dictionaries(st.text(max_size=8), k,
                                                                                              max_size=3), max_leaves=6)
 json_values = weighted((7, json_nested), (1, long_texts))

@@ -53,8 +53,8 @@ class KvPeer:
                 while len(self.done) > 4096:
                     self.done.pop(next(iter(self.done)))
 
-    async def forge(self, transfer_id: str, request_id: str, shape: tuple[int, ...], fill: bytes,
-                    timeout: float = 3.0) -> bool | None:
+    async def forge(self, transfer_id: str, request_id: str, shape: tuple[int, int, int, int, int],
+                    fill: bytes, timeout: float = 3.0) -> bool | None:
         for frames in forged_transfer(transfer_id, request_id, shape, fill):
             await self.send("forged_transfer", frames)
         with contextlib.suppress(TimeoutError):

@@ -131,8 +131,10 @@ class Fuzzer:
                     await peer.send(kind, frames)
         elif target == "http":
             address = urlsplit(self.view.gateway_url)
+            host, port = address.hostname, address.port
+            assert host is not None and port is not None   # the gateway's URL is http://HOST:PORT
             requests = await self.sampler.adraw(hs.http_request(), max(1, self.batch // 4))
-            await asyncio.gather(*(http_send(address.hostname, address.port, kind, raw, self.counts)
+            await asyncio.gather(*(http_send(host, port, kind, raw, self.counts)
                                    for kind, raw in requests))
         elif target == "ws":
             url = self.view.gateway_url.replace("http://", "ws://") + "/v1/stream"

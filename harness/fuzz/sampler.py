@@ -14,11 +14,13 @@ up; `rounds` counts the calls.
 from __future__ import annotations
 
 import asyncio
-from typing import Any
+from typing import TypeVar
 
 import hypothesis
 from hypothesis import HealthCheck, Phase, Verbosity, given, settings
 from hypothesis import strategies as st
+
+T = TypeVar("T")
 
 
 class Sampler:
@@ -27,19 +29,19 @@ class Sampler:
         self.rounds = 0
         self._lock: asyncio.Lock | None = None
 
-    async def adraw(self, strategy: st.SearchStrategy, count: int) -> list[Any]:
+    async def adraw(self, strategy: st.SearchStrategy[T], count: int) -> list[T]:
         self._lock = self._lock or asyncio.Lock()
         async with self._lock:
             return await asyncio.to_thread(self.draw, strategy, count)
 
-    def draw(self, strategy: st.SearchStrategy, count: int) -> list[Any]:
-        examples: list[Any] = []
+    def draw(self, strategy: st.SearchStrategy[T], count: int) -> list[T]:
+        examples: list[T] = []
 
         @hypothesis.seed(self.seed * 1_000_003 + self.rounds)
         @settings(max_examples=count, deadline=None, database=None, phases=[Phase.generate],
                   suppress_health_check=list(HealthCheck), verbosity=Verbosity.quiet, derandomize=False)
         @given(strategy)
-        def collect(example: Any) -> None:
+        def collect(example: T) -> None:
             examples.append(example)
 
         self.rounds += 1

@@ -18,7 +18,7 @@ The gateway's HTTP and WebSocket traffic is harness/fuzz/http_strategies.py.
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Literal
 
 import msgpack
 from hypothesis import strategies as st
@@ -34,6 +34,7 @@ from harness.fuzz.forged_frames import Known, chunk_fields, forged_transfer, kv_
 MODEL_NAME = "SmolLM2-135M-Instruct"
 HUGE_INTS = [2**64 - 1, 2**63, 2**63 - 1, -(2**63), 2**32, 2**31, -(2**31) - 1, -1, 0]
 NON_FINITE = [math.nan, math.inf, -math.inf]
+SURROGATES: tuple[Literal["Cs"]] = ("Cs",)   # the unicode category of lone surrogates
 BAD_UTF8 = [b"\xff", b"\xc3\x28", b"\xed\xa0\x80", b"\xf4\x90\x80\x80", b"\x80abc", b"\xfe\xfe\xff"]
 
 
@@ -53,7 +54,7 @@ def mostly(valid: st.SearchStrategy, hostile: st.SearchStrategy) -> st.SearchStr
 
 
 # -- hostile values --------------------------------------------------------------------------
-texts = st.text(st.characters(exclude_categories=("Cs",)), max_size=24)
+texts = st.text(st.characters(exclude_categories=SURROGATES), max_size=24)
 # Over-long strings (129 B .. 1 MiB), the longest rarely: each costs a megabyte on every hop.
 long_texts = st.sampled_from([129, 1000, 4096, 65_536, 65_536, 2**20]).map(lambda n: "x" * n)
 scalars = st.one_of(st.none(), st.booleans(), st.integers(-(2**63), 2**64 - 1), st.sampled_from(HUGE_INTS),
@@ -122,7 +123,7 @@ def kv_ready_body(known: Known) -> st.SearchStrategy[dict]:
                     "transfer_id": hex_ids, "first_token_id": st.integers(0, 511)})
 
 
-REPLY_BODIES = {
+REPLY_BODIES: dict[str, dict[str, st.SearchStrategy]] = {
     "token": {"type": st.just("token"), "index": st.integers(0, 4), "token_id": st.integers(0, 511), "text": texts},
     "plan": {"type": st.just("plan"), "plan": st.sampled_from(["remote", "cached", "local", "?"]), "node_id": texts,
              "data_endpoint": endpoints, "transfer_id": hex_ids, "num_cached_tokens": st.integers(0, 8)},
