@@ -23,7 +23,8 @@ Contract:
   `targets` = (TTFT, TPOT) targets in seconds (0: none): `slo_attainment` is then estimated as the
   product of the window's shares within each set target, and `arrivals` read from the gateway's
   `/slo/arrivals` (nodes/planner/arrival_signals.py; None when it cannot be read, logged once per
-  outage as `planner_slo_arrivals_unavailable`). The gateway's histograms are per
+  outage as `planner_slo_arrivals_unavailable`), fetched beside `/metrics` on a worker thread so a
+  silent gateway costs one `timeout_s` a round. The gateway's histograms are per
   metric, not per request, so the product assumes the two independent: an estimate the planner
   uses only to compare layouts under the same traffic.
 - `gateway_metrics_url(settings, workers=None) -> str | None`: the cluster's own gateway's
@@ -42,6 +43,7 @@ import time
 import urllib.request
 from collections import deque
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
 from bus.log import get_logger
@@ -149,6 +151,9 @@ class SloSignals:
         self.arrivals_url = arrivals_url(url, targets)
         self.arrivals = ArrivalReader()
         self.arrivals_available = True
+        # The two routes are fetched at once: a gateway that does not answer costs a round one
+        # timeout, not two. One worker thread, started at the first round that needs it.
+        self._beside = ThreadPoolExecutor(1, thread_name_prefix="planner-arrivals")
 
     def __call__(self) -> Signals:
         try:
@@ -158,8 +163,9 @@ class SloSignals:
             return Signals()
 
     def _signals(self) -> Signals:
-        arrivals = self._arrivals()   # a route of its own: read even when /metrics fails
+        pending = self._fetch_arrivals()
         text = self.fetch(self.url, self.timeout_s)
+        arrivals = self._arrivals(pending)   # a route of its own: read even when /metrics fails
         if text is None:
             if self.available:
                 log.warning("planner_slo_unavailable", url=self.url)
@@ -174,10 +180,15 @@ class SloSignals:
         return Signals(slo_attainment=self._attainment(base, newest), ttft_p90_s=_quantile(base.ttft, newest.ttft),
                        tpot_p90_s=_quantile(base.tpot, newest.tpot), arrivals=arrivals)
 
-    def _arrivals(self) -> tuple[ArrivalCount, ...] | None:
+    def _fetch_arrivals(self) -> Future[str | None] | None:
         if self.arrivals_url is None:
             return None
-        text = self.fetch(self.arrivals_url, self.timeout_s)
+        return self._beside.submit(self.fetch, self.arrivals_url, self.timeout_s)
+
+    def _arrivals(self, pending: Future[str | None] | None) -> tuple[ArrivalCount, ...] | None:
+        if pending is None:
+            return None
+        text = pending.result()
         arrivals = self.arrivals.read(text, self.clock()) if text is not None else None
         if arrivals is None and self.arrivals_available:
             log.warning("planner_slo_arrivals_unavailable", url=self.arrivals_url)

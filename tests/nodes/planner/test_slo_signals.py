@@ -200,6 +200,23 @@ def test_a_gateway_that_does_not_answer_gives_unknown_signals_logged_once():
     assert [e["event"] for e in events] == ["planner_slo_unavailable"]
 
 
+def test_the_two_routes_are_fetched_at_once_so_a_silent_gateway_costs_one_timeout():
+    """Each fetch waits for the other to be in flight too: fetched one after the other, both would
+    time out at the barrier and the round would know nothing."""
+    clock, gateway = FakeClock(), FakeGateway()
+    both_in_flight = threading.Barrier(2, timeout=5)
+
+    def fetch(url: str, timeout_s: float) -> str | None:
+        try:
+            both_in_flight.wait()
+        except threading.BrokenBarrierError:
+            return None
+        return gateway.fetch(url, timeout_s)
+    got = SloSignals("http://gw/metrics", clock=clock, fetch=fetch, targets=(1.0, 0.5))()
+    assert got.arrivals == (ArrivalCount(clock() - 2.0, 2, 1, 2.0),)
+    assert not both_in_flight.broken
+
+
 def test_a_bug_in_reading_costs_the_signals_not_the_round():
     def broken(url: str, timeout_s: float) -> str:
         raise RuntimeError("boom")
