@@ -3,7 +3,12 @@
 Contract: `ChoiceBuilder(index, api_request, generation, tokenizer)`:
 - `opening()` -> text: what comes before the completion, which is the echoed prompt (completions
   `echo`: its text; with `logprobs`, the choice's field starts with its tokens' logprobs, the first
-  None; echo with logprobs is never streamed, so only `choice` shows them) or nothing;
+  None) or nothing;
+- `stream_opening(ended)` -> (text, logprobs field | None) | None: the opening as a stream's first
+  content, once. Echo without logprobs: at once. With logprobs: once the prompt logprobs are in
+  (a FINAL brings them: the prefill node's, about with the first token, or the decode node's at
+  the end of a stream it prefilled itself) or the stream `ended`; until then `awaits_opening`,
+  and the caller holds the choice's tokens back, so offsets and order match the JSON response;
 - `add(token)` -> (text, logprobs field | None) for one StreamToken (the field only when the request
   asked for logprobs), accumulated for the whole choice;
 - `choice(finish_reason)` -> `Choice`: the opening and every token added. A chat request that
@@ -33,6 +38,7 @@ class ChoiceBuilder:
         self.scored: list[Scored] = []
         self.opening_text, self.opening_scored = "", list[Scored]()
         self.offset = 0   # completions: characters of token strings so far (text_offset)
+        self.opened = False   # stream_opening has given the opening
 
     def opening(self) -> str:
         """Call it before streaming, or after a JSON response's stream (when the prompt logprobs,
@@ -46,6 +52,20 @@ class ChoiceBuilder:
             self.opening_scored = [Scored(t, found[i] if i < len(found) else None)
                                    for i, t in enumerate(self.generation.prompt)]
         return self.opening_text
+
+    @property
+    def awaits_opening(self) -> bool:
+        """A streamed echo whose opening is not sent yet: the choice's tokens must wait for it."""
+        return self.api.echo and not self.opened
+
+    def stream_opening(self, ended: bool = False) -> tuple[str, dict[str, Any] | None] | None:
+        if not self.awaits_opening:
+            return None
+        if self.format is not None and not self.generation.prompt_logprobs and not ended:
+            return None
+        self.opened = True
+        text = self.opening()
+        return text, self._field(self.opening_scored) if self.format is not None else None
 
     def add(self, token: Any) -> tuple[str, dict[str, Any] | None]:
         if self.scored_only:

@@ -195,18 +195,33 @@ async def _send_stream(response: web.StreamResponse, served: Served, shaper: Sha
     async def send(data: object) -> None:
         await within(timeout, response.write(sse(data)))
 
-    builders = _builders(served)
+    async def send_token(builder: ChoiceBuilder, token: Any) -> None:
+        text, logprobs = builder.add(token)
+        if text or logprobs:
+            await send(shaper.chunk(text, builder.index, logprobs))
+
+    async def open_choice(builder: ChoiceBuilder, ended: bool = False) -> None:
+        """Send an echo's opening once it can go, then the tokens held back behind it."""
+        if (opening := builder.stream_opening(ended)) is not None:
+            if opening[0] or opening[1]:
+                await send(shaper.chunk(opening[0], builder.index, opening[1]))
+            for token in held.pop(builder.index, []):
+                await send_token(builder, token)
+
+    builders, held = _builders(served), dict[int, list[Any]]()
     for builder in builders:
         if (opening := shaper.first_chunk(builder.index)) is not None:
             await send(opening)
-        if text := builder.opening():   # echo streams the prompt's text (its logprobs: JSON responses only)
-            await send(shaper.chunk(text, builder.index))
+        await open_choice(builder)
     pending = [] if first is None else [first]
-    async for item in _chain(pending, tokens):
-        index, token = item
-        text, logprobs = builders[index].add(token)
-        if text or logprobs:
-            await send(shaper.chunk(text, index, logprobs))
+    async for index, token in _chain(pending, tokens):
+        await open_choice(builders[index])
+        if builders[index].awaits_opening:   # echo with logprobs: the prompt's come first
+            held.setdefault(index, []).append(token)
+        else:
+            await send_token(builders[index], token)
+    for builder in builders:
+        await open_choice(builder, ended=True)
     for builder, relay in zip(builders, served.relays, strict=True):
         choice = builder.choice(_result(relay).finish_reason)
         if builder.holds_text and (choice.text or choice.tool_calls):

@@ -230,8 +230,6 @@ def parse_request(body: Any, *, chat: bool, model_name: str, max_tokens_limit: i
     if len(prompts) * (best_of or n) > MAX_CHOICES:
         raise bad_request(f"prompts x n (or best_of) is at most {MAX_CHOICES}", "n")
     echo = False if chat else boolean(body, "echo")
-    if echo and boolean(body, "stream") and body.get("logprobs") is not None:
-        raise bad_request("'echo' with 'logprobs' is served as a JSON response, not streamed", "echo")
     known = COMMON | structured.FIELDS | ({"messages"} if chat else {"prompt"})
     grammar, tools = structured.read_structured(body, chat)
     return ApiRequest(

@@ -144,13 +144,45 @@ def _extra(options: dict) -> dict:
             "extra_body": {"ignore_eos": options["ignore_eos"]}}
 
 
+def streamed_choices(url: str, body: dict) -> list[dict]:
+    """The choices a client joins from a completion stream: text and logprobs in chunk order."""
+    choices: dict[int, dict] = {}
+    for chunk in _stream(url + "/v1/completions", {**body, "stream": True}):
+        for part in chunk["choices"]:
+            choice = choices.setdefault(part["index"], {"text": "", "logprobs": {}})
+            choice["text"] += part["text"]
+            for key, values in (part["logprobs"] or {}).items():
+                choice["logprobs"].setdefault(key, []).extend(values)
+    return [choices[i] for i in sorted(choices)]
+
+
+def test_a_streamed_echo_with_logprobs_equals_the_json_response(served):
+    """The prompt comes first, with its logprobs (the prefill node's FINAL brings them), then each
+    of the n choices' tokens: joined, each choice equals the JSON response's, offsets included."""
+    body = {**GREEDY, "prompt": [list(range(40, 52))], "max_tokens": 4, "echo": True, "logprobs": 2, "n": 2}
+    whole = post(served, body)["choices"]
+    streamed = streamed_choices(served[1].url, body)
+    assert [c["text"] for c in streamed] == [c["text"] for c in whole]
+    for got, expected in zip(streamed, whole, strict=True):
+        assert got["logprobs"]["tokens"] == expected["logprobs"]["tokens"]
+        assert got["logprobs"]["text_offset"] == expected["logprobs"]["text_offset"]
+        assert got["logprobs"]["token_logprobs"][0] is None
+        assert got["logprobs"]["token_logprobs"][1:] == pytest.approx(expected["logprobs"]["token_logprobs"][1:],
+                                                                      abs=1e-4)
+
+
 def test_echo_and_logprobs_on_a_colocated_node_equal_the_disaggregated_ones(served):
     """With no prefill node the decode side prefills the prompt itself (a `local` plan) and still
-    computes the prompt logprobs; greedy tokens and logprobs equal the 1P+1D cluster's."""
+    computes the prompt logprobs; greedy tokens and logprobs equal the 1P+1D cluster's, streamed
+    too (the prompt's logprobs then come with the decode node's FINAL: the tokens wait for them)."""
     body = {**GREEDY, "prompt": [list(range(40, 52))], "max_tokens": 3, "echo": True, "logprobs": 2}
     disaggregated = post(served, body)["choices"][0]
     with gateway_cluster(num_prefill=0, num_decode=0, num_both=1) as colocated:
         local = post(colocated, body)["choices"][0]
+        streamed = streamed_choices(colocated[1].url, body)[0]
+    assert streamed["text"] == local["text"] and streamed["logprobs"]["tokens"] == local["logprobs"]["tokens"]
+    assert streamed["logprobs"]["token_logprobs"][1:] == pytest.approx(local["logprobs"]["token_logprobs"][1:],
+                                                                       abs=1e-4)
     assert local["text"] == disaggregated["text"]
     assert local["logprobs"]["tokens"] == disaggregated["logprobs"]["tokens"]
     assert local["logprobs"]["token_logprobs"][0] is None

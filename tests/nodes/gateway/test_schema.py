@@ -74,7 +74,6 @@ def test_unknown_model_is_404_model_not_found():
     ({"model": MODEL, "prompt": "hi", "logit_bias": {"a": 1}}, "logit_bias"),
     ({"model": MODEL, "prompt": "hi", "logit_bias": {"5": 101}}, "5"),
     ({"model": MODEL, "prompt": "hi", "logit_bias": [1]}, "logit_bias"),
-    ({"model": MODEL, "prompt": "hi", "echo": True, "logprobs": 1, "stream": True}, "echo"),
     ({"model": MODEL, "prompt": "hi", "suffix": "x"}, "suffix"),
     ({"model": MODEL, "prompt": "hi", "seed": 1.5}, "seed"),
     ({"model": MODEL, "prompt": "hi", "stream_options": 1}, "stream_options"),
