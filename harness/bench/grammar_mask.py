@@ -16,6 +16,7 @@ pair in its own child process pinned to one CPU (taskset) with one thread:
   compile time grows with a schema a client sends).
 It writes results/grammar-mask-<date>.json and prints the tables. The mask is what every
 constrained decode step pays; compile and first mask once per new schema (the engine caches them).
+Both libraries are driven through one interface (harness/bench/grammar_adapters.py).
 """
 
 from __future__ import annotations
@@ -32,6 +33,8 @@ import time
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
+
+from harness.bench.grammar_adapters import SEPARATORS, LlguidanceAdapter, XgrammarAdapter
 
 LIBRARIES = ("xgrammar", "llguidance")
 INSTALL = {"xgrammar": "xgrammar==0.2.8 apache-tvm-ffi==0.1.15.post2", "llguidance": "llguidance==1.9.1"}
@@ -72,7 +75,6 @@ GRAMMARS = {  # name -> (schema text, "" for any JSON object; a valid document)
     "tool_call": (json.dumps(TOOL_SCHEMA), TOOL_DOC),
 }
 WIDE_PROPERTIES = (100, 200, 400, 800)  # xgrammar takes >120 s at 3,000 (a 66 kB schema): not run
-SEPARATORS = (", ", ": ")  # json.dumps's defaults: what pdbus asks both libraries to emit
 
 
 def load_tokenizer(name: str) -> Any:
@@ -81,63 +83,6 @@ def load_tokenizer(name: str) -> Any:
         return tiny_tokenizer(512)
     from nodes.engines.model_loader import open_model_folder
     return open_model_folder().tokenizer
-
-
-class XgrammarAdapter:
-    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
-        import xgrammar as xgr
-        self.xgr = xgr
-        vocab = tokenizer.backend.get_vocab(with_added_tokens=True)
-        specials = {t.content for t in tokenizer.backend.get_added_tokens_decoder().values() if t.special}
-        encoded = [""] * tokenizer.vocab_size  # "" marks a special token, never allowed inside text
-        for text, index in vocab.items():
-            encoded[index] = "" if text in specials else text
-        meta = xgr.TokenizerInfo._detect_metadata_from_hf(tokenizer.backend.to_str())
-        info = xgr.TokenizerInfo(encoded, meta["vocab_type"], vocab_size=vocab_size,
-                                 stop_token_ids=list(tokenizer.eos_token_ids),
-                                 add_prefix_space=meta["add_prefix_space"])
-        self.compiler = xgr.GrammarCompiler(info, max_threads=1, cache_enabled=False)
-
-    def compile(self, source: str) -> Any:
-        if not source:
-            return self.compiler.compile_builtin_json_grammar()
-        return self.compiler.compile_json_schema(source, any_whitespace=False, separators=SEPARATORS)
-
-    def new_state(self, compiled: Any) -> Any:
-        return self.xgr.GrammarMatcher(compiled)
-
-    def fill(self, state: Any, bitmask: Any, row: int) -> None:
-        state.fill_next_token_bitmask(bitmask, row)
-
-    def accept(self, state: Any, token: int) -> bool:
-        return state.accept_token(token)
-
-
-class LlguidanceAdapter:
-    def __init__(self, tokenizer: Any, vocab_size: int) -> None:
-        import llguidance
-        self.llg = llguidance
-        self.tokenizer = llguidance.LLTokenizer(tokenizer.backend.to_str(), n_vocab=vocab_size,
-                                                eos_token=list(tokenizer.eos_token_ids))
-        self.options = {"whitespace_flexible": False, "item_separator": SEPARATORS[0],
-                        "key_separator": SEPARATORS[1]}
-
-    def compile(self, source: str) -> Any:
-        grammar = self.llg.LLMatcher.grammar_from_json_schema(source or '{"type": "object"}',
-                                                               overrides=self.options)  # type: ignore[arg-type]
-        matcher = self.llg.LLMatcher(self.tokenizer, grammar, log_level=0)
-        assert not matcher.is_error(), matcher.get_error()
-        return matcher
-
-    def new_state(self, compiled: Any) -> Any:
-        return compiled.deep_copy()  # a cached matcher copied per request: its lexer is shared
-
-    def fill(self, state: Any, bitmask: Any, row: int) -> None:
-        view = bitmask[row]
-        state.unsafe_compute_mask_ptr(view.data_ptr(), view.numel() * 4)
-
-    def accept(self, state: Any, token: int) -> bool:
-        return state.consume_token(token)
 
 
 def percentile(values: list[float], q: float) -> float:

@@ -8,7 +8,8 @@ event)` brings the cluster back to full strength for the next scenario (revive a
 under its id, wait for re-registration); `extras(ctx)` are extra clients (abort storm, stalled
 consumer) whose records are not compared; `check(ctx, before, after) -> dict` says what the
 scenario proved (`ok` plus counts), from node logs. `recovery_bound` says whether the recovery
-time must stay within the liveness window plus one re-prefill.
+time must stay within the liveness window plus one re-prefill. The hooks of slow-consumer and
+abort-storm are harness/chaos/client_scenarios.py's, those of hostile-peer hostile_scenario.py's.
 """
 
 from __future__ import annotations
@@ -21,12 +22,11 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from harness.chaos import hostile_scenario
+from harness.chaos import client_scenarios, hostile_scenario
 from harness.chaos.chaos_workload import RequestSpec
 from harness.chaos.checks import kv_fault_audit
 from harness.chaos.drivers import StreamRecord
 from harness.chaos.passes import FaultEvent, Progress
-from harness.chaos.stalled import stalled_sse_stream
 
 PARTITIONED_NODE = "decode-1"
 NUM_KV_FLIPS = 4      # per prefill node: one transfer's chunk fails every attempt (max_attempts = 4)
@@ -219,60 +219,6 @@ def check_kv(ctx: Ctx, before: dict, after: dict) -> dict:
             "transfers_failed_closed": failed, "audit": audit}
 
 
-# -- slow-consumer ---------------------------------------------------------------------------
-async def stall_begins(ctx: Ctx, progress: Progress) -> FaultEvent:
-    await progress.wait_for(lambda: any(r.stalled for r in progress.records), timeout=30.0)
-    return FaultEvent(time.monotonic(), "client", {"kind": "stopped reading"})
-
-
-def stalled_client(ctx: Ctx) -> list:
-    if ctx.cluster.gateway_url is None:
-        return []
-    # Enough tokens (~200 B of SSE each) to overflow the gateway's write buffer (aiohttp's 64 KiB
-    # high-water mark) and both kernel socket buffers; the gateway cuts the client off at the latest
-    # when the stream's last writes block, so `stall_hold_s` exceeds the time to generate them.
-    spec = RequestSpec(9999, ctx.specs[0].prompt_token_ids, min(900, 1900 - len(ctx.specs[0].prompt_token_ids)))
-
-    gateway = ctx.cluster.gateway
-    num_before = len(gateway.find("access", outcome="stalled"))
-
-    async def run(progress: Progress) -> list[StreamRecord]:
-        def cut_off() -> bool:
-            return len(gateway.find("access", outcome="stalled")) > num_before
-        return [await stalled_sse_stream(ctx.cluster.gateway_url, spec, progress, cut_off, hold_s=ctx.stall_hold_s)]
-    return [run]
-
-
-def check_stalled(ctx: Ctx, before: dict, after: dict) -> dict:
-    cut = after["gateway_stalled"] - before["gateway_stalled"]
-    return {"ok": cut >= 1, "stalled_consumers_cut_off": cut}
-
-
-# -- abort-storm -----------------------------------------------------------------------------
-async def storm_begins(ctx: Ctx, progress: Progress) -> FaultEvent:
-    await progress.wait_for(lambda: any(r.aborted for r in progress.records), timeout=60.0)
-    return FaultEvent(time.monotonic(), "clients", {"kind": "disconnects"})
-
-
-def storm(ctx: Ctx) -> list:
-    num = max(4, len(ctx.specs))
-    plans = [(ctx.rng.uniform(0.0, 1.0), ctx.rng.randint(1, max(1, ctx.specs[0].max_tokens - 2))) for _ in range(num)]
-
-    def one(delay: float, after_tokens: int, spec: RequestSpec):
-        async def run(progress: Progress) -> list[StreamRecord]:
-            await asyncio.sleep(delay)
-            return [await ctx.driver.run(spec, abort_after=after_tokens)]
-        return run
-
-    return [one(d, k, RequestSpec(1000 + i, ctx.specs[i % len(ctx.specs)].prompt_token_ids, ctx.specs[0].max_tokens))
-            for i, (d, k) in enumerate(plans)]
-
-
-def check_storm(ctx: Ctx, before: dict, after: dict) -> dict:
-    cancelled = after["cancels"] - before["cancels"]
-    return {"ok": True, "streams_cancelled_on_nodes": cancelled}
-
-
 # -- partition -------------------------------------------------------------------------------
 async def partition(ctx: Ctx, progress: Progress) -> FaultEvent:
     cluster = ctx.cluster
@@ -317,9 +263,11 @@ SCENARIOS: dict[str, Scenario] = {s.name: s for s in [
     Scenario("drop-kv", f"drop the next {NUM_KV_DROPS} KV chunks each prefill node sends",
              kv_fault("drop", NUM_KV_DROPS), repair=calm, check=check_kv, recovery_bound=False),
     Scenario("slow-consumer", "one SSE client stops reading (small receive window); the others stream on",
-             stall_begins, extras=stalled_client, check=check_stalled, recovery_bound=False),
-    Scenario("abort-storm", "extra clients disconnect mid-stream at seeded random points", storm_begins,
-             extras=storm, check=check_storm, recovery_bound=False),
+             client_scenarios.stall_begins, extras=client_scenarios.stalled_client,
+             check=client_scenarios.check_stalled, recovery_bound=False),
+    Scenario("abort-storm", "extra clients disconnect mid-stream at seeded random points",
+             client_scenarios.storm_begins, extras=client_scenarios.storm, check=client_scenarios.check_storm,
+             recovery_bound=False),
     Scenario("partition", f"cut {PARTITIONED_NODE} off from the broker and the prefill nodes' KV (TCP proxies "
              "swallow bytes), then heal",
              partition, repair=after_thaw, check=check_partition),

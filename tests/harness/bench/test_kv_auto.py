@@ -19,7 +19,7 @@ from harness.bench.kv_auto import (
     run_auto_pairs,
     verdict,
 )
-from harness.bench.kv_bench import print_targets
+from harness.bench.kv_report import print_targets
 from nodes.engines.kv_quant import TorchQuantizer
 
 

@@ -1,10 +1,12 @@
-"""bench-kv's report of auto / none beside its null pair (harness/bench/kv_bench.py)."""
+"""bench-kv's report of auto / none beside its null pair (harness/bench/kv_report.py)."""
 
 from __future__ import annotations
 
 import pytest
 
-from harness.bench.kv_bench import AUTO_BASES, CASES, paired_ratio, print_null_pairs
+from harness.bench.kv_auto import AUTO_BASES
+from harness.bench.kv_bench import CASES
+from harness.bench.kv_report import paired_ratio, print_null_pairs
 
 
 def results_with(auto: float, again: float) -> dict:
