@@ -19,8 +19,8 @@ MAKE_TARGET = re.compile(r"`make ([a-z0-9\-]+)")
 
 
 def tracked() -> set[str]:
-    """Every tracked file and every folder above one."""
-    files = subprocess.run(["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
+    """Every file git tracks or would (untracked, not ignored), and every folder above one."""
+    files = subprocess.run(["git", "ls-files", "--cached", "--others", "--exclude-standard"], cwd=ROOT, capture_output=True, text=True, check=True).stdout.split()
     return set(files) | {str(parent) for f in files for parent in PurePosixPath(f).parents}
 
 
