@@ -142,8 +142,15 @@ class LlamaRunner:
 
     @torch.inference_mode()
     def forward_eager(self, batch: ForwardBatch) -> torch.Tensor:
+        return self.head(self.run_layers(self.embed[batch.token_ids], batch), batch)
+
+    @torch.inference_mode()
+    def run_layers(self, x: torch.Tensor, batch: ForwardBatch, layers: range | None = None) -> torch.Tensor:
+        """The hidden states [tokens, hidden] after `layers` (default: all), from `x` before them,
+        writing those layers' KV. A prompt's layers may run on two runners, each its own range:
+        the hidden states are all that crosses (tests/nodes/engines/test_llama_layers.py). A pure
+        decode step on the bf16 kernels updates `x` in place."""
         c = self.config
-        x = self.embed[batch.token_ids]
         cos = self.cos[batch.positions][:, None, :]
         sin = self.sin[batch.positions][:, None, :]
         num_tokens = x.shape[0]
@@ -151,7 +158,8 @@ class LlamaRunner:
         # number, so its KV is the same bits whether a prefix of it came from the prefix cache or not.
         fast = (self.fast_path if self.fast_path is not None and not batch.spans
                 and self.fast_path.takes_rows(num_tokens) else None)
-        for index, layer in enumerate(self.layers):
+        for index in layers if layers is not None else range(c.num_layers):
+            layer = self.layers[index]
             qkv = fast.qkv(index, x) if fast is not None else self._linear(self._norm(x, index), layer.qkv)
             if self.fast_path is not None and not batch.spans and batch.decode is not None:   # pure decode: one kernel
                 group = batch.decode   # any batch size: it streams the KV faster than SDPA does
@@ -169,6 +177,12 @@ class LlamaRunner:
             else:
                 x = self._add_linear(x, attn, layer.o)
                 x = self._mlp(x, self._norm(x, index, post=True), layer)
+        return x
+
+    @torch.inference_mode()
+    def head(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
+        """Logits [num_sampled, vocab] float32 of `batch.sample_rows` from the last layer's states."""
+        c = self.config
         if not len(batch.sample_rows):
             return torch.empty(0, c.vocab_size)
         if self.fast_path is not None and self.fast_path.takes_rows(len(batch.sample_rows)):
