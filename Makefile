@@ -16,7 +16,7 @@ FUZZ_SECONDS ?= 600
         gateway client model model-info \
         install-vllm test-vllm install-ray ray-up ray-status ray-down test-ray install-browser dashboard-shots \
         install-eval eval test-eval \
-        bench-bus bench-scale bench-scheduler bench-kv bench-kv-quality bench-engine bench-kernels bench-engine-cuda bench-kv-memory bench-gateway bench bench-prefix bench-quick bench-lend bench-grammar bench-elastic bench-elastic-quick chaos fuzz clean
+        bench-bus bench-scale bench-scheduler bench-kv bench-kv-quality bench-engine bench-kernels bench-engine-cuda bench-kv-memory bench-gateway bench bench-prefix bench-quick bench-lend bench-split bench-grammar bench-elastic bench-elastic-quick chaos fuzz clean
 
 help:            ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -196,6 +196,9 @@ bench-lend: install ## two cores at 1 req/s (random 512 +- 90 % in, 64 out): wit
 	$(BENCH) -m harness.bench.serve --config $(CONFIG) --systems pdbus-disagg,pdbus-disagg-nolend,vllm --workload random \
 		--request-rates 1 --num-prompts 60 --random-input-len 512 --random-output-len 64 --random-range-ratio 0.9 --tag lend-2core $(ARGS)
 	$(BENCH) -m harness.bench.core_share --json results/core-share.json
+
+bench-split: install ## one prompt's prefill: one core, two threads, and its layers split across two processes (~2 min)
+	$(BENCH) -m harness.bench.split_prefill --json results/split-prefill.json $(ARGS)
 
 bench-elastic: install ## elasticity: chat/document/chat phases; static 1:1, colocated, planner; per-phase SLO (~50 min)
 	$(BENCH) -m harness.bench.serve --config $(CONFIG) --systems pdbus-disagg,pdbus-coloc,pdbus-elastic --workload phased $(ARGS)
