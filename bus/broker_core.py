@@ -14,6 +14,8 @@ Contract:
   A frozen or cut-off node keeps its connection and is still judged by its silence: a serving
   node with work by the short window (counted from when the work began), an idle one by the
   idle window (`HeartbeatConfig.idle_interval_s`, PROTOCOL.md §1.4).
+- Registration (READY, HEARTBEAT, DISCONNECT, CAPACITY; a node's join and leave) is
+  `bus.broker_registry`'s; routing is `bus.broker_routes`'s.
 - Results accumulate in `outbox` (lists `[identity, *frames]` to send as they are) and `events`
   (`bus.broker_tables` events for logs and listeners); the shell takes them with `take_outbox()` /
   `take_events()`. `metrics` counts routed and dropped messages and joins/leaves.
@@ -42,21 +44,21 @@ from typing import Any
 from bus import codec
 from bus import constants as c
 from bus.broker_admission import Admission
+from bus.broker_registry import HEARTBEAT_FRAMES, NodeRegistry
 from bus.broker_routes import RouteTable
-from bus.broker_tables import BrokerEvent, CapacityChanged, Node, NodeJoined, NodeLeft, PeerRejected
-from bus.codec import HEADERS, ProtocolError
+from bus.broker_tables import BrokerEvent, Node, PeerRejected
+from bus.codec import ProtocolError
 from bus.constants import Command, DisconnectReason, DropReason, LeaveReason
-from bus.liveness import HeartbeatConfig, LinkTimers
-from bus.messages import CapacityUpdate, Disconnect, Error, Ready
+from bus.liveness import HeartbeatConfig
+from bus.messages import Disconnect, Error
 from bus.routing import LeastOutstandingPolicy, RoutingPolicy
 
-_HEARTBEAT = [HEADERS[Command.HEARTBEAT]]
 # Where the request id sits in each request-scoped command, for request-scoped error replies.
 _REQUEST_ID_FRAME = {Command.REQUEST: 2, Command.PARTIAL: 1, Command.FINAL: 1, Command.ERROR: 1,
                      Command.CANCEL: 1}
 
 
-class BrokerCore(RouteTable):
+class BrokerCore(RouteTable, NodeRegistry):
     def __init__(self, heartbeat: HeartbeatConfig | None = None, policy: RoutingPolicy | None = None,
                  max_message_bytes: int = c.DEFAULT_MAX_MESSAGE_BYTES,
                  orphan_grace_s: float | None = None,
@@ -143,101 +145,6 @@ class BrokerCore(RouteTable):
             # that outlived a broker restart register again at once.
             self.reject(identity, ProtocolError(DropReason.NOT_REGISTERED, "send READY first"), frames)
 
-    # -- registration --------------------------------------------------------------------
-
-    def _on_ready(self, node: Node | None, command: Command, frames: list, now: float,
-                  identity: bytes | None = None) -> None:
-        if identity is None:
-            assert node is not None, "a READY comes from a registered node or with its sender's identity"
-            identity = node.identity
-        try:
-            ready = codec.decode(frames)
-        except ProtocolError as exc:
-            self.reject(identity, exc, frames)
-            return
-        assert isinstance(ready, Ready)
-        refusal = self.admission.refusal(ready, frames[0], self.nodes_by_id)
-        if refusal is not None:
-            self.reject(identity, refusal, frames)
-            return
-        if node is not None:   # READY again on the same socket: start afresh, keep its requests
-            self._unlist(node)
-        new = Node(identity=identity, node_id=ready.node_id, role=ready.role,
-                   capacity=dict(ready.capacity), data_endpoint=ready.data_endpoint,
-                   timers=LinkTimers(last_seen=now, last_sent=now), joined_at=now,
-                   node_id_frame=ready.node_id.encode())
-        previous = self.nodes_by_id.get(ready.node_id)
-        self._list(new)
-        self.adopt_requests(new, ready, node or previous, now)
-        # Whatever registration this READY supersedes leaves as `replaced`, so policies and
-        # listeners always see a leave before the join of the same node id.
-        for old in {id(n): n for n in (node, previous) if n is not None}.values():
-            self._forget(old, LeaveReason.REPLACED, now)
-        self.metrics["nodes.joined"] += 1
-        self.events.append(NodeJoined(new.node_id, new.role, dict(new.capacity), new.data_endpoint,
-                                      len(ready.inflight)))
-        self._tell_policy(self.policy.on_join, new)
-        self.send(new, list(_HEARTBEAT), now)   # acknowledges the registration
-        self.release_directs(new, now)
-        if self.queue.by_id:
-            self.dispatch_queued(now)
-
-    def _list(self, node: Node) -> None:
-        self.nodes_by_identity[node.identity] = node
-        self.nodes_by_id[node.node_id] = node
-        for service in node.services:
-            self.by_service[service.encode()] = (*self.by_service.get(service.encode(), ()), node)
-
-    def _unlist(self, node: Node) -> None:
-        if self.nodes_by_identity.get(node.identity) is node:
-            del self.nodes_by_identity[node.identity]
-        if self.nodes_by_id.get(node.node_id) is node:
-            del self.nodes_by_id[node.node_id]
-        for service in node.services:
-            key = service.encode()
-            remaining = tuple(n for n in self.by_service.get(key, ()) if n is not node)
-            if remaining:
-                self.by_service[key] = remaining
-            else:
-                self.by_service.pop(key, None)
-
-    def _forget(self, node: Node, reason: str, now: float) -> None:
-        """Drop `node`; fail what it was serving, cancel what it asked for."""
-        self._unlist(node)
-        self._tell_policy(self.policy.on_leave, node, reason)
-        lost = self.fail_node_requests(node, now)
-        self.metrics["nodes.left"] += 1
-        self.metrics[f"nodes.left.{reason}"] += 1
-        self.events.append(NodeLeft(node.node_id, node.role, reason, lost, now - node.timers.last_seen))
-
-    def _tell_policy(self, hook: Callable[..., None], *args: Any) -> None:
-        """A registry change for the policy; its failure is counted, never the broker's."""
-        try:
-            hook(*args)
-        except Exception as exc:
-            self.metrics["failed.policy"] += 1
-            self.events.append(PeerRejected("internal_error", f"policy {hook.__name__}: {type(exc).__name__}",
-                                            None, b""))
-
-    def _on_heartbeat(self, node: Node, command: Command, frames: list, now: float) -> None:
-        pass   # on_frames already counted it as life
-
-    def _on_disconnect(self, node: Node, command: Command, frames: list, now: float) -> None:
-        self._forget(node, LeaveReason.DISCONNECTED, now)
-
-    def _on_capacity(self, node: Node, command: Command, frames: list, now: float) -> None:
-        try:
-            update = codec.decode(frames)
-        except ProtocolError as exc:
-            self.reject(node.identity, exc, frames)
-            return
-        assert isinstance(update, CapacityUpdate)   # dispatched on its command byte
-        node.capacity = dict(update.capacity)
-        self._tell_policy(self.policy.on_capacity, node)
-        self.events.append(CapacityChanged(node.node_id, dict(node.capacity)))
-        if self.queue.by_id:
-            self.dispatch_queued(now)
-
     # -- timers --------------------------------------------------------------------------
 
     def tick(self, now: float) -> None:
@@ -260,7 +167,7 @@ class BrokerCore(RouteTable):
             elif node.connection_lost_at is not None and now - node.connection_lost_at >= config.interval_s:
                 self._forget(node, LeaveReason.CONNECTION_LOST, now)
             elif probing or node.timers.heartbeat_due(now, config):
-                self.send(node, list(_HEARTBEAT), now)
+                self.send(node, list(HEARTBEAT_FRAMES), now)
         self.expire_orphans(now)
         if self.held_directs:
             self.expire_directs(now)
@@ -321,7 +228,7 @@ class BrokerCore(RouteTable):
         if probing:   # every tick probes already: under churn, no burst to every node per close
             return
         for node in list(self.nodes_by_identity.values()):
-            self.send(node, list(_HEARTBEAT), now)
+            self.send(node, list(HEARTBEAT_FRAMES), now)
 
     def peer_gone(self, identity: bytes, now: float) -> None:
         """A send to `identity` found no connection (not merely a full queue)."""
