@@ -11,32 +11,32 @@ is accepted. Tokens stream as PARTIAL `token`; the FINAL `done` carries every to
 streamed, usage, stage timings and node stats. CANCEL frees the request's blocks (or cancels its
 receive) at once (`decode_cancelled`); admitted KV that never arrives is freed after
 `[kv] timeout_s` with ERROR `kv_timeout`.
-A request's lifecycle is `DecodeJob`'s state machine (nodes/decode_jobs.py). Peer input is read
-on arrival (`wire.from_wire`): a malformed decode REQUEST gets ERROR `bad_request` (or `rejected`);
-a `kv_ready` is dropped when malformed, or refused by `DecodeJob.kv_ready_refusal`: counted in
-`counters`, logged as `kv_ready_dropped` with ids and types, never the body. A handler, a token or
-an engine step that raises ends the requests concerned with ERROR `internal` and frees their KV;
-the node serves on.
+A request's lifecycle is `DecodeJob`'s state machine (nodes/decode_jobs.py); admission and plans
+are `DecodeAdmission`'s (nodes/decode_admission.py), remote KV's two halves meeting `KvArrival`'s
+(nodes/decode_arrival.py). Peer input is read on arrival (`wire.from_wire`): a malformed decode
+REQUEST gets ERROR `bad_request` (or `rejected`); a `kv_ready` is dropped when malformed, or
+refused by `DecodeJob.kv_ready_refusal`: counted in `counters`, logged as `kv_ready_dropped` with
+ids and types, never the body. A handler, a token or an engine step that raises ends the requests
+concerned with ERROR `internal` and frees their KV; the node serves on.
 """
 
 from __future__ import annotations
 
 import time
 from collections import Counter
-from dataclasses import asdict, replace
+from dataclasses import asdict
 from typing import Any
 
 from bus.endpoint import Endpoint
-from bus.kv import TransferResult
 from bus.log import get_logger
 from bus.messages import Cancel, Direct, Request
 from nodes import wire
 from nodes.decode_admission import DecodeAdmission
+from nodes.decode_arrival import KvArrival
 from nodes.decode_forks import ForkGroups
 from nodes.decode_jobs import (
     DecodeJob,
     KvArrived,
-    KvReadyRefusal,
     done_body,
     prefill_here,
 )
@@ -49,7 +49,7 @@ from nodes.runtime import GuardedWork, engine_bounds
 __all__ = ["DecodeWork", "KvArrived"]
 
 
-class DecodeWork(GuardedWork, DecodeAdmission):
+class DecodeWork(GuardedWork, DecodeAdmission, KvArrival):
     service = wire.DECODE
 
     def __init__(self, settings: NodeSettings, engine: Engine, kv_thread: LoopThread, *,
@@ -187,68 +187,6 @@ class DecodeWork(GuardedWork, DecodeAdmission):
             self._send_plan(job)
             if first is not None:
                 self._on_token(first)
-
-    # -- KV arrival ------------------------------------------------------------------------
-    def _on_kv_arrived(self, result: TransferResult) -> None:
-        job = self.jobs.get(result.request_id)
-        self.log.info("kv_arrived", request_id=result.request_id, transfer_id=result.transfer_id, ok=result.ok,
-                      reason=result.reason, wire_bytes=result.stats.wire_bytes, token_offset=result.token_offset)
-        if job is not None and result.ok and result.token_offset != job.num_held_tokens:
-            self.counters["kv.wrong_offset"] += 1   # KV for another split of the prompt: not ours to use
-            result = replace(result, ok=False, reason=f"KV from token {result.token_offset}, planned "
-                                                      f"{job.num_held_tokens}")
-        if job is None or not job.waiting or not result.ok:
-            self.kv.give_back(result.kv)   # not wanted (any more); a failed one holds none
-            if job is not None and job.waiting:
-                job.transfer_failed(result.transfer_id)   # never decoded from: the client re-sends the prefill
-            return
-        job.kv_arrived(result)
-        self._maybe_start_remote(job)
-
-    def _on_kv_ready(self, direct: Direct) -> None:
-        try:
-            ready = wire.from_wire(wire.KvReadyBody, direct.body, self.bounds)
-        except wire.Refused as refusal:
-            self._drop_kv_ready(KvReadyRefusal.MALFORMED, direct, refusal.reason)
-            return
-        job = self.jobs.get(ready.request_id)
-        why = KvReadyRefusal.UNKNOWN_REQUEST if job is None else job.kv_ready_refusal(ready.transfer_id, direct.peer)
-        if why is not None:
-            self._drop_kv_ready(why, direct, "", request_id=ready.request_id, transfer_id=ready.transfer_id)
-            return
-        assert job is not None   # else `why` is UNKNOWN_REQUEST
-        job.accept_kv_ready(ready.transfer_id, direct.peer, ready.first_token_id)
-        self._guard(job.request_id, self._maybe_start_remote, job)
-
-    def _drop_kv_ready(self, reason: KvReadyRefusal, direct: Direct, detail: str, **ids: str) -> None:
-        self.counters[f"kv_ready.{reason}"] += 1
-        self.log.warning("kv_ready_dropped", reason=reason, peer=direct.peer, detail=detail,
-                         body=wire.summary(direct.body), count=self.counters[f"kv_ready.{reason}"], **ids)
-
-    def _maybe_start_remote(self, job: DecodeJob) -> None:
-        transfer_id = job.ready_transfer_id()
-        if transfer_id is None:
-            return
-        result = job.arrived[transfer_id]
-        job.kv_raw_bytes, job.kv_wire_bytes = result.stats.raw_bytes, result.stats.wire_bytes
-        self.num_kv_bytes_received += result.stats.wire_bytes
-        job.clock.mark("kv_arrived")
-        kv = self.kv.received_kv(result)
-        request = DecodeRequest(job.request_id, job.prompt, job.sampling, kv=kv,
-                                first_token_id=job.kv_ready[transfer_id], session_id=job.session_id,
-                                cached_prefix_tokens=job.num_held_tokens, cache_salt=job.cache_salt,
-                                num_output_tokens=job.num_output_tokens)
-        del self.jobs[job.request_id]
-        try:
-            self._start(job, request)
-            self._start_followers(job, kv)
-        finally:
-            self.kv.give_back_arrived(job)   # the engine copied what it admitted; the rest is unused
-
-    def _expire_waiting(self, now: float) -> None:
-        for job in [j for j in self.jobs.values() if j.waiting and now >= j.expires_at]:
-            self._release(job.request_id, "no KV within the timeout")
-            self.endpoint.reply_error(job.request_id, wire.Code.KV_TIMEOUT, f"no KV within {self.settings.kv_timeout_s} s")
 
     # -- streaming -------------------------------------------------------------------------
     def _on_token(self, event: TokenEvent) -> None:
