@@ -10,6 +10,8 @@ Contract:
 - `build_tiny_model(seed, ...)`: random weights of the same architecture with a small tokenizer.
 - Every failure to find, read or understand a model raises `ModelLoadError` whose message says
   what is wrong and what to do.
+- Reading and writing a Hugging Face folder (config, weights, `save_folder`) is
+  `nodes.engines.hf_folder`'s, where `ModelLoadError` is defined.
 - `LoadedModel.weights` use Hugging Face Llama names and torch Linear orientation
   [out_features, in_features]; q/k projections are in HF's rotate-half RoPE layout.
 """
@@ -26,10 +28,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from safetensors import SafetensorError
-
 from bus.log import get_logger
-from nodes.engines.model_config import SUPPORTED_MODEL_TYPES, LlamaConfig, weight_shapes
+from nodes.engines.hf_folder import ModelLoadError, folder_config, folder_weights, save_folder, write_json
+from nodes.engines.model_config import LlamaConfig
 from nodes.engines.tokenizer import Tokenizer, TokenizerLoadError
 
 if TYPE_CHECKING:   # torch is imported where weights are touched: the gateway needs only tokenizers
@@ -45,10 +46,6 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 # Written last into a converted folder: which GGUF it came from, so a changed source is re-converted.
 SOURCE_MARKER = "pdbus-source.json"
 CONVERSION_FORMAT = 1
-
-
-class ModelLoadError(Exception):
-    """The model is missing, unreadable, corrupt or of an unsupported architecture."""
 
 
 @dataclass
@@ -140,7 +137,7 @@ def open_model_folder(spec: str = DEFAULT_MODEL, *, model_dir: str | Path | None
         raise ModelLoadError("the tiny random model exists only in memory; give a model folder or GGUF")
     folder = prepare_model(spec, model_dir=model_dir)
     try:
-        config = _folder_config(folder)
+        config = folder_config(folder)
         tokenizer = Tokenizer.from_folder(folder, bos_token_id=config.bos_token_id,
                                           eos_token_ids=config.eos_token_ids)
     except (TokenizerLoadError, ValueError, KeyError, TypeError) as exc:
@@ -224,90 +221,18 @@ def _convert(gguf_path: Path, folder: Path) -> None:
     shutil.rmtree(staging, ignore_errors=True)
     staging.mkdir()
     save_folder(staging, model.config, model.weights, model.tokenizer)
-    _write_json(staging / SOURCE_MARKER, _source_identity(gguf_path))
+    write_json(staging / SOURCE_MARKER, _source_identity(gguf_path))
     shutil.rmtree(folder, ignore_errors=True)
     os.replace(staging, folder)  # readers never see a half-written folder
     log.info("model converted", cache=str(folder), seconds=round(time.perf_counter() - started, 1))
 
 
-def save_folder(folder: Path, config: LlamaConfig, weights: dict[str, torch.Tensor],
-                tokenizer: Tokenizer) -> None:
-    """Write a Hugging Face Llama folder that transformers and vLLM load as is."""
-    from safetensors.torch import save_file
-
-    dtype_name = str(next(iter(weights.values())).dtype).removeprefix("torch.")
-    _write_json(folder / "config.json", config.to_hf_dict(dtype_name))
-    generation = {"bos_token_id": config.bos_token_id, "eos_token_id": list(config.eos_token_ids),
-                  "pad_token_id": tokenizer.token_to_id(tokenizer.special_tokens.get("pad_token") or "")}
-    _write_json(folder / "generation_config.json", {k: v for k, v in generation.items() if v is not None})
-    save_file({k: v.contiguous() for k, v in weights.items()}, str(folder / "model.safetensors"),
-              metadata={"format": "pt"})
-    tokenizer.save(folder, model_max_length=config.max_position_embeddings)
-
-
-def _write_json(path: Path, value: dict[str, Any]) -> None:
-    path.write_text(json.dumps(value, indent=2) + "\n")
-
-
 def _load_folder(folder: Path, name: str, dtype: torch.dtype, *, source: str) -> LoadedModel:
     try:
-        config = _folder_config(folder)
-        weights = _folder_weights(folder, config, dtype)
+        config = folder_config(folder)
+        weights = folder_weights(folder, config, dtype)
         tokenizer = Tokenizer.from_folder(folder, bos_token_id=config.bos_token_id,
                                           eos_token_ids=config.eos_token_ids)
     except (TokenizerLoadError, ValueError, KeyError, TypeError) as exc:
         raise ModelLoadError(f"cannot load the model folder {folder}: {exc}") from exc
     return LoadedModel(name=name, config=config, weights=weights, tokenizer=tokenizer, source=source)
-
-
-def _folder_config(folder: Path) -> LlamaConfig:
-    hf = _read_json_file(folder / "config.json", required=True)
-    model_type = hf.get("model_type")
-    if model_type not in SUPPORTED_MODEL_TYPES:
-        raise ModelLoadError(f"{folder} holds a {model_type!r} model; pdbus runs Llama-architecture models "
-                             f"(model_type {', '.join(SUPPORTED_MODEL_TYPES)})")
-    if hf.get("attention_bias") or hf.get("mlp_bias") or hf.get("hidden_act", "silu") != "silu":
-        raise ModelLoadError(f"{folder}: Llama variants with biases or activations other than silu are not supported")
-    generation = _read_json_file(folder / "generation_config.json", required=False)
-    if generation.get("eos_token_id") is not None:  # generation_config.json knows every stop id
-        hf = {**hf, "eos_token_id": generation["eos_token_id"]}
-    return LlamaConfig.from_hf_dict(hf)
-
-
-def _read_json_file(path: Path, *, required: bool) -> dict[str, Any]:
-    if not path.is_file():
-        if required:
-            raise ModelLoadError(f"{path} is missing; a Hugging Face model folder needs config.json, "
-                                 "*.safetensors and tokenizer.json")
-        return {}
-    try:
-        value = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, ValueError) as exc:
-        raise ModelLoadError(f"{path} is not valid JSON: {exc}") from exc
-    if not isinstance(value, dict):
-        raise ModelLoadError(f"{path} must hold a JSON object")
-    return value
-
-
-def _folder_weights(folder: Path, config: LlamaConfig, dtype: torch.dtype) -> dict[str, torch.Tensor]:
-    from safetensors.torch import load_file
-
-    files = sorted(folder.glob("*.safetensors"))
-    if not files:
-        raise ModelLoadError(f"{folder} has no *.safetensors weights (other weight formats are not supported)")
-    tensors: dict[str, torch.Tensor] = {}
-    for file in files:
-        try:
-            tensors |= load_file(str(file))
-        except (SafetensorError, OSError, ValueError) as exc:
-            raise ModelLoadError(f"{file} is unreadable or truncated ({exc}); rebuild a converted cache "
-                                 "with `pdbus model prepare --force`, or re-download the model") from exc
-    expected = weight_shapes(config)
-    missing = [name for name in expected if name not in tensors]
-    wrong = [f"{n} {tuple(tensors[n].shape)} != {s}" for n, s in expected.items()
-             if n in tensors and tuple(tensors[n].shape) != s]
-    if missing or wrong:
-        raise ModelLoadError(f"{folder} does not match its config.json: missing {missing[:3]}, "
-                             f"wrong shapes {wrong[:3]}")
-    # Extra tensors (a tied lm_head copy, rotary inv_freq buffers) are not weights the runner uses.
-    return {name: tensors[name].to(dtype) for name in expected}

@@ -17,6 +17,7 @@ vLLM. vLLM's own prefix caching serves repeated prefixes (vllm_args.prefix_cachi
 request's `cache_salt`; pdbus sessions and held prefixes are not (`hold_prefix` is 0), so a
 follow-up turn's KV moves whole and vLLM loads what its cache lacks. Sampling with a seed is reproducible per engine, but a decode node does not continue the
 prefill node's random stream as the built-in engine does; greedy is exact.
+What it hands vLLM (sampling params, prompts) and reads back (logprobs): nodes/engines/vllm_convert.py.
 """
 
 from __future__ import annotations
@@ -39,9 +40,7 @@ from nodes.engines.base import (
     KvUsage,
     PrefillRequest,
     PrefillResult,
-    SamplingParams,
     TokenEvent,
-    TokenLogprobs,
 )
 from nodes.engines.engine_common import resolve_dtype
 from nodes.engines.engine_types import EngineStats
@@ -54,9 +53,8 @@ from nodes.engines.vllm_args import (
     prepare_environment,
     require_vllm,
 )
-from nodes.engines.vllm_mailbox import CAPTURE_PARAM, KV_KEY_PARAM, MAILBOX
-
-NO_GRAMMARS = "structured output (a grammar) is served by the built-in engine, not by vLLM engines yet"
+from nodes.engines.vllm_convert import NO_GRAMMARS, passed_logprobs, vllm_prompt, vllm_sampling
+from nodes.engines.vllm_mailbox import MAILBOX
 
 
 @dataclass(slots=True)
@@ -119,8 +117,8 @@ class VllmEngine(Engine):
         keys = {}
         for request in requests:
             keys[request.request_id] = key = self._new_key(request.request_id)
-            params = self._vllm_sampling(request.sampling, max_tokens=1, kv_key=key, capture=True)
-            self._llm.add_request(key, _prompt(request.prompt_token_ids, request.cache_salt), params)
+            params = vllm_sampling(request.sampling, max_tokens=1, kv_key=key, capture=True)
+            self._llm.add_request(key, vllm_prompt(request.prompt_token_ids, request.cache_salt), params)
         first_tokens: dict[str, int] = {}
         num_cached: dict[str, int] = {}   # prompt tokens vLLM's prefix cache gave
         outputs: dict[str, Any] = {}
@@ -190,10 +188,10 @@ class VllmEngine(Engine):
         key = self._new_key(request.request_id)
         if request.kv is not None:
             MAILBOX.offer(key, request.kv)
-        params = self._vllm_sampling(request.sampling, max_tokens=num_reserved - len(prompt), kv_key=key)
+        params = vllm_sampling(request.sampling, max_tokens=num_reserved - len(prompt), kv_key=key)
         self._running[request.request_id] = _Running(request.request_id, key, tracker, num_reserved,
                                                      len(request.prompt_token_ids), logprobs=request.sampling.logprobs)
-        self._llm.add_request(request.request_id, _prompt(prompt, request.cache_salt), params)
+        self._llm.add_request(request.request_id, vllm_prompt(prompt, request.cache_salt), params)
         return admission
 
     def step(self) -> list[TokenEvent]:
@@ -283,41 +281,3 @@ class VllmEngine(Engine):
         vocab = self.vocab_size
         if min(prompt) < 0 or max(prompt) >= vocab:
             raise ValueError(f"request {request_id}: token id outside the vocabulary (0..{vocab - 1})")
-
-    def _vllm_sampling(self, sampling: SamplingParams, *, max_tokens: int, kv_key: str, capture: bool = False) -> Any:
-        from vllm import SamplingParams as VllmSampling
-        from vllm.sampling_params import RequestOutputKind
-
-        if sampling.grammar is not None:
-            raise ValueError(NO_GRAMMARS)
-        transfer = {KV_KEY_PARAM: kv_key} | ({CAPTURE_PARAM: True} if capture else {})
-        # pdbus's OutputTracker decides EOS, stop ids and stop strings; vLLM only samples.
-        # Logprobs are vLLM's own (its default raw_logprobs mode: the model's distribution, as ours);
-        # prompt logprobs only where the prompt is computed (a prefill), never over imported KV.
-        return VllmSampling(temperature=sampling.temperature, top_p=sampling.top_p, top_k=sampling.top_k,
-                            seed=sampling.seed, max_tokens=max(1, max_tokens), ignore_eos=True, detokenize=False,
-                            presence_penalty=sampling.presence_penalty, frequency_penalty=sampling.frequency_penalty,
-                            repetition_penalty=sampling.repetition_penalty,
-                            logit_bias=dict(sampling.logit_bias) or None, logprobs=sampling.logprobs,
-                            prompt_logprobs=sampling.prompt_logprobs if capture else None,
-                            output_kind=RequestOutputKind.DELTA, extra_args={"kv_transfer_params": transfer})
-
-
-def passed_logprobs(positions: Any, index: int, token_id: int, k: int | None) -> TokenLogprobs | None:
-    """vLLM's logprobs at one position ({token id: Logprob(logprob, rank)}: the top k by rank and
-    the chosen token, whatever its rank) as ours; None where vLLM has none (not asked, or the
-    first prompt token)."""
-    if k is None or not positions or index >= len(positions) or positions[index] is None:
-        return None
-    entry = positions[index]
-    ranked = sorted((lp.rank if lp.rank is not None else 1 << 62, t, float(lp.logprob)) for t, lp in entry.items())
-    chosen = entry.get(token_id)
-    return TokenLogprobs(float(chosen.logprob) if chosen is not None else float("-inf"),
-                         tuple((t, value) for _, t, value in ranked[:k]))
-
-
-def _prompt(token_ids: Sequence[int], salt: str) -> Any:
-    """vLLM's TokensPrompt (a dict; typed Any, as vLLM's own unions change between versions); a
-    salt scopes its prefix cache to the tenant (none: shared)."""
-    prompt: dict[str, Any] = {"prompt_token_ids": list(token_ids)}
-    return prompt | {"cache_salt": salt} if salt else prompt

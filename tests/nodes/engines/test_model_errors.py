@@ -13,7 +13,8 @@ from safetensors.torch import load_file, save_file
 from nodes.cli import build_parser
 from nodes.commands import model_cmd as model_command
 from nodes.engines import model_loader
-from nodes.engines.model_loader import ModelLoadError, load_model, prepare_model, save_folder
+from nodes.engines.hf_folder import save_folder
+from nodes.engines.model_loader import ModelLoadError, load_model, prepare_model
 
 from .conftest import write_tiny_gguf
 

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from nodes.engines import model_loader
-from nodes.engines.model_loader import DEFAULT_MODEL, SOURCE_MARKER, load_model, prepare_model, save_folder
+from nodes.engines.hf_folder import save_folder
+from nodes.engines.model_loader import DEFAULT_MODEL, SOURCE_MARKER, load_model, prepare_model
 
 HF_FILES = {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json",
             "generation_config.json", "special_tokens_map.json", SOURCE_MARKER}

@@ -1,4 +1,4 @@
-"""vLLM's logprobs read as pdbus's (nodes/engines/vllm_engine.passed_logprobs), without vLLM: its
+"""vLLM's logprobs read as pdbus's (nodes/engines/vllm_convert.passed_logprobs), without vLLM: its
 {token id: Logprob(logprob, rank)} per position holds the top k by rank and the chosen token."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from nodes.engines.base import TokenLogprobs
-from nodes.engines.vllm_engine import passed_logprobs
+from nodes.engines.vllm_convert import passed_logprobs
 
 
 def lp(value: float, rank: int) -> SimpleNamespace:
