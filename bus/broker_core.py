@@ -50,7 +50,7 @@ from bus.broker_tables import BrokerEvent, Node, PeerRejected
 from bus.codec import ProtocolError
 from bus.constants import Command, DisconnectReason, DropReason, LeaveReason
 from bus.liveness import HeartbeatConfig
-from bus.messages import Disconnect, Error
+from bus.messages import Disconnect, Error, Message
 from bus.routing import LeastOutstandingPolicy, RoutingPolicy
 
 # Where the request id sits in each request-scoped command, for request-scoped error replies.
@@ -207,6 +207,14 @@ class BrokerCore(RouteTable, NodeRegistry):
         self.outbox.append([identity, *codec.encode(Disconnect(exc.reason, exc.detail))])
         if node is not None:
             self._forget(node, LeaveReason.PROTOCOL_ERROR, self.now)
+
+    def decoded(self, identity: bytes, frames: list) -> Message | None:
+        """The message `frames` hold, or None once the sender is rejected for them (`reject`)."""
+        try:
+            return codec.decode(frames)
+        except ProtocolError as exc:
+            self.reject(identity, exc, frames)
+            return None
 
     def take_outbox(self) -> list[list]:
         outbox, self.outbox = self.outbox, []

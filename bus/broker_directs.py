@@ -28,11 +28,10 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from bus import codec
 from bus import constants as c
-from bus.codec import ProtocolError, raw_bytes
+from bus.codec import raw_bytes
 from bus.constants import Command, ErrorCode
-from bus.messages import Control
+from bus.messages import Control, Message
 
 MAX_HELD_BYTES = 64 << 20   # what DIRECTs waiting for their peer may hold in all
 
@@ -91,6 +90,7 @@ class DirectRoutes:
     nodes_by_id: dict[str, Node]
     send_error: Callable[..., None]
     reject: Callable[..., None]
+    decoded: Callable[[bytes, list], Message | None]
     held_directs: HeldDirects
 
     def on_direct(self, node: Node, command: Command, frames: list, now: float) -> None:
@@ -119,10 +119,7 @@ class DirectRoutes:
             self.send_error(node.identity, "", ErrorCode.UNKNOWN_NODE, f"no node {peer!r}", peer=peer)
 
     def on_control(self, node: Node, command: Command, frames: list, now: float) -> None:
-        try:
-            control = codec.decode(frames)
-        except ProtocolError as exc:
-            self.reject(node.identity, exc, frames)
+        if (control := self.decoded(node.identity, frames)) is None:
             return
         assert isinstance(control, Control)   # dispatched on its command byte
         target = self.nodes_by_id.get(control.peer)

@@ -21,12 +21,11 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
-from bus import codec
 from bus.broker_tables import BrokerEvent, CapacityChanged, Node, NodeJoined, NodeLeft, PeerRejected
 from bus.codec import HEADERS, ProtocolError
 from bus.constants import Command, LeaveReason
 from bus.liveness import LinkTimers
-from bus.messages import CapacityUpdate, Ready
+from bus.messages import CapacityUpdate, Message, Ready
 
 if TYPE_CHECKING:
     from collections import Counter
@@ -49,6 +48,7 @@ class NodeRegistry:
     metrics: Counter[str]
     send: Callable[[Node, list, float], None]
     reject: Callable[[bytes, ProtocolError, list], None]
+    decoded: Callable[[bytes, list], Message | None]
     adopt_requests: Callable[[Node, Ready, Node | None, float], None]
     release_directs: Callable[[Node, float], None]
     dispatch_queued: Callable[[float], None]
@@ -59,10 +59,7 @@ class NodeRegistry:
         if identity is None:
             assert node is not None, "a READY comes from a registered node or with its sender's identity"
             identity = node.identity
-        try:
-            ready = codec.decode(frames)
-        except ProtocolError as exc:
-            self.reject(identity, exc, frames)
+        if (ready := self.decoded(identity, frames)) is None:
             return
         assert isinstance(ready, Ready)
         refusal = self.admission.refusal(ready, frames[0], self.nodes_by_id)
@@ -135,10 +132,7 @@ class NodeRegistry:
         self._forget(node, LeaveReason.DISCONNECTED, now)
 
     def _on_capacity(self, node: Node, command: Command, frames: list, now: float) -> None:
-        try:
-            update = codec.decode(frames)
-        except ProtocolError as exc:
-            self.reject(node.identity, exc, frames)
+        if (update := self.decoded(node.identity, frames)) is None:
             return
         assert isinstance(update, CapacityUpdate)   # dispatched on its command byte
         node.capacity = dict(update.capacity)
