@@ -11,9 +11,10 @@ follow OpenAI (`data: {...}` then `data: [DONE]`; with `stream_options.include_u
 chunk with empty `choices` and the usage). Several choices (`n`, prompt batches, `best_of`) are
 one cluster request each (nodes/gateway/served.py): a JSON response lists them (with `best_of`,
 the n of highest total logprob), a stream interleaves their chunks by `index` and ends each with
-its own final chunk; text, logprobs, echo and tool calls are shaped by nodes/gateway/choices.py. A client that disconnects cancels the handler (aiohttp
-`handler_cancellation`), which aborts the cluster request; a client that stops reading is cut off
-after `stall_timeout_s`.
+its own final chunk; text, logprobs, echo and tool calls are shaped by nodes/gateway/choices.py,
+and a stream's content ordered by nodes/gateway/stream_order.py (an echo before its tokens). A
+client that disconnects cancels the handler (aiohttp `handler_cancellation`), which aborts the
+cluster request; a client that stops reading is cut off after `stall_timeout_s`.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from nodes.gateway.openai_format import Choice, Shaper, pdbus_headers
 from nodes.gateway.relay import StalledConsumer, within
 from nodes.gateway.schema import MAX_DEPTH, parse_request
 from nodes.gateway.served import GATEWAY, IDENTITY, TENANT, Served, cluster_error
+from nodes.gateway.stream_order import Piece, StreamOrder
 
 log = get_logger("gateway")
 
@@ -195,33 +197,20 @@ async def _send_stream(response: web.StreamResponse, served: Served, shaper: Sha
     async def send(data: object) -> None:
         await within(timeout, response.write(sse(data)))
 
-    async def send_token(builder: ChoiceBuilder, token: Any) -> None:
-        text, logprobs = builder.add(token)
-        if text or logprobs:
-            await send(shaper.chunk(text, builder.index, logprobs))
+    async def send_content(pieces: list[Piece]) -> None:
+        for index, text, logprobs in pieces:
+            await send(shaper.chunk(text, index, logprobs))
 
-    async def open_choice(builder: ChoiceBuilder, ended: bool = False) -> None:
-        """Send an echo's opening once it can go, then the tokens held back behind it."""
-        if (opening := builder.stream_opening(ended)) is not None:
-            if opening[0] or opening[1]:
-                await send(shaper.chunk(opening[0], builder.index, opening[1]))
-            for token in held.pop(builder.index, []):
-                await send_token(builder, token)
-
-    builders, held = _builders(served), dict[int, list[Any]]()
+    builders = _builders(served)
+    order = StreamOrder(builders)
     for builder in builders:
         if (opening := shaper.first_chunk(builder.index)) is not None:
             await send(opening)
-        await open_choice(builder)
+        await send_content(order.start(builder.index))
     pending = [] if first is None else [first]
     async for index, token in _chain(pending, tokens):
-        await open_choice(builders[index])
-        if builders[index].awaits_opening:   # echo with logprobs: the prompt's come first
-            held.setdefault(index, []).append(token)
-        else:
-            await send_token(builders[index], token)
-    for builder in builders:
-        await open_choice(builder, ended=True)
+        await send_content(order.token(index, token))
+    await send_content(order.ended())
     for builder, relay in zip(builders, served.relays, strict=True):
         choice = builder.choice(_result(relay).finish_reason)
         if builder.holds_text and (choice.text or choice.tool_calls):
