@@ -53,9 +53,9 @@ MIN_JUDGED = 8   # requests of known outcome that a stay's arrivals need to scor
 SERVED_WELL = 0.9   # a layout that scored this much is returned to freely: it met the SLO there
 
 
-def regrets(scores: tuple[float, float, str] | None) -> bool:
+def regrets(scores: tuple[float, float, str]) -> bool:
     """Whether `scores` (from `LayoutMemory.scores`) hold the switch back."""
-    if scores is None or scores[1] >= SERVED_WELL:   # it met the SLO there: nothing to regret
+    if scores[1] >= SERVED_WELL:   # it met the SLO there: nothing to regret
         return False
     return 1.0 - scores[1] >= (1.0 - scores[0]) * (1 - MARGIN)
 
@@ -138,7 +138,8 @@ class LayoutMemory:
             stay.left_at = now
 
     def holds_back(self, current: Layout, destination: Layout, now: float) -> bool:
-        return regrets(self.scores(current, destination, now))
+        scores = self.scores(current, destination, now)
+        return scores is not None and regrets(scores)
 
     def scores(self, current: Layout, destination: Layout, now: float) -> tuple[float, float, str] | None:
         """(present stay's score, the destination's latest stay's, what they were judged by) when a

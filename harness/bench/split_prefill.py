@@ -46,29 +46,31 @@ def worker(cpus: set[int], threads: int, model: str, dtype_name: str, control: C
     runner = LlamaRunner(loaded.config, loaded.weights, dtype=dtype)
     half = runner.config.num_layers // 2
     control.send("ready")
-    while (command := control.recv()) is not None:
-        kind, num_tokens, *chunks = command
-        prompt = torch.arange(num_tokens) % 30_000 + 100
-        kv = runner.new_kv(num_tokens)
-        if kind == "whole":
-            start = time.monotonic()
-            runner.forward(_batch(prompt, kv, 0, num_tokens))
-            control.send(time.monotonic() - start)
-        elif kind == "first":
-            assert peer is not None   # the split's first worker has its peer
-            control.send(time.monotonic())
-            for begin, size in _chunks(num_tokens, chunks[0]):
-                batch = _batch(prompt, kv, begin, size)
-                hidden = runner.run_layers(runner.embed[batch.token_ids], batch, range(half))
-                peer.send_bytes(hidden.contiguous().view(torch.uint8).numpy().tobytes())   # a wire's copy
-        else:
-            assert peer is not None
-            for begin, size in _chunks(num_tokens, chunks[0]):
-                batch = _batch(prompt, kv, begin, size)
-                hidden = torch.frombuffer(bytearray(peer.recv_bytes()), dtype=torch.uint8).view(dtype).view(size, -1)
-                x = runner.run_layers(hidden, batch, range(half, runner.config.num_layers))
-            runner.head(x, batch)
-            control.send(time.monotonic())
+    with torch.inference_mode():   # as `forward` runs every step: run_layers and head enter none
+        while (command := control.recv()) is not None:
+            kind, num_tokens, *chunks = command
+            prompt = torch.arange(num_tokens) % 30_000 + 100
+            kv = runner.new_kv(num_tokens)
+            if kind == "whole":
+                start = time.monotonic()
+                runner.forward(_batch(prompt, kv, 0, num_tokens))
+                control.send(time.monotonic() - start)
+            elif kind == "first":
+                assert peer is not None   # the split's first worker has its peer
+                control.send(time.monotonic())
+                for begin, size in _chunks(num_tokens, chunks[0]):
+                    batch = _batch(prompt, kv, begin, size)
+                    hidden = runner.run_layers(runner.embed[batch.token_ids], batch, range(half))
+                    peer.send_bytes(hidden.contiguous().view(torch.uint8).numpy().tobytes())   # a wire's copy
+            else:
+                assert peer is not None
+                for begin, size in _chunks(num_tokens, chunks[0]):
+                    batch = _batch(prompt, kv, begin, size)
+                    received = torch.frombuffer(bytearray(peer.recv_bytes()), dtype=torch.uint8)
+                    hidden = received.view(dtype).view(size, -1)
+                    x = runner.run_layers(hidden, batch, range(half, runner.config.num_layers))
+                runner.head(x, batch)
+                control.send(time.monotonic())
 
 
 def _chunks(num_tokens: int, count: int) -> list[tuple[int, int]]:

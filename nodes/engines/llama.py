@@ -144,12 +144,12 @@ class LlamaRunner:
     def forward_eager(self, batch: ForwardBatch) -> torch.Tensor:
         return self.head(self.run_layers(self.embed[batch.token_ids], batch), batch)
 
-    @torch.inference_mode()
     def run_layers(self, x: torch.Tensor, batch: ForwardBatch, layers: range | None = None) -> torch.Tensor:
         """The hidden states [tokens, hidden] after `layers` (default: all), from `x` before them,
         writing those layers' KV. A prompt's layers may run on two runners, each its own range:
         the hidden states are all that crosses (tests/nodes/engines/test_llama_layers.py). A pure
-        decode step on the bf16 kernels updates `x` in place."""
+        decode step on the bf16 kernels updates `x` in place. No inference-mode context of its
+        own (nor `head`): `forward` enters one per step, and each costs ~3 µs."""
         c = self.config
         cos = self.cos[batch.positions][:, None, :]
         sin = self.sin[batch.positions][:, None, :]
@@ -179,7 +179,6 @@ class LlamaRunner:
                 x = self._mlp(x, self._norm(x, index, post=True), layer)
         return x
 
-    @torch.inference_mode()
     def head(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:
         """Logits [num_sampled, vocab] float32 of `batch.sample_rows` from the last layer's states."""
         c = self.config

@@ -41,8 +41,8 @@ class ChoiceBuilder:
         self.opened = False   # stream_opening has given the opening
 
     def opening(self) -> str:
-        """Call it before streaming, or after a JSON response's stream (when the prompt logprobs,
-        which come with a FINAL, are in): either way it is the choice's start."""
+        """The choice's start: a JSON response calls it after its stream (when the prompt logprobs,
+        which come with a FINAL, are in), a stream through `stream_opening`."""
         if not self.api.echo:
             return ""
         self.opening_text = self.api.prompt if self.api.prompt is not None else \
