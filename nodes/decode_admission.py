@@ -2,7 +2,7 @@
 `DecodeWork` in nodes/decode_node.py, which holds the state it reads).
 
 Contract: `_plan` picks `local`, `cached` or `remote` (decode_jobs.plan_job), `_lends` decides to
-prefill here a prompt a busy prefill pool would queue, `_forked` makes a later choice of a prompt
+prefill here a prompt a busy prefill pool would queue (nodes/lending.py), `_forked` makes a later choice of a prompt
 a follower of its first one (nodes/decode_forks.py) and `_start_followers` starts them from its
 KV; `_reserve` admits a remote plan (its KV blocks held until the KV arrives: `full` or
 `rejected` otherwise), `_start` admits into the engine, `_refuse` answers the ERROR and publishes
@@ -78,15 +78,21 @@ class DecodeAdmission:
                  hold=lambda: 0 if whole else self.engine.hold_prefix(job.request_id, job.prompt, job.cache_salt))
 
     def _lends(self, body: wire.DecodeRequestBody) -> bool:
-        """Prefill this prompt here though a prefill node could: it would queue there behind the
-        client's backlog while this node, with a light batch, has compute to spare."""
-        lend = self.settings.lend
-        if not (0 < len(body.prompt) <= lend.prefill_tokens and body.prefill == wire.PrefillMode.AUTO):
+        """Prefill this prompt here though a prefill node could: this node would finish it sooner
+        than the prefill nodes, given the client's backlog there (nodes/lending.py)."""
+        if body.prefill != wire.PrefillMode.AUTO:
             return False
-        if body.prefill_backlog_tokens < lend.min_backlog_tokens or self._num_requests() >= lend.max_running:
-            return False
-        self.counters["plan.lent"] += 1
-        return True
+        lend = self.settings.lend.lends(num_prompt_tokens=len(body.prompt), backlog_tokens=body.prefill_backlog_tokens,
+                                        own_queue_tokens=self._own_prefill_tokens(), num_requests=self._num_requests())
+        if lend:
+            self.counters["plan.lent"] += 1
+        return lend
+
+    def _own_prefill_tokens(self) -> int:
+        """Prompt tokens this node has yet to prefill: those of its running local and cached plans
+        before their first token (a chunk already run still counts: an estimate that errs high)."""
+        return sum(len(j.prompt) - j.num_cached_tokens for j in self.jobs.values()
+                   if j.running and not j.tokens and j.plan in (wire.PlanKind.LOCAL, wire.PlanKind.CACHED))
 
     def _num_requests(self) -> int:
         """Requests holding KV here: running in the engine, or admitted and waiting for their KV."""

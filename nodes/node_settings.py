@@ -17,27 +17,9 @@ from bus.security import SecurityConfig, SecurityError, is_loopback
 from nodes.bus_config import heartbeat_config, security_config
 from nodes.config_file import SettingsError, load_settings, section
 from nodes.engines.base import ENGINE_KINDS, LOADER_SETTINGS, EngineConfig
+from nodes.lending import LendSettings
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
-
-
-@dataclass(frozen=True)
-class LendSettings:
-    """When a decode node prefills a whole prompt itself rather than queue it at a busy prefill
-    node (docs/CLUSTER.md, the `local` plan): 0 tokens turns it off."""
-
-    prefill_tokens: int = 0        # prompts up to this many tokens
-    max_running: int = 1           # while it runs fewer requests than this
-    min_backlog_tokens: int = 1    # and the client has at least this many prompt tokens waiting at prefill nodes
-
-    @classmethod
-    def from_section(cls, decode: dict) -> LendSettings:
-        values = {name: decode.get(f"lend_{name}", getattr(cls, name)) for name in
-                  ("prefill_tokens", "max_running", "min_backlog_tokens")}
-        for name, value in values.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise SettingsError(f"[decode] lend_{name} must be a whole number >= 0, got {value!r}")
-        return cls(**values)
 
 
 @dataclass(frozen=True)

@@ -5,6 +5,7 @@ reports its backlog (tokens sent to prefill nodes and not yet prefilled) in each
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -75,3 +76,23 @@ def test_each_decode_request_reports_the_client_s_backlog():
         asyncio.run(Attempt(owner, spec()).run())
     assert retry.value.code == Code.MALFORMED
     assert wire.from_wire(wire.DecodeRequestBody, sent[0]).prefill_backlog_tokens == 640
+
+
+def test_a_decode_node_lends_only_while_it_would_finish_the_prompt_sooner(kv_thread):
+    """margin x (own queue + prompt) < backlog + prompt: with r1's 8 tokens still to prefill here,
+    a backlog of 12 at the prefill nodes is the shorter queue; once r1 has its first token, it is not."""
+    lend = LendSettings(prefill_tokens=64, max_running=8, min_backlog_tokens=1, margin=1.4)
+    work, endpoint, _ = make_work(kv_thread, lend=lend)
+    work.on_message(request("r1", prefill_backlog_tokens=100))
+    work.on_message(request("r2", prefill_backlog_tokens=12))    # 1.4 x (8 + 8) = 22.4 >= 12 + 8
+    assert [plan_of(endpoint, r) for r in ("r1", "r2")] == ["local", "remote"]
+    for _ in range(10):
+        if work.jobs["r1"].tokens:
+            break
+        work.work(time.monotonic())
+    assert work.jobs["r1"].tokens, "r1 never got its first token"
+    work.on_message(request("r3", prefill_backlog_tokens=12))    # 1.4 x (0 + 8) = 11.2 < 12 + 8
+    assert plan_of(endpoint, "r3") == "local"
+    assert work.capacity()["prefills_lent"] == 2
+    run_until_idle(work)
+    assert endpoint.of("final", "r1") and endpoint.of("final", "r3")
