@@ -97,11 +97,22 @@ def _engine_values(settings: dict, args: argparse.Namespace, role: str) -> dict:
     for key in ("num_kv_blocks", "max_num_seqs", "prefill_chunk_tokens", "preallocate_kv"):
         if key in decode and role != "prefill":
             values[key] = decode[key]
+    if role == "decode":   # its streams wait for one chunk a step, not one per prompt it prefills
+        values["step_prefill_tokens"] = _step_prefill_tokens(decode, values)
     # A role's own thread count wins over [engine]'s (e.g. a prefill node that may use the decode
     # node's idle core: docs/CLUSTER.md "Lending"); a --threads flag wins over both.
     if role in ("prefill", "decode") and "num_threads" in (own := prefill if role == "prefill" else decode):
         values["num_threads"] = own["num_threads"]
     return values | engine_flag_values(args)
+
+
+def _step_prefill_tokens(decode: dict, values: dict) -> int:
+    """`[decode] step_prefill_tokens`, else `[engine]`'s, else one chunk (`prefill_chunk_tokens`)."""
+    default = values.get("step_prefill_tokens", values.get("prefill_chunk_tokens", EngineConfig().prefill_chunk_tokens))
+    tokens = decode.get("step_prefill_tokens", default)
+    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
+        raise SettingsError(f"[decode] step_prefill_tokens must be a whole number >= 0, got {tokens!r}")
+    return tokens
 
 
 ENGINE_FLAGS = (("dtype", "dtype"), ("device", "device"), ("threads", "num_threads"))   # flag -> [engine] key

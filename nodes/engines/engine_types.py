@@ -223,6 +223,9 @@ class EngineConfig:
     max_num_seqs: int = 64           # requests holding KV at once (decode side)
     max_batch_tokens: int = 2048     # tokens per forward pass (prefill batch, or decode + chunks)
     prefill_chunk_tokens: int = 256  # longest prefill chunk interleaved with decode steps
+    step_prefill_tokens: int = 0     # most prompt tokens one step prefills, all chunks together (0: what
+                                     # max_batch_tokens leaves; a decode node's default: one chunk). The
+                                     # built-in engine's; vLLM budgets a step by max_num_batched_tokens
     prefill_max_wait_s: float = 0.005
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     keep_sessions: bool = True       # keep finished sessions' KV (LRU within the budget)

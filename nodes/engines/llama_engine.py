@@ -201,7 +201,8 @@ class LlamaEngine(Engine):
     def step(self) -> list[TokenEvent]:
         events, self._pending_events = self._pending_events, []
         chunks = schedule(self.running, max_batch_tokens=self.config.max_batch_tokens,
-                          prefill_chunk_tokens=self.config.prefill_chunk_tokens)
+                          prefill_chunk_tokens=self.config.prefill_chunk_tokens,
+                          max_prefill_tokens=self.config.step_prefill_tokens)
         if chunks:
             logits = self._run(chunks)
             events.extend(self._postprocess(chunks, logits))

@@ -4,7 +4,9 @@ Contract: a `Sequence` is one admitted request: all its tokens so far (prompt + 
 of them already have KV (`num_computed_tokens`) and its decode slot. `schedule(...)` picks the
 chunks for one step the way vLLM's chunked-prefill scheduler does: every decoding sequence gets its
 one token first (so running streams never stall behind a prompt), then the remaining token budget
-goes to pending prefills in arrival order, each cut to at most `prefill_chunk_tokens`.
+goes to pending prefills in arrival order, each cut to at most `prefill_chunk_tokens`, all of them
+together to at most `max_prefill_tokens` when that is given (a decode node's one chunk a step: its
+streams wait for one chunk, not one per prompt it prefills, and the oldest prompt finishes first).
 A chunk that reaches the end of a sequence's known tokens yields logits and a sampled token.
 """
 
@@ -62,13 +64,16 @@ class ScheduledChunk:
         return self.seq.token_ids[self.start:self.start + self.num_tokens]
 
 
-def schedule(seqs: list[Sequence], *, max_batch_tokens: int, prefill_chunk_tokens: int) -> list[ScheduledChunk]:
+def schedule(seqs: list[Sequence], *, max_batch_tokens: int, prefill_chunk_tokens: int,
+             max_prefill_tokens: int = 0) -> list[ScheduledChunk]:
     budget = max_batch_tokens
     chunks: list[ScheduledChunk] = []
     for seq in seqs:
         if seq.is_decoding and budget > 0:
             chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, 1))
             budget -= 1
+    if max_prefill_tokens > 0:
+        budget = min(budget, max_prefill_tokens)
     for seq in seqs:
         if seq.is_decoding or seq.num_pending_tokens == 0:
             continue

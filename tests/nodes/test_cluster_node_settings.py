@@ -124,3 +124,18 @@ def test_lending_and_drain_settings_are_read_and_checked(tmp_path):
     path.write_text(CONFIG + "[node]\nswitchable = true\n")
     with pytest.raises(SettingsError, match="prefill or decode"):
         node_settings(no_args(config=str(path)), "both")
+
+
+def test_a_decode_step_prefills_one_chunk_unless_configured(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(CONFIG)
+    assert node_settings(no_args(config=str(path)), "decode").engine_config().step_prefill_tokens == 256
+    assert node_settings(no_args(config=str(path)), "both").engine_config().step_prefill_tokens == 0
+    path.write_text(CONFIG.replace("[decode]\n", "[decode]\nprefill_chunk_tokens = 128\n"))
+    assert node_settings(no_args(config=str(path)), "decode").engine_config().step_prefill_tokens == 128
+    path.write_text(CONFIG.replace("[decode]\n", "[decode]\nstep_prefill_tokens = 0\n"))
+    assert node_settings(no_args(config=str(path)), "decode").engine_config().step_prefill_tokens == 0
+    for bad in ("-1", '"one"', "true", "2.5"):
+        path.write_text(CONFIG.replace("[decode]\n", f"[decode]\nstep_prefill_tokens = {bad}\n"))
+        with pytest.raises(SettingsError, match="step_prefill_tokens"):
+            node_settings(no_args(config=str(path)), "decode")
