@@ -1,0 +1,58 @@
+"""How many prompt tokens the next engine step may prefill so that a step with streams in it ends
+within a time target (Sarathi-Serve's token budget, sized from measured costs). Plain data: no torch.
+
+Contract: `StepBudget(target_s, cap_tokens)`; `tokens(num_decoding)` is the next step's prompt
+token budget, `pace(num_decoding)` how many times longer a prompt then takes than alone (a step's
+time over its prompt tokens' share; 1.0 while a cost is unknown), `observe(elapsed_s,
+num_decode_tokens, num_prefill_tokens)` feeds back what a step cost. With no stream decoding, or no target (0), or before both costs are measured, the budget is
+`cap_tokens` (0: unbounded). Else it is what the target leaves after the decode tokens' measured
+time, at the measured time per prompt token, never below `min_tokens` (a prompt always advances)
+nor above the cap. Costs are exponential moving averages: a decode-only step's time (which follows
+the batch as it grows and shrinks) and a prompt token's time in a step that also decodes (the
+step's time less the decode part). A stream's token then waits at most about the target for a
+step, however many prompts the node prefills: its TPOT stays near `target_s` by construction.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+SMOOTHING = 0.2   # weight of the newest measurement in each moving average
+
+
+@dataclass(slots=True)
+class StepBudget:
+    target_s: float                  # a step with streams should end within this (0: no target)
+    cap_tokens: int                  # prompt tokens a step prefills at most (0: unbounded)
+    min_tokens: int = 16             # ...and at least, when it has prompts to prefill
+    decode_s: float | None = None    # a decode-only step's time, smoothed
+    prefill_token_s: float | None = None   # one prompt token's time beside decode tokens, smoothed
+
+    def tokens(self, num_decoding: int) -> int:
+        if num_decoding == 0 or self.target_s <= 0 or self.decode_s is None or self.prefill_token_s is None:
+            return self.cap_tokens
+        room = self.target_s - self.decode_s
+        if room > 0 and self.prefill_token_s <= 0:   # prompt tokens measured as free: only the cap bounds them
+            return self.cap_tokens
+        fits = int(room / self.prefill_token_s + 1e-6) if room > 0 else 0   # 1e-6: 0.02 / 0.001 is 19.99...
+        budget = max(self.min_tokens, fits)
+        return min(budget, self.cap_tokens) if self.cap_tokens else budget
+
+    def pace(self, num_decoding: int) -> float:
+        tokens = self.tokens(num_decoding)
+        if num_decoding == 0 or not tokens or not self.decode_s or not self.prefill_token_s:
+            return 1.0
+        return 1.0 + self.decode_s / (tokens * self.prefill_token_s)
+
+    def observe(self, elapsed_s: float, num_decode_tokens: int, num_prefill_tokens: int) -> None:
+        if elapsed_s < 0 or (num_decode_tokens == 0 and num_prefill_tokens == 0):
+            return
+        if num_prefill_tokens == 0:
+            self.decode_s = _smoothed(self.decode_s, elapsed_s)
+            return
+        decode_part = (self.decode_s or 0.0) if num_decode_tokens else 0.0
+        self.prefill_token_s = _smoothed(self.prefill_token_s, max(0.0, elapsed_s - decode_part) / num_prefill_tokens)
+
+
+def _smoothed(average: float | None, value: float) -> float:
+    return value if average is None else average + SMOOTHING * (value - average)

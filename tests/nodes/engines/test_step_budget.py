@@ -1,0 +1,71 @@
+"""The step budget (nodes/engines/step_budget.py): prompt tokens per step sized from measured costs
+so a step with streams ends within its target; the cap alone where nothing is known or at stake."""
+
+from __future__ import annotations
+
+import math
+
+from hypothesis import given
+from hypothesis import strategies as st
+
+from nodes.engines.step_budget import StepBudget
+
+
+def measured(target_s=0.1, cap=256, decode_s=0.04, token_s=0.001) -> StepBudget:
+    budget = StepBudget(target_s, cap)
+    budget.observe(decode_s, 3, 0)
+    budget.observe(decode_s + 100 * token_s, 3, 100)
+    return budget
+
+
+def test_the_target_leaves_room_for_what_the_decode_tokens_take():
+    budget = measured()
+    assert (budget.decode_s, budget.prefill_token_s) == (0.04, 0.001)
+    assert budget.tokens(num_decoding=3) == 60            # (0.1 - 0.04) / 0.001
+    assert measured(target_s=0.5).tokens(3) == 256        # never above the cap
+    assert measured(target_s=0.5, cap=0).tokens(3) == 460
+    assert measured(target_s=0.03).tokens(3) == 16        # decode alone is over: a prompt still advances
+
+
+def test_without_streams_target_or_costs_the_cap_holds():
+    assert measured().tokens(num_decoding=0) == 256       # no stream waits for this step
+    assert measured(target_s=0).tokens(3) == 256
+    fresh = StepBudget(0.1, 256)
+    assert fresh.tokens(3) == 256
+    fresh.observe(0.04, 3, 0)
+    assert fresh.tokens(3) == 256                         # the prompt-token cost is still unknown
+
+
+def test_costs_are_smoothed_and_follow_change():
+    budget = measured()
+    for _ in range(30):
+        budget.observe(0.08, 6, 0)                        # the batch grew: decode steps take longer
+    assert math.isclose(budget.decode_s, 0.08, rel_tol=0.01)
+    assert budget.tokens(6) == 20
+    budget.observe(0.01, 6, 50)                           # faster than decode alone: counted as 0 per token
+    assert budget.prefill_token_s < 0.001
+    budget.observe(-1.0, 6, 50)                           # a clock that went back is ignored
+    budget.observe(0.5, 0, 0)
+    assert budget.decode_s < 0.081
+
+
+@given(target=st.floats(0, 1), cap=st.integers(0, 4096), steps=st.lists(
+    st.tuples(st.floats(0, 2), st.integers(0, 64), st.integers(0, 4096)), max_size=30), num_decoding=st.integers(0, 64))
+def test_the_budget_is_always_within_its_floor_and_cap(target, cap, steps, num_decoding):
+    budget = StepBudget(target, cap)
+    for elapsed, num_decode, num_prefill in steps:
+        budget.observe(elapsed, num_decode, num_prefill)
+    tokens = budget.tokens(num_decoding)
+    assert tokens == cap if (num_decoding == 0 or target == 0) else tokens >= 0
+    if cap:
+        assert tokens <= cap
+        assert tokens >= min(cap, budget.min_tokens)
+
+
+def test_the_pace_is_a_step_s_time_over_its_prompt_tokens_share():
+    budget = measured()                                   # 60 tokens (60 ms) beside 40 ms of decode
+    assert math.isclose(budget.pace(num_decoding=3), 100 / 60)
+    assert budget.pace(num_decoding=0) == 1.0             # alone: as fast as a prefill node
+    assert StepBudget(0.1, 256).pace(3) == 1.0            # nothing measured yet
+    assert math.isclose(measured(target_s=0).pace(3), 1 + 40 / 256)   # the cap alone: one chunk a step
+    assert measured(target_s=0, cap=0).pace(3) == 1.0     # unbounded: the prompt takes the step
