@@ -4,27 +4,33 @@ within a time target (Sarathi-Serve's token budget, sized from measured costs). 
 Contract: `StepBudget(target_s, cap_tokens)`; `tokens(num_decoding)` is the next step's prompt
 token budget, `pace(num_decoding)` how many times longer a prompt then takes than alone (a step's
 time over its prompt tokens' share; 1.0 while a cost is unknown), `observe(elapsed_s,
-num_decode_tokens, num_prefill_tokens)` feeds back what a step cost. With no stream decoding, or no target (0), or before both costs are measured, the budget is
-`cap_tokens` (0: unbounded). Else it is what the target leaves after the decode tokens' measured
-time, at the measured time per prompt token, never below `min_tokens` (a prompt always advances)
-nor above the cap. Costs are exponential moving averages: a decode-only step's time (which follows
-the batch as it grows and shrinks) and a prompt token's time in a step that also decodes (the
-step's time less the decode part). A stream's token then waits at most about the target for a
-step, however many prompts the node prefills: its TPOT stays near `target_s` by construction.
+num_decode_tokens, num_prefill_tokens)` feeds back what a step cost. With no stream decoding, or
+no target (0), or before both costs are measured, the budget is `cap_tokens` (0: unbounded). Else
+it is what the target leaves after the decode tokens' measured time, at the measured time per
+prompt token, never above the cap, and never below what takes as long as the decode tokens do
+(`MIN_PREFILL_SHARE` of the step): a stream's token then waits about the target for a step,
+however many prompts the node prefills, or twice its decode-only step when that alone nears the
+target; a prompt this node took on still moves at half speed or better (pace <= 2), where a
+fixed floor let lent prompts crawl for seconds behind a growing batch (make bench-lend, 12-06).
+Costs are exponential moving averages: a decode-only step's time (following the batch as it
+grows and shrinks, between prefills) and a prompt token's time in a step that also decodes (the
+step's time less the decode part).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
-SMOOTHING = 0.2   # weight of the newest measurement in each moving average
+SMOOTHING = 0.2           # weight of the newest measurement in each moving average
+MIN_PREFILL_SHARE = 0.5   # of a step's time, the prompt tokens get at least this much
 
 
 @dataclass(slots=True)
 class StepBudget:
     target_s: float                  # a step with streams should end within this (0: no target)
     cap_tokens: int                  # prompt tokens a step prefills at most (0: unbounded)
-    min_tokens: int = 16             # ...and at least, when it has prompts to prefill
+    min_tokens: int = 16             # ...and at least (before MIN_PREFILL_SHARE), when it has prompts
     decode_s: float | None = None    # a decode-only step's time, smoothed
     prefill_token_s: float | None = None   # one prompt token's time beside decode tokens, smoothed
 
@@ -35,7 +41,9 @@ class StepBudget:
         if room > 0 and self.prefill_token_s <= 0:   # prompt tokens measured as free: only the cap bounds them
             return self.cap_tokens
         fits = int(room / self.prefill_token_s + 1e-6) if room > 0 else 0   # 1e-6: 0.02 / 0.001 is 19.99...
-        budget = max(self.min_tokens, fits)
+        share = MIN_PREFILL_SHARE / (1 - MIN_PREFILL_SHARE) * self.decode_s
+        floor = math.ceil(share / self.prefill_token_s - 1e-6) if self.prefill_token_s > 0 else 0
+        budget = max(self.min_tokens, fits, floor)
         return min(budget, self.cap_tokens) if self.cap_tokens else budget
 
     def pace(self, num_decoding: int) -> float:

@@ -24,7 +24,8 @@ def test_the_target_leaves_room_for_what_the_decode_tokens_take():
     assert budget.tokens(num_decoding=3) == 60            # (0.1 - 0.04) / 0.001
     assert measured(target_s=0.5).tokens(3) == 256        # never above the cap
     assert measured(target_s=0.5, cap=0).tokens(3) == 460
-    assert measured(target_s=0.03).tokens(3) == 16        # decode alone is over: a prompt still advances
+    assert measured(target_s=0.03).tokens(3) == 40        # decode alone is over: the prompt gets as long
+    assert measured(target_s=0.07).tokens(3) == 40        # ...and never less: a step's half at least
 
 
 def test_without_streams_target_or_costs_the_cap_holds():
@@ -41,7 +42,7 @@ def test_costs_are_smoothed_and_follow_change():
     for _ in range(30):
         budget.observe(0.08, 6, 0)                        # the batch grew: decode steps take longer
     assert math.isclose(budget.decode_s, 0.08, rel_tol=0.01)
-    assert budget.tokens(6) == 20
+    assert 79 <= budget.tokens(6) <= 80                   # 20 would fit in the target: the floor, ~80, holds
     budget.observe(0.01, 6, 50)                           # faster than decode alone: counted as 0 per token
     assert budget.prefill_token_s < 0.001
     budget.observe(-1.0, 6, 50)                           # a clock that went back is ignored
@@ -60,6 +61,7 @@ def test_the_budget_is_always_within_its_floor_and_cap(target, cap, steps, num_d
     if cap:
         assert tokens <= cap
         assert tokens >= min(cap, budget.min_tokens)
+    assert 1.0 <= budget.pace(num_decoding) <= 2.0 + 1e-6 or (cap and tokens == cap)
 
 
 def test_the_pace_is_a_step_s_time_over_its_prompt_tokens_share():
