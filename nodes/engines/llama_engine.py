@@ -210,7 +210,7 @@ class LlamaEngine(Engine):
         num_decoding = sum(seq.is_decoding for seq in self.running)
         chunks = schedule(self.running, max_batch_tokens=self.config.max_batch_tokens,
                           prefill_chunk_tokens=self.config.prefill_chunk_tokens,
-                          max_prefill_tokens=self.step_budget.tokens(num_decoding))
+                          max_prefill_tokens=self.step_budget.next_step(num_decoding))
         if chunks:
             started = time.perf_counter()
             events.extend(self._postprocess(chunks, self._run(chunks)))
