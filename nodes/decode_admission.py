@@ -83,8 +83,7 @@ class DecodeAdmission:
         if body.prefill != wire.PrefillMode.AUTO:
             return False
         lend = self.settings.lend.lends(num_prompt_tokens=len(body.prompt), backlog_tokens=body.prefill_backlog_tokens,
-                                        own_queue_tokens=self._own_prefill_tokens(), num_requests=self._num_requests(),
-                                        pace=self.engine.prefill_pace)
+                                        own_queue_tokens=self._own_prefill_tokens(), num_requests=self._num_requests())
         if lend:
             self.counters["plan.lent"] += 1
         return lend

@@ -7,13 +7,11 @@ hand. It lends when every one holds:
   - lending is on (`prefill_tokens` > 0) and the prompt has 1..`prefill_tokens` tokens;
   - the client has at least `min_backlog_tokens` prompt tokens waiting at prefill nodes;
   - the node holds fewer than `max_running` requests (a bound on what lending costs its streams);
-  - it would finish the prompt sooner: `margin` x `pace` x (its own unprefilled prompt tokens + the
-    prompt) < (the client's backlog + the prompt). Both sides count the prompt tokens a core
-    prefills before the prompt's last one; `pace` (the engine's `prefill_pace`, >= 1) is how many
-    times longer a prompt prefills on this core than alone, beside the streams it decodes (each
-    step's decode tokens, nodes/engines/step_budget.py), and `margin` keeps a near tie, and the
-    KV transfer this saves, at the prefill node. 0 leaves the comparison out: lend whenever the
-    other conditions hold.
+  - it would finish the prompt sooner: `margin` x (its own unprefilled prompt tokens + the prompt)
+    < (the client's backlog + the prompt). Both sides count tokens ahead of the prompt's last one
+    on one core each; `margin` prices what this core does besides (one decode token per stream in
+    every chunk's forward pass) and keeps a near tie at the prefill node. 0 leaves the comparison
+    out: lend whenever the other conditions hold.
 """
 
 from __future__ import annotations
@@ -32,7 +30,7 @@ class LendSettings:
     prefill_tokens: int = 0        # prompts up to this many tokens
     max_running: int = 1           # while it holds fewer requests than this
     min_backlog_tokens: int = 1    # and the client has at least this many prompt tokens waiting at prefill nodes
-    margin: float = 1.2            # and margin x pace x (own queue + prompt) < backlog + prompt; 0: no comparison
+    margin: float = 1.4            # and margin x (own queue + prompt) < backlog + prompt; 0: no comparison
 
     @classmethod
     def from_section(cls, decode: dict) -> LendSettings:
@@ -46,13 +44,12 @@ class LendSettings:
         return cls(**values, margin=float(margin))
 
     def lends(self, *, num_prompt_tokens: int, backlog_tokens: int, own_queue_tokens: int,
-              num_requests: int, pace: float = 1.0) -> bool:
+              num_requests: int) -> bool:
         """Whether a decode node prefills this prompt itself: `backlog_tokens` are the client's
         prompt tokens waiting at prefill nodes (the prompt not among them), `own_queue_tokens`
-        the prompt tokens this node has yet to prefill, `num_requests` the requests it holds,
-        `pace` its engine's `prefill_pace`."""
+        the prompt tokens this node has yet to prefill, `num_requests` the requests it holds."""
         if not 0 < num_prompt_tokens <= self.prefill_tokens:
             return False
         if backlog_tokens < self.min_backlog_tokens or num_requests >= self.max_running:
             return False
-        return self.margin * max(1.0, pace) * (own_queue_tokens + num_prompt_tokens) < backlog_tokens + num_prompt_tokens
+        return self.margin * (own_queue_tokens + num_prompt_tokens) < backlog_tokens + num_prompt_tokens

@@ -99,7 +99,6 @@ def _engine_values(settings: dict, args: argparse.Namespace, role: str) -> dict:
             values[key] = decode[key]
     if role == "decode":   # its streams wait for one chunk a step, not one per prompt it prefills
         values["step_prefill_tokens"] = _step_prefill_tokens(decode, values)
-        values["step_target_s"] = _step_target_s(decode)
     # A role's own thread count wins over [engine]'s (e.g. a prefill node that may use the decode
     # node's idle core: docs/CLUSTER.md "Lending"); a --threads flag wins over both.
     if role in ("prefill", "decode") and "num_threads" in (own := prefill if role == "prefill" else decode):
@@ -114,14 +113,6 @@ def _step_prefill_tokens(decode: dict, values: dict) -> int:
     if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
         raise SettingsError(f"[decode] step_prefill_tokens must be a whole number >= 0, got {tokens!r}")
     return tokens
-
-
-def _step_target_s(decode: dict) -> float:
-    """`[decode] step_target_ms` in seconds (0, the default: no target)."""
-    ms = decode.get("step_target_ms", 0)
-    if isinstance(ms, bool) or not isinstance(ms, int | float) or not 0 <= ms <= 60_000:
-        raise SettingsError(f"[decode] step_target_ms must be a number of milliseconds in [0, 60000], got {ms!r}")
-    return float(ms) / 1000
 
 
 ENGINE_FLAGS = (("dtype", "dtype"), ("device", "device"), ("threads", "num_threads"))   # flag -> [engine] key

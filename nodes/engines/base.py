@@ -50,9 +50,6 @@ Decode side (a `pdbus decode` node):
                                             finished or aborted); at most `max_num_seqs`.
     max_num_seqs: int                       requests that may hold KV at once. Default:
                                             `config.max_num_seqs`.
-    prefill_pace: float                     how many times longer a prompt prefills here than
-                                            alone, beside the running streams (>= 1; the lending
-                                            rule weighs it). Default 1.0 (not measured).
     cached_session_tokens(session_id) -> int   tokens of a finished session's KV still held (0:
                                             none, or an engine that keeps no sessions).
     drop_session(session_id) -> bool        forget it; False when it was not held.
@@ -234,12 +231,6 @@ class Engine(ABC):
     def max_num_seqs(self) -> int:
         """Requests that may hold KV at once (a node reports it as `max_running`)."""
         return self.config.max_num_seqs
-
-    @property
-    def prefill_pace(self) -> float:
-        """How many times longer a prompt takes to prefill here than alone, beside the streams
-        running now (>= 1): what the lending rule weighs. Default 1.0 (not measured)."""
-        return 1.0
 
     @abstractmethod
     def cached_session_tokens(self, session_id: str) -> int: ...

@@ -226,8 +226,6 @@ class EngineConfig:
     step_prefill_tokens: int = 0     # most prompt tokens one step prefills, all chunks together (0: what
                                      # max_batch_tokens leaves; a decode node's default: one chunk). The
                                      # built-in engine's; vLLM budgets a step by max_num_batched_tokens
-    step_target_s: float = 0.0       # a step with streams ends within about this: its prompt tokens are
-                                     # sized by measured costs (step_budget.py; 0: off; built-in engine)
     prefill_max_wait_s: float = 0.005
     max_model_len: int | None = None  # default: the model's max_position_embeddings
     keep_sessions: bool = True       # keep finished sessions' KV (LRU within the budget)

@@ -16,7 +16,6 @@ becomes a running sequence in `sequence_start.py`, and the slot store is reserve
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
 from typing import TYPE_CHECKING
@@ -53,7 +52,6 @@ from nodes.engines.prefix_leases import DecodePrefixes, Lease
 from nodes.engines.sampling import sample
 from nodes.engines.sequence_start import start_sequence
 from nodes.engines.session_cache import CachedSession, SessionCache
-from nodes.engines.step_budget import StepBudget
 from nodes.engines.step_schedule import ScheduledChunk, Sequence, schedule
 
 if TYPE_CHECKING:   # llguidance is imported at the first request with a grammar
@@ -79,7 +77,6 @@ class LlamaEngine(Engine):
                                   cuda_graphs=self.config.cuda_graphs)
         self.device = self.runner.device
         self.blocks = BlockManager(self.config.num_kv_blocks, self.config.block_size)
-        self.step_budget = StepBudget(self.config.step_target_s, self.config.step_prefill_tokens)
         self.sessions = SessionCache(self.config.block_size)
         self.prefixes = DecodePrefixes(self.sessions, self.config.block_size, self.config.keep_prefixes)
         self.slots = SlotCache(model.config, dtype=self.runner.dtype, device=self.device,
@@ -201,22 +198,14 @@ class LlamaEngine(Engine):
             self._pending_events.append(TokenEvent(seq.request_id, None, "", 1, seq.output.finish_reason))
             self._retire(seq, keep_session=True)
 
-    @property
-    def prefill_pace(self) -> float:
-        return self.step_budget.pace(sum(seq.is_decoding for seq in self.running))
-
     def step(self) -> list[TokenEvent]:
         events, self._pending_events = self._pending_events, []
-        num_decoding = sum(seq.is_decoding for seq in self.running)
         chunks = schedule(self.running, max_batch_tokens=self.config.max_batch_tokens,
                           prefill_chunk_tokens=self.config.prefill_chunk_tokens,
-                          max_prefill_tokens=self.step_budget.next_step(num_decoding))
+                          max_prefill_tokens=self.config.step_prefill_tokens)
         if chunks:
-            started = time.perf_counter()
-            events.extend(self._postprocess(chunks, self._run(chunks)))
-            num_decode = min(num_decoding, self.config.max_batch_tokens)   # a token each, scheduled first
-            self.step_budget.observe(time.perf_counter() - started, num_decode,
-                                     sum(c.num_tokens for c in chunks) - num_decode)
+            logits = self._run(chunks)
+            events.extend(self._postprocess(chunks, logits))
         return events
 
     def _run(self, chunks: list[ScheduledChunk]) -> torch.Tensor:

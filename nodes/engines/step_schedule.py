@@ -5,8 +5,8 @@ of them already have KV (`num_computed_tokens`) and its decode slot. `schedule(.
 chunks for one step the way vLLM's chunked-prefill scheduler does: every decoding sequence gets its
 one token first (so running streams never stall behind a prompt), then the remaining token budget
 goes to pending prefills in arrival order, each cut to at most `prefill_chunk_tokens`, all of them
-together to at most `max_prefill_tokens` when that is given (a decode node's budget: its streams
-wait for one chunk a step, not one per prompt, and the oldest prompt finishes first; 0: none).
+together to at most `max_prefill_tokens` when that is given (a decode node's one chunk a step: its
+streams wait for one chunk, not one per prompt it prefills, and the oldest prompt finishes first).
 A chunk that reaches the end of a sequence's known tokens yields logits and a sampled token.
 """
 
@@ -65,14 +65,14 @@ class ScheduledChunk:
 
 
 def schedule(seqs: list[Sequence], *, max_batch_tokens: int, prefill_chunk_tokens: int,
-             max_prefill_tokens: int | None = None) -> list[ScheduledChunk]:
+             max_prefill_tokens: int = 0) -> list[ScheduledChunk]:
     budget = max_batch_tokens
     chunks: list[ScheduledChunk] = []
     for seq in seqs:
         if seq.is_decoding and budget > 0:
             chunks.append(ScheduledChunk(seq, seq.num_computed_tokens, 1))
             budget -= 1
-    if max_prefill_tokens is not None:
+    if max_prefill_tokens > 0:
         budget = min(budget, max_prefill_tokens)
     for seq in seqs:
         if seq.is_decoding or seq.num_pending_tokens == 0:

@@ -139,16 +139,3 @@ def test_a_decode_step_prefills_one_chunk_unless_configured(tmp_path):
         path.write_text(CONFIG.replace("[decode]\n", f"[decode]\nstep_prefill_tokens = {bad}\n"))
         with pytest.raises(SettingsError, match="step_prefill_tokens"):
             node_settings(no_args(config=str(path)), "decode")
-
-
-def test_a_decode_step_target_is_read_in_milliseconds_and_checked(tmp_path):
-    path = tmp_path / "c.toml"
-    path.write_text(CONFIG)
-    assert node_settings(no_args(config=str(path)), "decode").engine_config().step_target_s == 0
-    path.write_text(CONFIG.replace("[decode]\n", "[decode]\nstep_target_ms = 80\n"))
-    assert node_settings(no_args(config=str(path)), "decode").engine_config().step_target_s == 0.08
-    assert node_settings(no_args(config=str(path)), "both").engine_config().step_target_s == 0
-    for bad in ("-1", '"fast"', "true", "60001"):
-        path.write_text(CONFIG.replace("[decode]\n", f"[decode]\nstep_target_ms = {bad}\n"))
-        with pytest.raises(SettingsError, match="step_target_ms"):
-            node_settings(no_args(config=str(path)), "decode")

@@ -96,15 +96,3 @@ def test_a_decode_node_lends_only_while_it_would_finish_the_prompt_sooner(kv_thr
     assert work.capacity()["prefills_lent"] == 2
     run_until_idle(work)
     assert endpoint.of("final", "r1") and endpoint.of("final", "r3")
-
-
-def test_the_engine_s_prefill_pace_weighs_on_the_loan(kv_thread, monkeypatch):
-    """A prompt prefilled beside streams takes `prefill_pace` times longer: at pace 3 this core's
-    queue weighs 1.2 x 3 x 8 = 28.8, so a backlog of 20 (20 + 8 = 28) keeps the prompt at the
-    prefill node and one of 40 (48) lends it."""
-    lend = LendSettings(prefill_tokens=64, max_running=8, min_backlog_tokens=1, margin=1.2)
-    work, endpoint, _ = make_work(kv_thread, lend=lend)
-    monkeypatch.setattr(type(work.engine), "prefill_pace", property(lambda engine: 3.0))
-    work.on_message(request("r1", prefill_backlog_tokens=20))
-    work.on_message(request("r2", prefill_backlog_tokens=40))
-    assert [plan_of(endpoint, r) for r in ("r1", "r2")] == ["remote", "local"]

@@ -13,9 +13,9 @@ from nodes.lending import LendSettings
 ON = LendSettings(prefill_tokens=2048, max_running=8, min_backlog_tokens=1, margin=1.4)
 
 
-def lends(settings=ON, *, prompt=500, backlog=1000, own=0, running=0, pace=1.0):
+def lends(settings=ON, *, prompt=500, backlog=1000, own=0, running=0):
     return settings.lends(num_prompt_tokens=prompt, backlog_tokens=backlog, own_queue_tokens=own,
-                          num_requests=running, pace=pace)
+                          num_requests=running)
 
 
 @pytest.mark.parametrize("case, expected", [
@@ -28,10 +28,6 @@ def lends(settings=ON, *, prompt=500, backlog=1000, own=0, running=0, pace=1.0):
     ({"running": 8}, False),                      # the bound on what lending costs the streams
     ({"prompt": 2049, "backlog": 10_000}, False),  # past lend_prefill_tokens
     ({"prompt": 0}, False),
-    ({"pace": 2.0}, True),                        # 1.4 x 2 x 500 = 1400 < 1500: prefilling beside streams
-    ({"pace": 2.2}, False),                       # 1540: the streams slow this core's prefill too much
-    ({"pace": 0.5}, True),                        # a pace below 1 is read as 1
-    ({"pace": float("nan")}, True),               # ...and so is one that could not be measured
 ])
 def test_it_lends_when_this_node_would_finish_the_prompt_sooner(case, expected):
     assert lends(**case) is expected
@@ -49,18 +45,16 @@ amounts = st.integers(0, 100_000)
 
 @given(settings=st.builds(LendSettings, prefill_tokens=amounts, max_running=st.integers(0, 64),
                           min_backlog_tokens=amounts, margin=st.floats(0, 100)),
-       prompt=amounts, backlog=amounts, own=amounts, running=st.integers(0, 64), more=st.integers(1, 10_000),
-       pace=st.floats(0, 10), slower=st.floats(0, 10))
-def test_a_longer_backlog_never_stops_a_loan_and_a_longer_own_queue_or_slower_pace_never_starts_one(
-        settings, prompt, backlog, own, running, more, pace, slower):
-    lent = lends(settings, prompt=prompt, backlog=backlog, own=own, running=running, pace=pace)
+       prompt=amounts, backlog=amounts, own=amounts, running=st.integers(0, 64), more=st.integers(1, 10_000))
+def test_a_longer_backlog_never_stops_a_loan_and_a_longer_own_queue_never_starts_one(
+        settings, prompt, backlog, own, running, more):
+    lent = lends(settings, prompt=prompt, backlog=backlog, own=own, running=running)
     if lent:
-        assert lends(settings, prompt=prompt, backlog=backlog + more, own=own, running=running, pace=pace)
+        assert lends(settings, prompt=prompt, backlog=backlog + more, own=own, running=running)
         assert 0 < prompt <= settings.prefill_tokens and running < settings.max_running
         assert backlog >= settings.min_backlog_tokens
     else:
-        assert not lends(settings, prompt=prompt, backlog=backlog, own=own + more, running=running, pace=pace)
-        assert not lends(settings, prompt=prompt, backlog=backlog, own=own, running=running, pace=pace + slower)
+        assert not lends(settings, prompt=prompt, backlog=backlog, own=own + more, running=running)
 
 
 def test_settings_come_from_the_decode_section():

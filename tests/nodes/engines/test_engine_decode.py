@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import math
-
 import pytest
 import torch
 
@@ -253,21 +251,3 @@ def test_an_allocator_refusing_the_kv_budget_is_the_same_clear_error(tiny_model,
     monkeypatch.setattr(engine.slots, "reserve", refuse)
     with pytest.raises(KVMemoryError, match=r"allocating it failed \(CUDA out of memory. Tried to allocate 80.00 GiB\)"):
         engine.reserve_kv_memory()
-
-
-def test_a_step_target_sizes_the_prompt_chunk_beside_running_streams(tiny_model):
-    """With measured costs (set here) of 40 ms a decode step and 1 ms a prompt token, a 100 ms
-    target leaves 60 prompt tokens a step while a stream decodes; the tokens equal an untimed run."""
-    engine = make_engine(tiny_model, step_target_s=0.1, step_prefill_tokens=256)
-    stream, prompt = encode(tiny_model, PROMPTS[0]), encode(tiny_model, PROMPTS[3] * 3)
-    assert engine.add_request(DecodeRequest("s", stream, GREEDY)).ok
-    assert engine.prefill_pace == 1.0                    # nothing measured, no stream
-    engine.step()                                        # s is prefilled and decoding now
-    engine.step_budget.decode_s, engine.step_budget.prefill_token_s = 0.04, 0.001   # read before the step
-    assert engine.add_request(DecodeRequest("p", prompt, GREEDY)).ok
-    assert math.isclose(engine.prefill_pace, 100 / 60)   # a step: 40 ms decode + 60 ms of prompt
-    engine.step()
-    (seq,) = [s for s in engine.running if s.request_id == "p"]
-    assert seq.num_computed_tokens == 60
-    events = drain(engine)
-    assert tokens_of(events["p"]) == generate(make_engine(tiny_model), prompt)
