@@ -192,9 +192,9 @@ bench-quick: install ## the same comparison on a reduced sweep (< 10 min here): 
 bench-grammar: install ## structured output: llguidance vs xgrammar compile and per-token mask cost on SmolLM2's vocabulary (~3 min)
 	$(BENCH) -m harness.bench.grammar_mask
 
-bench-lend: install ## two cores at 1 req/s (random 512 +- 90 % in, 64 out): with and without lending, vs vLLM (~8 min; needs vLLM)
+bench-lend: install ## two cores at 1 req/s (random 512 +- 90 % in, 64 out): with and without lending, vs vLLM, 120 requests each (~10 min; needs vLLM)
 	$(BENCH) -m harness.bench.serve --config $(CONFIG) --systems pdbus-disagg,pdbus-disagg-nolend,vllm --workload random \
-		--request-rates 1 --num-prompts 60 --random-input-len 512 --random-output-len 64 --random-range-ratio 0.9 --tag lend-2core $(ARGS)
+		--request-rates 1 --num-prompts 120 --random-input-len 512 --random-output-len 64 --random-range-ratio 0.9 --tag lend-2core $(ARGS)
 	$(BENCH) -m harness.bench.core_share --json results/core-share.json
 
 bench-split: install ## one prompt's prefill: one core, two threads, and its layers split across two processes (~2 min)
