@@ -32,7 +32,7 @@ from typing import TypedDict
 
 from tqdm import tqdm
 
-from harness.bench.serve import elastic, plots, serve_report
+from harness.bench.serve import elastic, plots, serve_report, vm_speed
 from harness.bench.serve.serve_metrics import MIXED_SLO, Slo, parse_goodput
 from harness.bench.serve.serve_runner import SweepConfig, config_dict, requests_for, run_system
 from harness.bench.serve.systems import PdbusSystem, VllmSystem
@@ -157,6 +157,7 @@ def main(args: argparse.Namespace) -> int:
     print("\ncapacity (highest measured rate at >= 90% SLO attainment):",
           {k: v for k, v in summary["capacity_at_90pct"].items()})
     print(serve_report.targets_text(summary["targets"]))
+    print(vm_speed.text(rows))
     print(f"\nresults: {summary_path}")
     if not args.no_plot:
         png = plots.plot(rows, config.results_dir / f"{config.tag}.png",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 
+from harness.bench.serve import vm_speed
 from harness.bench.serve.serve_metrics import highest_rate_meeting
 
 ATTAINMENT_TARGET = 0.9
@@ -116,6 +117,6 @@ def summary(rows: list[dict], config: dict) -> dict:
     keys = ("system", "status", "request_rate", "completed", "failed", "request_throughput", "output_throughput",
             "median_ttft_ms", "p99_ttft_ms", "median_tpot_ms", "p99_tpot_ms", "p99_itl_ms", "slo_attainment",
             "slo_goodput", "request_goodput", "load_average_1m", "pdbus_stages", "pdbus_stages_long_prompts",
-            "phases", "planner_decisions", "role_timeline")   # the last three: phased rows only
+            "phases", "planner_decisions", "role_timeline", "vm_speed")   # phases..role_timeline: phased rows only
     return {"config": config, "rows": [{k: r[k] for k in keys if k in r} for r in rows],
-            "capacity_at_90pct": capacities(rows), "targets": targets(rows)}
+            "capacity_at_90pct": capacities(rows), "targets": targets(rows), "vm_speed_drift": vm_speed.drift(rows)}

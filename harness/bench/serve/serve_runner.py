@@ -31,6 +31,7 @@ import httpx
 
 from harness.bench.serve import phased_workload as pw
 from harness.bench.serve import serve_workload as wl
+from harness.bench.serve import vm_speed
 from harness.bench.serve.load_generator import RequestResult, run_load
 from harness.bench.serve.phase_metrics import phase_summaries
 from harness.bench.serve.serve_metrics import MIXED_SLO, Slo, stage_means, summarize
@@ -142,11 +143,12 @@ def run_system(system, config: SweepConfig, progress=None) -> list[dict]:
     name = system.name
     if not system.available():
         return [{"system": name, "status": "not installed"}]
+    before = vm_speed.probe()   # the VM's rate as this system starts and after it stopped (vm_speed.py)
     try:
         url = system.start()
     except SystemUnavailable as exc:
         return [{"system": name, "status": str(exc)}]
-    rows = []
+    rows: list[dict] = []
     try:
         model = served_model(url)
         asyncio.run(run_load(url, model, warmup_specs(config), max_concurrency=1))
@@ -161,6 +163,11 @@ def run_system(system, config: SweepConfig, progress=None) -> list[dict]:
         rows.append({"system": name, "status": f"failed: {type(exc).__name__}: {exc}"})
     finally:
         system.stop()
+    after = vm_speed.probe()
+    for row in rows:
+        row["vm_speed"] = {"before": before, "after": after}
+        if row["status"] == "ok":
+            _write(config, row)
     return rows
 
 

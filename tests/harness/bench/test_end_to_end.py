@@ -27,7 +27,11 @@ def test_bench_measures_a_real_tiny_cluster_and_writes_vllm_keyed_json(tmp_path,
     summary = json.loads((tmp_path / "t-summary.json").read_text())
     assert {r["system"]: r["status"] for r in summary["rows"]} == {"pdbus-disagg": "ok", "vllm": "not installed"}
     assert (tmp_path / "t.png").stat().st_size > 0
-    assert "not installed" in capsys.readouterr().out
+    speed = result["vm_speed"]                       # the VM's rate as the system started and after it stopped
+    assert speed["before"]["bf16_tflops"] > 0 and speed["after"]["fp32_tflops"] > 0
+    assert summary["vm_speed_drift"] >= 1.0
+    out = capsys.readouterr().out
+    assert "not installed" in out and "VM matmul rate" in out
 
 
 def test_without_vllm_both_vllm_lines_say_not_installed(monkeypatch):
