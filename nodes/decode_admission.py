@@ -2,10 +2,10 @@
 `DecodeWork` in nodes/decode_node.py, which holds the state it reads).
 
 Contract: `_plan` picks `local`, `cached` or `remote` (decode_jobs.plan_job), `_lends` decides to
-prefill here a prompt a busy prefill pool would queue (nodes/lending.py), `_forked` makes a later choice of a prompt
-a follower of its first one (nodes/decode_forks.py) and `_start_followers` starts them from its
-KV; `_reserve` admits a remote plan (its KV blocks held until the KV arrives: `full` or
-`rejected` otherwise), `_start` admits into the engine, `_refuse` answers the ERROR and publishes
+prefill here a prompt a busy prefill pool would queue (nodes/lending.py), `_forked` makes a later
+choice of a prompt a follower of its first one (nodes/decode_forks.py) and `_start_followers` starts
+them from its KV; `_reserve` admits a remote plan (its KV blocks held until the KV arrives: `full`
+or `rejected` otherwise), `_start` admits into the engine, `_refuse` answers the ERROR and publishes
 capacity so the policy skips the node on the client's retry, `_send_plan` answers PARTIAL 0.
 Available blocks: free, plus kept sessions' and prefixes' (evictable), less pinned and reserved.
 """
