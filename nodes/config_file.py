@@ -58,6 +58,14 @@ def load_settings(path: str | Path | None = None,
     return settings
 
 
+def whole_number(value: object, where: str) -> int:
+    """`value` when it is a whole number >= 0 (a bool is not); else a SettingsError naming `where`,
+    the setting as a reader finds it ("[decode] lend_max_running")."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise SettingsError(f"{where} must be a whole number >= 0, got {value!r}")
+    return value
+
+
 def section(settings: dict[str, Any], name: str) -> dict[str, Any]:
     """The `[name]` table, or an empty dict when absent."""
     value = settings.get(name, {})

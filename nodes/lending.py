@@ -18,7 +18,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from nodes.config_file import SettingsError
+from nodes.config_file import SettingsError, whole_number
 
 _WHOLE_NUMBERS = ("prefill_tokens", "max_running", "min_backlog_tokens")
 
@@ -34,10 +34,8 @@ class LendSettings:
 
     @classmethod
     def from_section(cls, decode: dict) -> LendSettings:
-        values = {name: decode.get(f"lend_{name}", getattr(cls, name)) for name in _WHOLE_NUMBERS}
-        for name, value in values.items():
-            if isinstance(value, bool) or not isinstance(value, int) or value < 0:
-                raise SettingsError(f"[decode] lend_{name} must be a whole number >= 0, got {value!r}")
+        values = {name: whole_number(decode.get(f"lend_{name}", getattr(cls, name)), f"[decode] lend_{name}")
+                  for name in _WHOLE_NUMBERS}
         margin = decode.get("lend_margin", cls.margin)
         if isinstance(margin, bool) or not isinstance(margin, int | float) or not 0 <= margin <= 100:
             raise SettingsError(f"[decode] lend_margin must be a number in [0, 100], got {margin!r}")

@@ -15,7 +15,7 @@ from bus import constants as c
 from bus.liveness import HeartbeatConfig
 from bus.security import SecurityConfig, SecurityError, is_loopback
 from nodes.bus_config import heartbeat_config, security_config
-from nodes.config_file import SettingsError, load_settings, section
+from nodes.config_file import SettingsError, load_settings, section, whole_number
 from nodes.engines.base import ENGINE_KINDS, LOADER_SETTINGS, EngineConfig
 from nodes.lending import LendSettings
 
@@ -90,10 +90,7 @@ def _engine_values(settings: dict, args: argparse.Namespace, role: str) -> dict:
     if "max_wait_ms" in prefill:
         values["prefill_max_wait_s"] = float(prefill["max_wait_ms"]) / 1000
     if "prefix_cache_mib" in prefill and role != "decode":
-        mib = prefill["prefix_cache_mib"]
-        if not isinstance(mib, int) or isinstance(mib, bool) or mib < 0:
-            raise SettingsError(f"[prefill] prefix_cache_mib must be a whole number >= 0, got {mib!r}")
-        values["prefix_cache_bytes"] = mib << 20
+        values["prefix_cache_bytes"] = whole_number(prefill["prefix_cache_mib"], "[prefill] prefix_cache_mib") << 20
     for key in ("num_kv_blocks", "max_num_seqs", "prefill_chunk_tokens", "preallocate_kv"):
         if key in decode and role != "prefill":
             values[key] = decode[key]
@@ -109,10 +106,7 @@ def _engine_values(settings: dict, args: argparse.Namespace, role: str) -> dict:
 def _step_prefill_tokens(decode: dict, values: dict) -> int:
     """`[decode] step_prefill_tokens`, else `[engine]`'s, else one chunk (`prefill_chunk_tokens`)."""
     default = values.get("step_prefill_tokens", values.get("prefill_chunk_tokens", EngineConfig().prefill_chunk_tokens))
-    tokens = decode.get("step_prefill_tokens", default)
-    if isinstance(tokens, bool) or not isinstance(tokens, int) or tokens < 0:
-        raise SettingsError(f"[decode] step_prefill_tokens must be a whole number >= 0, got {tokens!r}")
-    return tokens
+    return whole_number(decode.get("step_prefill_tokens", default), "[decode] step_prefill_tokens")
 
 
 ENGINE_FLAGS = (("dtype", "dtype"), ("device", "device"), ("threads", "num_threads"))   # flag -> [engine] key

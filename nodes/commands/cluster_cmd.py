@@ -25,7 +25,7 @@ from dataclasses import replace
 
 from bus import constants as c
 from bus.log import wants_json
-from nodes.config_file import SettingsError, load_settings, section
+from nodes.config_file import SettingsError, load_settings, section, whole_number
 from nodes.gateway.gateway_settings import MAX_WORKERS
 from nodes.launcher import ClusterShape, Companion, Supervisor, cluster_plan
 
@@ -49,10 +49,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _count(flag: int | None, configured: object, name: str) -> int:
-    value = flag if flag is not None else configured
-    if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-        raise SettingsError(f"[cluster] {name} must be a whole number >= 0, got {value!r}")
-    return value
+    return whole_number(flag if flag is not None else configured, f"[cluster] {name}")
 
 
 def _gateway_workers(flag: int | None, gateway: dict) -> int:

@@ -14,7 +14,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any
 
-from nodes.config_file import SettingsError, section
+from nodes.config_file import SettingsError, section, whole_number
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct"
 MAX_WORKERS = 64   # gateway processes on one port; also what one shared limits table is laid out for
@@ -72,9 +72,7 @@ class GatewayConfig:
         for name in ("port", "rate_limit_burst", "max_streams_per_key", "max_tokens_limit", "default_max_tokens",
                      "max_model_len", "max_body_bytes", "stream_buffer_tokens", "send_buffer_bytes",
                      "max_header_bytes", "max_headers"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise SettingsError(f"[gateway] {name} must be a whole number >= 0, got {value!r}")
+            whole_number(getattr(self, name), f"[gateway] {name}")
         for name in ("rate_limit_rps", "stall_timeout_s", "ready_cache_s"):
             if not isinstance(getattr(self, name), int | float) or getattr(self, name) < 0:
                 raise SettingsError(f"[gateway] {name} must be a number >= 0")

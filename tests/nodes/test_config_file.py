@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
-from nodes.config_file import SettingsError, load_settings, section
+from nodes.config_file import SettingsError, load_settings, section, whole_number
 
 
 def test_shipped_local_config_loads(repo_root):
@@ -48,3 +50,12 @@ def test_settings_never_import_the_cli():
     code = "import sys, nodes.node_settings; print(sorted(m for m in sys.modules if m.startswith('nodes.commands')))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
+
+
+@given(value=st.one_of(st.integers(), st.booleans(), st.floats(allow_nan=True), st.text(max_size=5), st.none()))
+def test_a_whole_number_setting_is_taken_only_as_one(value):
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        assert whole_number(value, "[decode] lend_max_running") == value
+    else:
+        with pytest.raises(SettingsError, match=r"^\[decode\] lend_max_running must be a whole number >= 0, got "):
+            whole_number(value, "[decode] lend_max_running")
