@@ -80,10 +80,11 @@ class DecodeAdmission:
     def _lends(self, body: wire.DecodeRequestBody) -> bool:
         """Prefill this prompt here though a prefill node could: this node would finish it sooner
         than the prefill nodes, given the client's backlog there (nodes/lending.py)."""
-        if body.prefill != wire.PrefillMode.AUTO:
-            return False
-        lend = self.settings.lend.lends(num_prompt_tokens=len(body.prompt), backlog_tokens=body.prefill_backlog_tokens,
-                                        own_queue_tokens=self._own_prefill_tokens(), num_requests=self._num_requests())
+        rule, prompt, backlog = self.settings.lend, len(body.prompt), body.prefill_backlog_tokens
+        # The guards first: lending is off by default, and then no request counts the node's queue.
+        lend = (body.prefill == wire.PrefillMode.AUTO
+                and rule.may_lend(num_prompt_tokens=prompt, backlog_tokens=backlog, num_requests=self._num_requests())
+                and rule.sooner_here(prompt, backlog, self._own_prefill_tokens()))
         if lend:
             self.counters["plan.lent"] += 1
         return lend

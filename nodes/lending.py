@@ -3,7 +3,8 @@ prefill node (docs/CLUSTER.md, the `local` plan). Plain data: no torch, no I/O.
 
 Contract: `LendSettings.from_section([decode])` reads and validates the `lend_*` keys;
 `LendSettings.lends(...)` is the decision for one request, from numbers the decode node has at
-hand. It lends when every one holds:
+hand: `may_lend` (the first three below, cheap) and `sooner_here` (the last, which needs the
+node's own queue counted). It lends when every one holds:
   - lending is on (`prefill_tokens` > 0) and the prompt has 1..`prefill_tokens` tokens;
   - the client has at least `min_backlog_tokens` prompt tokens waiting at prefill nodes;
   - the node holds fewer than `max_running` requests (a bound on what lending costs its streams);
@@ -46,8 +47,16 @@ class LendSettings:
         """Whether a decode node prefills this prompt itself: `backlog_tokens` are the client's
         prompt tokens waiting at prefill nodes (the prompt not among them), `own_queue_tokens`
         the prompt tokens this node has yet to prefill, `num_requests` the requests it holds."""
-        if not 0 < num_prompt_tokens <= self.prefill_tokens:
-            return False
-        if backlog_tokens < self.min_backlog_tokens or num_requests >= self.max_running:
-            return False
+        return (self.may_lend(num_prompt_tokens=num_prompt_tokens, backlog_tokens=backlog_tokens,
+                              num_requests=num_requests)
+                and self.sooner_here(num_prompt_tokens, backlog_tokens, own_queue_tokens))
+
+    def may_lend(self, *, num_prompt_tokens: int, backlog_tokens: int, num_requests: int) -> bool:
+        """The guards alone (on, the prompt's size, a backlog, the bound): what a node checks
+        before it counts its own queue."""
+        return (0 < num_prompt_tokens <= self.prefill_tokens and backlog_tokens >= self.min_backlog_tokens
+                and num_requests < self.max_running)
+
+    def sooner_here(self, num_prompt_tokens: int, backlog_tokens: int, own_queue_tokens: int) -> bool:
+        """The comparison alone: this node would finish the prompt sooner than the prefill nodes."""
         return self.margin * (own_queue_tokens + num_prompt_tokens) < backlog_tokens + num_prompt_tokens

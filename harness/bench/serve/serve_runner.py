@@ -155,16 +155,14 @@ def run_system(system, config: SweepConfig, progress=None) -> list[dict]:
         for index, rate in enumerate(config.rates):
             if progress is not None:
                 progress.set_description(f"{name} @ {_rate_label(rate)} req/s")
-            row = {"system": name, "status": "ok", "model_id": model,
-                   **measure(url, model, config, index, progress, getattr(system, "timeline", None))}
-            _write(config, row)
-            rows.append(row)
+            rows.append({"system": name, "status": "ok", "model_id": model,
+                         **measure(url, model, config, index, progress, getattr(system, "timeline", None))})
     except Exception as exc:   # report what was measured; the sweep goes on with the next system
         rows.append({"system": name, "status": f"failed: {type(exc).__name__}: {exc}"})
     finally:
         system.stop()
     after = vm_speed.probe()
-    for row in rows:
+    for row in rows:   # written once, the probes in: a sweep's measuring errors end up in `rows` too
         row["vm_speed"] = {"before": before, "after": after}
         if row["status"] == "ok":
             _write(config, row)
