@@ -49,7 +49,10 @@ class KvLanding:
     def __init__(self, settings: NodeSettings, engine: Engine, kv_thread: LoopThread, jobs: dict[str, DecodeJob],
                  post: Callable[[Any], None]) -> None:
         self.settings, self.engine, self.kv_thread, self.jobs, self.post = settings, engine, kv_thread, jobs, post
-        self.quantizer = TorchQuantizer(compile=settings.kv_compile)
+        # [kv] device_codec: int8 and bf16 chunks are decoded on the engine's device as they arrive
+        # (nodes/engines/kv_landing.py); on a CPU engine that is the same path, for its tests.
+        self.on_device = settings.kv_device_codec
+        self.quantizer = TorchQuantizer(compile=settings.kv_compile, on_device=self.on_device)
         self.buffers = KVBufferPool() if engine.copies_imported_kv else None
         self.receiver = KVReceiver(self.allocate, lambda transfer_id, kv: self.give_back(kv),   # failed receives
                                    quantizer=self.quantizer, config=receive_config(settings),
@@ -76,7 +79,11 @@ class KvLanding:
         if self.buffers is None:
             return self.engine.new_kv(info.num_tokens)
         # Raw KV is already the engine's bytes: keep the verified frames, the engine copies them once.
-        return RawPieces(info) if mode == "raw" else self.buffers.take(shape, layout.dtype)
+        if mode == "raw":
+            return RawPieces(info)
+        if self.on_device and mode in ("int8", "bf16"):   # decoded there; its allocator reuses memory
+            return self.engine.new_device_kv(info.num_tokens)
+        return self.buffers.take(shape, layout.dtype)
 
     @staticmethod
     def received_kv(result: TransferResult) -> torch.Tensor | RawPieces:
@@ -85,12 +92,14 @@ class KvLanding:
         return cast("torch.Tensor | RawPieces", result.kv)
 
     def _on_result(self, result: TransferResult) -> None:
+        if self.on_device:
+            self.quantizer.device_landing.synchronize()   # every chunk landed before the engine reads it
         self.post(KvArrived(result))
 
     def give_back(self, kv: Any) -> None:
         if isinstance(kv, RawPieces):
             kv.release()
-        elif self.buffers is not None:
+        elif self.buffers is not None and kv is not None and kv.device.type == "cpu":
             self.buffers.give(kv)
 
     def give_back_arrived(self, job: DecodeJob) -> None:

@@ -17,6 +17,7 @@ from bus.security import SecurityConfig, SecurityError, is_loopback
 from nodes.bus_config import heartbeat_config, security_config
 from nodes.config_file import SettingsError, load_settings, section, whole_number
 from nodes.engines.base import ENGINE_KINDS, LOADER_SETTINGS, EngineConfig
+from nodes.engines.engine_types import KV_EXPORT_MODES
 from nodes.lending import LendSettings
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
@@ -37,6 +38,7 @@ class NodeSettings:
     kv_bind: str = "tcp://127.0.0.1:0"
     kv_advertise: str = ""                         # what prefill nodes dial, when not the bound address
     kv_compile: bool = True
+    kv_device_codec: bool = False                  # [kv] device_codec: encode / decode KV where the engine's KV is
     kv_timeout_s: float = 30.0                     # a decode node waits this long for admitted KV
     kv_link_gbit: float = 10.0                     # network speed to the decode nodes (what `auto` compression weighs)
     kv_chunk_mib: float | None = None              # KV per chunk; None: bus.kv.layout.DEFAULT_CHUNK_BYTES
@@ -51,7 +53,10 @@ class NodeSettings:
     drain_timeout_s: float = 30.0                  # [node] drain_timeout_s: running work past it is handed over
 
     def engine_config(self) -> EngineConfig:
-        return EngineConfig.from_dict(self.engine)
+        """The engine's settings; a prefill node whose KV is encoded on the device asks its engine to
+        export in the wire's mode (nodes/engines/kv_export.py)."""
+        export = self.kv_device_codec and self.role == "prefill" and self.kv_quant in KV_EXPORT_MODES[1:]
+        return EngineConfig.from_dict(self.engine | ({"kv_export": self.kv_quant} if export else {}))
 
 
 def add_node_arguments(parser: argparse.ArgumentParser) -> None:
@@ -135,6 +140,16 @@ def node_security(settings: dict, args: argparse.Namespace, role: str, broker: s
         raise SettingsError(f"[security]: {exc}") from exc
 
 
+def _device_codec(kv: dict, engine_kind: str, device: str) -> bool:
+    """`[kv] device_codec`: "auto" (the default) encodes on the device where the built-in engine runs
+    on a GPU; "on" everywhere the built-in engine runs (on a CPU only the path differs: tests), "off"
+    keeps the CPU codec."""
+    value = kv.get("device_codec", "auto")
+    if value not in ("auto", "on", "off"):
+        raise SettingsError(f'[kv] device_codec must be "auto", "on" or "off", got {value!r}')
+    return engine_kind == "torch" and (value == "on" or (value == "auto" and device != "cpu"))
+
+
 @overload
 def _kv_size(kv: dict, key: str, unit: str, default: float) -> float: ...
 @overload
@@ -187,6 +202,7 @@ def node_settings(args: argparse.Namespace, role: str) -> NodeSettings:
         kv_bind=kv_bind,
         kv_advertise=kv_advertise,
         kv_compile=bool(kv.get("compile", True)),
+        kv_device_codec=_device_codec(kv, engine_kind, _engine_values(settings, args, role).get("device", "cpu")),
         kv_timeout_s=float(kv.get("timeout_s", 30.0)),
         kv_link_gbit=_kv_size(kv, "link_gbit", "Gbit/s", 10.0),
         kv_chunk_mib=_kv_size(kv, "chunk_mib", "MiB", None),

@@ -40,6 +40,7 @@ from bus.log import get_logger
 from bus.messages import Cancel, Request
 from nodes import wire
 from nodes.engines.base import Engine, PrefillPass, PrefillRequest, PrefillResult, TokenLogprobs
+from nodes.engines.kv_export import kv_tail
 from nodes.engines.kv_quant import TorchQuantizer
 from nodes.engines.prefill_pass import PrefillBatcher
 from nodes.loop_thread import LoopThread
@@ -233,7 +234,7 @@ class PrefillWork(GuardedWork):
     async def _send(self, job: PrefillJob, kv: Any) -> None:
         try:
             if job.kv_offset:   # the decode node holds the head of this prompt's KV: send the rest
-                kv = kv[:, :, :, job.kv_offset:].contiguous()
+                kv = kv_tail(kv, job.kv_offset)
             report = await self.sender.send(job.data_endpoint, job.transfer_id, job.decode_request_id, kv,
                                             mode=self.settings.kv_quant, compression=self.settings.kv_compression,
                                             token_offset=job.kv_offset)

@@ -67,6 +67,8 @@ Decode side (a `pdbus decode` node):
     new_kv(num_tokens) -> torch.Tensor     an uninitialised CPU tensor of `kv_layout.shape(num_tokens)`
                                             in `kv_layout.dtype`: where received KV lands for an
                                             engine that does not copy it (default: `torch.empty`).
+    new_device_kv(num_tokens)              the same where the engine keeps its KV (a GPU's memory):
+                                            where `[kv] device_codec` decodes int8 / bf16 transfers.
     copies_imported_kv: bool               True when add_request has copied `request.kv` by the
                                             time it returns (the caller may reuse that memory);
                                             False (the default) when the engine reads it later.
@@ -260,6 +262,11 @@ class Engine(ABC):
 
         layout = self.kv_layout
         return torch.empty(layout.shape(num_tokens), dtype=layout.dtype)
+
+    def new_device_kv(self, num_tokens: int) -> torch.Tensor:
+        """As `new_kv`, on the device the engine keeps its KV on: where a received transfer is
+        decoded chunk by chunk (nodes/engines/kv_landing.py). Default: the CPU."""
+        return self.new_kv(num_tokens)
 
     def unsound_requests(self) -> list[str]:
         """Running requests whose KV holds non-finite values (see the module docstring). Default: none known."""

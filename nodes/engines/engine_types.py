@@ -116,7 +116,9 @@ class PrefillResult:
     request_id: str
     first_token_id: int
     text: str                       # text of the first token (may be "" mid UTF-8 character)
-    kv: torch.Tensor                # on the CPU, `Engine.kv_layout.shape(num_prompt_tokens)`
+    # On the CPU, `Engine.kv_layout.shape(num_prompt_tokens)`; with `EngineConfig.kv_export` set, a
+    # DeviceExport of that shape, encoded for the wire (nodes/engines/kv_export.py).
+    kv: Any
     num_prompt_tokens: int
     finish_reason: FinishReason | None = None   # set when the request is already complete
     num_cached_tokens: int = 0      # leading prompt tokens whose KV came from the prefix cache
@@ -211,6 +213,9 @@ class KvUsage:
     num_pinned_blocks: int = 0
 
 
+KV_EXPORT_MODES = ("", "raw", "bf16", "int8")
+
+
 @dataclass(frozen=True, slots=True)
 class EngineConfig:
     """Engine settings (the `[engine]` section of the cluster config)."""
@@ -233,6 +238,12 @@ class EngineConfig:
     prefix_cache_bytes: int = 256 << 20   # prefill side: KV of full prompt blocks kept for reuse (0: off)
     preallocate_kv: bool = True      # decode side: allocate the KV budget's memory at node start
     cuda_graphs: bool = True         # on a CUDA device: pure decode steps replay CUDA graphs (cuda_graphs.py)
+    kv_export: str = ""              # prefill side: "" hands a prompt's KV out as a CPU tensor; a wire mode
+                                     # (int8, bf16, raw) encodes it on the device as layers finish (kv_export.py)
+
+    def __post_init__(self) -> None:
+        if self.kv_export not in KV_EXPORT_MODES:
+            raise ValueError(f"[engine] kv_export must be one of {KV_EXPORT_MODES}, got {self.kv_export!r}")
 
     @classmethod
     def from_dict(cls, values: dict[str, Any]) -> EngineConfig:

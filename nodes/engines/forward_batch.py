@@ -12,6 +12,7 @@ batch_pack builds them from an engine step; llama.LlamaRunner and the kernels re
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -22,6 +23,7 @@ class PrefillSpan:
     num_tokens: int
     start: int               # tokens already in `kv` before this span
     kv: torch.Tensor         # [layers, 2, kv_heads, capacity, head_dim]
+    export: Any = None       # a DeviceExport told as each layer of the span is final (kv_export.py)
 
 
 @dataclass(slots=True)

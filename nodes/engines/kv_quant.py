@@ -25,17 +25,17 @@ import torch
 
 from bus.kv.kv_errors import KVValueError
 from bus.kv.layout import ChunkSpec, KVInfo, plan_chunks
-from bus.kv.pieces import RawPieces
 from bus.kv.quant import EncodedPayload, NumpyQuantizer
 from nodes.engines.kernels import dispatch
 from nodes.engines.kernels.kv_int8 import decode as int8_decode
 from nodes.engines.kernels.kv_int8 import encode as int8_kernels
+from nodes.engines.kv_device import NAMES_TO_TORCH, TORCH_DTYPES
+from nodes.engines.kv_export import DeviceExport
+from nodes.engines.kv_landing import DeviceLanding
 
 # Received payloads are read-only ZeroMQ frames; the decoder only reads the tensors it views them as.
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
 
-TORCH_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
-NAMES_TO_TORCH = {name: dtype for dtype, name in TORCH_DTYPES.items()}
 OUTWARD = 2.0**-10   # > half a float16 ulp, relative: rounding to nearest stays outward
 F16_TINY = 2.0**-24  # the float16 subnormal step
 F16_MAX = 65504.0
@@ -116,8 +116,9 @@ KERNELS: dict[str, Callable[..., Any]] = {
 class TorchQuantizer:
     """Compiled torch kernels for torch KV; numpy fallback for everything else."""
 
-    def __init__(self, compile: bool = True) -> None:
+    def __init__(self, compile: bool = True, on_device: bool = False) -> None:
         self.numpy = NumpyQuantizer()
+        self.on_device = on_device   # CPU destinations decoded by the device path too (tests of it)
         self.compile = compile
         # Compiled lazily per (kernel, argument dtypes), with dynamic shapes so that chunk and
         # prompt sizes do not trigger recompiles (dynamo gives up after 8 and runs eager).
@@ -125,6 +126,7 @@ class TorchQuantizer:
         self._scratch = torch.empty(0)
         self.fast_int8 = compile and dispatch.kv_int8_backend() == "numba"   # `int8` on kernels.kv_int8
         self._work = int8_kernels.Scratch(64)
+        self.device_landing = DeviceLanding(self)   # destinations on a GPU: decoded there
 
     @property
     def compiled(self) -> bool:
@@ -158,6 +160,8 @@ class TorchQuantizer:
                         self.decode(arrays, info, spec, mode, payload.scale_dtype, torch.empty_like(kv))
 
     def kv_info(self, kv: Any, dtype: str | None = None) -> KVInfo:
+        if isinstance(kv, DeviceExport):
+            return kv.info
         if not isinstance(kv, torch.Tensor):
             return self.numpy.kv_info(kv, dtype)
         if kv.dtype not in TORCH_DTYPES or kv.device.type != "cpu":
@@ -178,6 +182,8 @@ class TorchQuantizer:
         return tensor.view(info.num_planes, info.num_tokens, info.head_dim)[spec.planes, spec.tokens]
 
     def encode(self, kv: Any, info: KVInfo, spec: ChunkSpec, mode: str, outs: list[np.ndarray]) -> EncodedPayload:
+        if isinstance(kv, DeviceExport):   # encoded on the device already: the chunk's bytes
+            return kv.encode(spec, mode, outs, self.numpy)
         if not isinstance(kv, torch.Tensor):
             return self.numpy.encode(kv, info, spec, mode, outs)
         chunk = self._chunk(kv, info, spec)
@@ -243,6 +249,9 @@ class TorchQuantizer:
             self.numpy.decode(payload, info, spec, mode, scale_dtype, dst)
             return
         target = self._chunk(dst, info, spec)
+        if dst.device.type != "cpu" or self.on_device:
+            self.device_landing.decode(payload, info, spec, mode, scale_dtype, target)
+            return
         shape = target.shape
         if mode == "int8" and scale_dtype == "f16" and self.fast_int8 and self._decode_int8_fast(payload, target):
             return
@@ -271,26 +280,6 @@ class TorchQuantizer:
             self.fast_int8 = False
             return False
         return True
-
-
-def copy_pieces(pieces: RawPieces, dst: torch.Tensor, token_offset: int = 0) -> None:
-    """Write a raw transfer's verified pieces into dst [layers, 2, kv_heads, >= tokens, head_dim] of
-    any float dtype and device (converted as copy_ converts), from token `token_offset` of dst on.
-    Each layer of dst must hold its (2, kv_heads) planes contiguously, as a slot of the slot cache
-    does; a piece is copied layer by layer, straight from the received frame (bus/kv/pieces.py
-    says why)."""
-    info = pieces.info
-    per_layer = 2 * info.shape[2]
-    for spec, values in pieces.pieces():
-        source = torch.from_numpy(values.view(np.uint8)).view(NAMES_TO_TORCH[info.dtype])   # as decode() views payloads
-        plane = spec.plane_start
-        while plane < spec.plane_stop:
-            layer, first = divmod(plane, per_layer)
-            stop = min(spec.plane_stop, (layer + 1) * per_layer)
-            planes = dst[layer].view(per_layer, dst.shape[3], dst.shape[4])
-            tokens = slice(spec.tokens.start + token_offset, spec.tokens.stop + token_offset)
-            planes[first:first + stop - plane, tokens].copy_(source[plane - spec.plane_start:stop - spec.plane_start])
-            plane = stop
 
 
 def _tensor(buffer: np.ndarray, nbytes: int, dtype: torch.dtype) -> torch.Tensor:

@@ -37,7 +37,7 @@ import torch
 
 from bus.kv.pieces import RawPieces
 from nodes.engines import hugepages
-from nodes.engines.kv_quant import copy_pieces
+from nodes.engines.kv_landing import copy_pieces
 from nodes.engines.model_config import LlamaConfig
 from nodes.engines.session_tail import SessionTail
 

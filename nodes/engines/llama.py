@@ -104,6 +104,7 @@ class LlamaRunner:
         self.kv_size = config.num_kv_heads * config.head_dim
         # On a GPU, pure decode steps replay CUDA graphs (cuda_graphs.py): launches, not the GPU, bound them.
         self.graphs = DecodeGraphs(self) if cuda_graphs and self.device.type == "cuda" else None
+        self.kv_export = ""   # a wire mode: prompts' KV leaves encoded on the device (kv_export.py)
 
     @staticmethod
     def _layer(get, get_matrix, prefix: str, packed: bool) -> LayerWeights:
@@ -158,6 +159,7 @@ class LlamaRunner:
         # number, so its KV is the same bits whether a prefix of it came from the prefix cache or not.
         fast = (self.fast_path if self.fast_path is not None and not batch.spans
                 and self.fast_path.takes_rows(num_tokens) else None)
+        exports = [span for span in batch.spans if span.export is not None]
         for index in layers if layers is not None else range(c.num_layers):
             layer = self.layers[index]
             qkv = fast.qkv(index, x) if fast is not None else self._linear(self._norm(x, index), layer.qkv)
@@ -177,6 +179,8 @@ class LlamaRunner:
             else:
                 x = self._add_linear(x, attn, layer.o)
                 x = self._mlp(x, self._norm(x, index, post=True), layer)
+            for span in exports:   # this layer's KV of the span is final: it may leave now
+                span.export.layer_done(index, span.start, span.start + span.num_tokens)
         return x
 
     def head(self, x: torch.Tensor, batch: ForwardBatch) -> torch.Tensor:

@@ -76,6 +76,7 @@ class LlamaEngine(Engine):
                                   device=device, max_len=self.max_model_len,
                                   cuda_graphs=self.config.cuda_graphs)
         self.device = self.runner.device
+        self.runner.kv_export = self.config.kv_export
         self.blocks = BlockManager(self.config.num_kv_blocks, self.config.block_size)
         self.sessions = SessionCache(self.config.block_size)
         self.prefixes = DecodePrefixes(self.sessions, self.config.block_size, self.config.keep_prefixes)
@@ -101,6 +102,9 @@ class LlamaEngine(Engine):
     @property
     def kv_layout(self) -> KvLayout:
         return self._kv_layout
+
+    def new_device_kv(self, num_tokens: int) -> torch.Tensor:
+        return torch.empty(self._kv_layout.shape(num_tokens), dtype=self.runner.dtype, device=self.device)
 
     @property
     def num_running(self) -> int:

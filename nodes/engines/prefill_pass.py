@@ -31,6 +31,7 @@ import torch
 
 from nodes.engines.base import PrefillPass, PrefillRequest, PrefillResult, TokenLogprobs
 from nodes.engines.forward_batch import ForwardBatch, PrefillSpan
+from nodes.engines.kv_export import DeviceExport, exported_kv
 from nodes.engines.llama import LlamaRunner
 from nodes.engines.logits_process import RequestLogits, sampled_logprobs, token_logprobs
 from nodes.engines.output import OutputTracker
@@ -96,7 +97,7 @@ def _forward(runner: LlamaRunner, plan: list[tuple[_Prompt, int, int]]) -> torch
     positions: list[int] = []
     for prompt, start, num_tokens in plan:
         spans.append(PrefillSpan(row=len(token_ids), num_tokens=num_tokens, start=start,
-                                 kv=prompt.allocate(runner)))
+                                 kv=prompt.allocate(runner), export=prompt.export))
         if prompt.request.sampling.prompt_logprobs is not None:
             wanted.append((prompt, len(rows), start))
             rows.extend(range(len(token_ids), len(token_ids) + num_tokens))
@@ -133,20 +134,11 @@ def _first_tokens(tokenizer, prompts: list[_Prompt], logits: torch.Tensor, eos_t
             cache.store(prompt.keys, prompt.kv)
         tracker = OutputTracker(tokenizer, prompt.request.sampling, eos_token_ids)
         text, finish_reason = tracker.push(first)
-        results.append(PrefillResult(prompt.request.request_id, first, text, exported_kv(prompt.kv),
+        kv = prompt.export if prompt.export is not None else exported_kv(prompt.kv)
+        results.append(PrefillResult(prompt.request.request_id, first, text, kv,
                                      prompt.num_tokens, finish_reason, num_cached_tokens=prompt.num_cached,
                                      logprobs=first_lp, prompt_logprobs=tuple(prompt.prompt_logprobs)))
     return results
-
-
-def exported_kv(kv: torch.Tensor) -> torch.Tensor:
-    """The prompt's KV as the engine contract hands it out: on the CPU. A GPU engine copies it out
-    once here (the KV codec and the nodes read host memory; the device copy is freed with the pass),
-    into pinned memory, which the copy needs no staging buffer for and which torch's host allocator
-    hands out again once an export already sent is freed."""
-    if kv.device.type == "cpu":
-        return kv
-    return torch.empty(kv.shape, dtype=kv.dtype, pin_memory=True).copy_(kv)
 
 
 def plan_chunk(prompts: Sequence[tuple[int, int]], chunk_tokens: int) -> list[tuple[int, int, int]]:
@@ -167,6 +159,7 @@ def plan_chunk(prompts: Sequence[tuple[int, int]], chunk_tokens: int) -> list[tu
 class _Prompt:
     request: PrefillRequest
     kv: Any = None           # its export tensor, allocated by the step that starts it
+    export: DeviceExport | None = None   # its KV encoded on the device as layers finish (kv_export.py)
     num_computed: int = 0    # tokens whose KV is computed (or will come from the cached blocks)
     keys: list[bytes] = field(default_factory=list)          # its full blocks' prefix-cache keys
     hits: list[torch.Tensor] = field(default_factory=list)   # cached blocks of its leading keys
@@ -209,6 +202,10 @@ class _Prompt:
         if self.kv is None:
             self.kv = runner.new_kv(self.num_tokens)
             seed_kv(self.kv, self.hits)
+            if runner.kv_export:
+                self.export = DeviceExport(self.kv, runner.kv_export)
+                for layer in range(self.kv.shape[0]):   # the cached prefix is final already
+                    self.export.layer_done(layer, 0, self.num_cached)
         return self.kv
 
 

@@ -139,3 +139,25 @@ def test_a_decode_step_prefills_one_chunk_unless_configured(tmp_path):
         path.write_text(CONFIG.replace("[decode]\n", f"[decode]\nstep_prefill_tokens = {bad}\n"))
         with pytest.raises(SettingsError, match="step_prefill_tokens"):
             node_settings(no_args(config=str(path)), "decode")
+
+
+@pytest.mark.parametrize(("line", "device", "on"), [
+    ("", "cpu", False), ("", "cuda", True), ('device_codec = "auto"', "cuda:1", True),
+    ('device_codec = "on"', "cpu", True), ('device_codec = "off"', "cuda", False)])
+def test_the_device_codec_is_on_where_the_engine_runs_on_a_gpu_unless_configured(tmp_path, line, device, on):
+    path = tmp_path / "c.toml"
+    path.write_text(CONFIG.replace('quant = "int8"', f'quant = "int8"\n{line}').replace(
+        'dtype = "float32"', f'dtype = "float32"\ndevice = "{device}"'))
+    prefill, decode = (node_settings(no_args(config=str(path)), role) for role in ("prefill", "decode"))
+    assert prefill.kv_device_codec is decode.kv_device_codec is on
+    # the prefill engine exports in the wire's mode; a decode engine exports nothing
+    assert (prefill.engine_config().kv_export, decode.engine_config().kv_export) == ("int8" if on else "", "")
+
+
+def test_a_bad_device_codec_is_a_clear_error_and_int8_sym_keeps_the_cpu_export(tmp_path):
+    path = tmp_path / "c.toml"
+    path.write_text(CONFIG.replace('quant = "int8"', 'quant = "int8"\ndevice_codec = "gpu"'))
+    with pytest.raises(SettingsError, match=r'\[kv\] device_codec must be "auto", "on" or "off"'):
+        node_settings(no_args(config=str(path)), "prefill")
+    path.write_text(CONFIG.replace('quant = "int8"', 'quant = "int8_sym"\ndevice_codec = "on"'))
+    assert node_settings(no_args(config=str(path)), "prefill").engine_config().kv_export == ""

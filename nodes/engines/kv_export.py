@@ -1,0 +1,181 @@
+"""What leaves a prefill engine: a prompt's KV, as a CPU tensor or encoded on the device as it is made.
+
+Contract:
+- `exported_kv(kv)`: the prompt's KV tensor as the engine contract hands it out by default, on the
+  CPU (a GPU engine copies it out once, into pinned memory).
+- `DeviceExport(kv, mode)`: with `EngineConfig.kv_export` set to a wire mode (`int8`, `bf16`,
+  `raw`), the prefill pass calls `layer_done(layer, start, stop)` as each layer's KV of tokens
+  [start, stop) is final on the device (every chunk of a chunked prefill, and a cached prefix once
+  it is copied in). Each call encodes those rows on the device (nodes/engines/kv_device.py) and
+  copies the result into pinned host buffers laid out as the KV (layers, 2, kv_heads, tokens, ...),
+  on a side stream, so the copy of layer l runs while layer l+1 computes; an event per layer says
+  when it has landed. The sender reads it through the quantizer (`encode`, byte for byte the
+  payload bus/kv/quant.py's reference makes), waiting only for the layers of the chunk it sends.
+  Rows the device cannot encode for the wire (non-finite values, a range beyond float16) are
+  encoded by the reference from the device KV, which the export holds until it is dropped.
+  On a CPU the same code runs without streams: each call has landed when it returns.
+- `kv_tail(kv, offset)`: tokens [offset, ...) of either kind, for a decode node that holds the head.
+
+Only `int8` (the default) is quantized on the device; `int8_sym` keeps the CPU codec.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import torch
+
+from bus.kv.kv_errors import KVValueError
+from bus.kv.layout import ChunkSpec, KVInfo
+from bus.kv.quant import EncodedPayload, NumpyQuantizer
+from nodes.engines import kv_device
+from nodes.engines.engine_types import KV_EXPORT_MODES
+
+DEVICE_MODES = KV_EXPORT_MODES[1:]   # ("raw", "bf16", "int8")
+
+
+def exported_kv(kv: torch.Tensor) -> torch.Tensor:
+    """The prompt's KV as the engine contract hands it out: on the CPU. A GPU engine copies it out
+    once here (the KV codec and the nodes read host memory; the device copy is freed with the pass),
+    into pinned memory, which the copy needs no staging buffer for and which torch's host allocator
+    hands out again once an export already sent is freed."""
+    if kv.device.type == "cpu":
+        return kv
+    return torch.empty(kv.shape, dtype=kv.dtype, pin_memory=True).copy_(kv)
+
+
+class DeviceExport:
+    """One prompt's KV, encoded for the wire on its device layer by layer (module docstring)."""
+
+    def __init__(self, kv: torch.Tensor, mode: str) -> None:
+        if mode not in DEVICE_MODES:
+            raise KVValueError(f"the device encodes {', '.join(DEVICE_MODES)}, not {mode!r}")
+        self.kv, self.mode = kv, mode
+        self.info = KVInfo(tuple(kv.shape), kv_device.TORCH_DTYPES[kv.dtype])  # type: ignore[arg-type]
+        layers, _, heads, tokens, head_dim = kv.shape
+        pin = kv.device.type == "cuda"
+        self.stream = torch.cuda.Stream(kv.device) if pin else None
+        if self.stream is not None:
+            kv.record_stream(self.stream)   # read there; the export holds kv until it is dropped
+        if mode == "int8":
+            self.codes = torch.empty(kv.shape, dtype=torch.uint8, pin_memory=pin)
+            self.lo = torch.empty(kv.shape[:4], dtype=torch.float16, pin_memory=pin)
+            self.hi = torch.empty(kv.shape[:4], dtype=torch.float16, pin_memory=pin)
+            self.fits = torch.ones(layers, dtype=torch.bool, pin_memory=pin)
+            self._fits = torch.ones(layers, dtype=torch.bool, device=kv.device)
+        else:
+            self.values = torch.empty(kv.shape, dtype=kv.dtype if mode == "raw" else torch.bfloat16, pin_memory=pin)
+        self.events: list[Any] = [None] * layers
+
+    @property
+    def shape(self) -> torch.Size:
+        return self.kv.shape
+
+    def layer_done(self, layer: int, start: int, stop: int) -> None:
+        if stop <= start:
+            return
+        if self.stream is None:
+            self._encode_layer(layer, start, stop)
+            return
+        self.stream.wait_stream(torch.cuda.current_stream(self.kv.device))
+        with torch.cuda.stream(self.stream):
+            self._encode_layer(layer, start, stop)
+            event = torch.cuda.Event()
+            event.record(self.stream)
+        self.events[layer] = event
+
+    def _encode_layer(self, layer: int, start: int, stop: int) -> None:
+        planes = self.kv[layer].flatten(0, 1)[:, start:stop]   # (2 * kv_heads, n, head_dim)
+        whole = stop - start == self.info.num_tokens
+        if self.mode != "int8":
+            target = self.values[layer].flatten(0, 1)
+            encoded = planes.to(target.dtype) if self.mode == "bf16" else planes
+            _copy_out(encoded, target, start, stop, whole)
+            return
+        rows = planes.reshape(-1, self.info.head_dim)
+        codes = torch.empty(rows.shape, dtype=torch.uint8, device=rows.device)
+        lo = torch.empty(rows.shape[0], dtype=torch.float16, device=rows.device)
+        hi = torch.empty_like(lo)
+        fits = kv_device.encode_int8_rows(rows, codes, lo, hi)
+        self._fits[layer] &= fits
+        self.fits[layer:layer + 1].copy_(self._fits[layer:layer + 1], non_blocking=True)
+        _copy_out(codes.view(planes.shape), self.codes[layer].flatten(0, 1), start, stop, whole)
+        _copy_out(lo.view(planes.shape[:2]), self.lo[layer].flatten(0, 1), start, stop, whole)
+        _copy_out(hi.view(planes.shape[:2]), self.hi[layer].flatten(0, 1), start, stop, whole)
+
+    def wait(self, layers: range) -> None:
+        for layer in layers:
+            event = self.events[layer]
+            if event is not None:
+                event.synchronize()
+
+    def _layers_of(self, spec: ChunkSpec) -> range:
+        per_layer = 2 * self.info.shape[2]
+        return range(spec.plane_start // per_layer, (spec.plane_stop - 1) // per_layer + 1)
+
+    def encode(self, spec: ChunkSpec, mode: str, outs: list[np.ndarray], reference: NumpyQuantizer) -> EncodedPayload:
+        """The chunk's payload in `mode` (the mode it was exported in), as bus.kv.quant's encoders."""
+        if mode != self.mode:
+            raise KVValueError(f"this KV was encoded on the device for {self.mode!r}, not {mode!r}")
+        layers = self._layers_of(spec)
+        self.wait(layers)
+        info = self.info
+        if mode != "int8":
+            chunk = self.values.view(info.num_planes, info.num_tokens, info.head_dim)[spec.planes, spec.tokens]
+            return EncodedPayload([_bytes_of(chunk, outs[0])])
+        if not bool(self.fits[layers.start:layers.stop].all()):
+            return reference.encode(_numpy_of(self.kv.cpu()), info, spec, mode, outs)
+        codes = self.codes.view(info.num_planes, info.num_tokens, info.head_dim)[spec.planes, spec.tokens]
+        num_rows = spec.num_rows
+        params = outs[1][: num_rows * 4].view(np.float16)
+        params[:num_rows] = self.lo.view(info.num_planes, info.num_tokens)[spec.planes, spec.tokens].reshape(-1).numpy()
+        params[num_rows:] = self.hi.view(info.num_planes, info.num_tokens)[spec.planes, spec.tokens].reshape(-1).numpy()
+        return EncodedPayload([_bytes_of(codes, outs[0]), outs[1][: num_rows * 4]], "f16")
+
+    def tail(self, offset: int) -> DeviceExport:
+        """Tokens [offset, ...): a new export whose every layer has landed."""
+        self.wait(range(len(self.events)))
+        tail = DeviceExport.__new__(DeviceExport)
+        tail.kv, tail.mode, tail.stream = self.kv[:, :, :, offset:].contiguous(), self.mode, None
+        tail.info = KVInfo(tuple(tail.kv.shape), self.info.dtype)  # type: ignore[arg-type]
+        tail.events = [None] * len(self.events)
+        if self.mode == "int8":
+            tail.codes = self.codes[:, :, :, offset:].contiguous()
+            tail.lo, tail.hi = self.lo[:, :, :, offset:].contiguous(), self.hi[:, :, :, offset:].contiguous()
+            tail.fits = self.fits
+        else:
+            tail.values = self.values[:, :, :, offset:].contiguous()
+        return tail
+
+
+def kv_tail(kv: Any, offset: int) -> Any:
+    """Tokens [offset, ...) of an exported KV (a tensor or a DeviceExport)."""
+    if isinstance(kv, DeviceExport):
+        return kv.tail(offset)
+    return kv[:, :, :, offset:].contiguous()
+
+
+def _copy_out(source: torch.Tensor, target: torch.Tensor, start: int, stop: int, whole: bool) -> None:
+    """source (planes, n, ...) into tokens [start, stop) of target (planes, tokens, ...) on the host:
+    one copy when the span is every token, else one per plane (each contiguous on both sides, so the
+    copy stays asynchronous; a strided one would stage through pageable memory and wait)."""
+    if whole:
+        target.copy_(source, non_blocking=True)
+        return
+    for plane in range(source.shape[0]):
+        target[plane, start:stop].copy_(source[plane], non_blocking=True)
+
+
+def _bytes_of(chunk: torch.Tensor, out: np.ndarray) -> np.ndarray:
+    """The chunk's bytes: a view when contiguous, else copied into `out`."""
+    if not chunk.is_contiguous():
+        staged = torch.from_numpy(out[: chunk.numel() * chunk.element_size()]).view(chunk.dtype).view(chunk.shape)
+        staged.copy_(chunk)
+        chunk = staged
+    flat = chunk.reshape(-1)
+    return (flat.view(torch.int16) if flat.dtype == torch.bfloat16 else flat).numpy().view(np.uint8)
+
+
+def _numpy_of(kv: torch.Tensor) -> np.ndarray:
+    return kv.view(torch.int16).numpy().view(np.uint16) if kv.dtype == torch.bfloat16 else kv.numpy()
