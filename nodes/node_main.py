@@ -65,5 +65,6 @@ def build_engine(settings: NodeSettings) -> Engine:
     from nodes.engines.llama_engine import LlamaEngine
     from nodes.engines.model_loader import load_model
 
-    model = load_model(settings.model, model_dir=settings.model_dir)
-    return LlamaEngine(model, settings.engine_config())
+    config = settings.engine_config()
+    model = load_model(settings.model, model_dir=settings.model_dir, device=config.device)
+    return LlamaEngine(model, config)

@@ -1,9 +1,10 @@
 """Load a Llama-architecture model (config, HF-named weights, tokenizer) for the engines.
 
 Contract:
-- `load_model(spec, *, dtype, model_dir) -> LoadedModel`. `spec` is the packaged default
-  "SmolLM2-135M-Instruct", "tiny" (random weights, seed 0), a local Hugging Face Llama folder, or a
-  .gguf file. A GGUF (packaged or given) is converted once into `model_dir` (default
+- `load_model(spec, *, dtype, model_dir, device) -> LoadedModel`. `spec` is the packaged default
+  "SmolLM2-135M-Instruct", "tiny" (random weights, seed 0), a random-weight model of a real model's
+  shape ("random-llama-8b", drawn on `device`: nodes/engines/random_model.py), a local Hugging Face
+  Llama folder, or a .gguf file. A GGUF (packaged or given) is converted once into `model_dir` (default
   $PDBUS_MODEL_DIR or <repo>/.models) as a Hugging Face folder and loaded from there afterwards.
 - `prepare_model(spec, *, model_dir, force)` does only that conversion and returns the folder;
   `open_model_folder(spec, *, model_dir)` adds its config and tokenizer, without the weights.
@@ -31,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from bus.log import get_logger
 from nodes.engines.hf_folder import ModelLoadError, folder_config, folder_weights, save_folder, write_json
 from nodes.engines.model_config import LlamaConfig
+from nodes.engines.random_model import build_random_model, is_random_spec
 from nodes.engines.tokenizer import Tokenizer, TokenizerLoadError
 
 if TYPE_CHECKING:   # torch is imported where weights are touched: the gateway needs only tokenizers
@@ -106,10 +108,15 @@ def build_tiny_model(seed: int = 0, *, dtype: torch.dtype | None = None, num_lay
 
 
 def load_model(spec: str = DEFAULT_MODEL, *, dtype: torch.dtype | None = None,
-               model_dir: str | Path | None = None) -> LoadedModel:
+               model_dir: str | Path | None = None, device: str = "cpu") -> LoadedModel:
     """Load `spec` (see the module docstring); raises ModelLoadError with what to do on failure."""
     import torch
 
+    if is_random_spec(spec):   # drawn where the engine runs: 8 B values take a minute on a CPU
+        try:
+            return build_random_model(spec, dtype=dtype, device=device)
+        except RuntimeError as exc:
+            raise ModelLoadError(f"cannot draw {spec} on {device}: {exc}") from exc
     dtype = dtype or torch.float32
     if spec == TINY_SPEC:
         return build_tiny_model(dtype=dtype)
@@ -165,7 +172,7 @@ def prepare_model(spec: str = DEFAULT_MODEL, *, model_dir: str | Path | None = N
             raise ModelLoadError(f"model file not found: {path}")
         return _convert_once(path, cache_root / path.stem, force)
     raise ModelLoadError(f"unknown model {spec!r}: give {DEFAULT_MODEL!r}, {TINY_SPEC!r}, "
-                         "a Hugging Face Llama folder or a .gguf file")
+                         "'random-llama-8b', a Hugging Face Llama folder or a .gguf file")
 
 
 def _source_identity(gguf_path: Path) -> dict[str, Any]:

@@ -54,6 +54,9 @@ def load_model_info(spec: str, model_dir: str | None = None) -> ModelInfo:
     if spec == model_loader.TINY_SPEC:
         from nodes.engines.tiny import tiny_tokenizer
         return ModelInfo(tiny_tokenizer(model_loader.TINY_VOCAB_SIZE), model_loader.TINY_MAX_POSITIONS)
+    if model_loader.is_random_spec(spec):
+        from nodes.engines.random_model import random_max_len, random_tokenizer
+        return ModelInfo(random_tokenizer(), random_max_len(spec))
     folder = model_loader.prepare_model(spec, model_dir=model_dir)
     config = json.loads((folder / "config.json").read_text())
     return ModelInfo(Tokenizer.from_folder(folder), int(config.get("max_position_embeddings", 2048)))
