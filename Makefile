@@ -16,7 +16,7 @@ FUZZ_SECONDS ?= 600
         gateway client model model-info \
         install-vllm test-vllm install-ray ray-up ray-status ray-down test-ray install-browser dashboard-shots \
         install-eval eval test-eval \
-        bench-bus bench-scale bench-scheduler bench-kv bench-kv-quality bench-engine bench-kernels bench-engine-cuda bench-kv-memory bench-gateway bench bench-prefix bench-quick bench-lend bench-split bench-grammar bench-elastic bench-elastic-quick chaos fuzz clean
+        bench-bus bench-scale bench-scheduler bench-kv bench-kv-quality bench-engine bench-kernels bench-engine-cuda bench-kv-device bench-kv-memory bench-gateway bench bench-prefix bench-quick bench-lend bench-split bench-grammar bench-elastic bench-elastic-quick chaos fuzz clean
 
 help:            ## list the targets
 	@grep -E '^[a-z-]+:.*##' $(MAKEFILE_LIST) | sed -E 's/:.*## /\t/' | column -t -s "$$(printf '\t')"
@@ -161,6 +161,9 @@ bench-kernels: install ## each compiled CPU kernel against torch.compile of the 
 
 bench-engine-cuda: install ## the same on a CUDA GPU: the engine with and without CUDA graphs, transformers, rooflines
 	$(BENCH) -m harness.bench.engine_bench --device cuda --steps 60
+
+bench-kv-device: install ## the KV path from a GPU prefill engine to a decode process's GPU: stages, limits, TTFT share (8B shape)
+	$(BENCH) -m harness.bench.kv_device_bench --device cuda --json results/kv-device.json
 
 bench-kv-memory: install ## decode KV memory reserved at node start vs on demand: what requests wait (~1 min)
 	$(BENCH) -m harness.bench.kv_memory

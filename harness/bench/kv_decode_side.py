@@ -29,7 +29,7 @@ from bus.kv.layout import DTYPES
 from harness.bench.kv_baselines import serve_bare, serve_checked
 
 
-def make_allocator(use_torch: bool):
+def make_allocator(use_torch: bool, device: str = "cpu"):
     pool: dict[tuple, object] = {}
 
     def allocate(transfer_id, request_id, info, mode):
@@ -41,7 +41,7 @@ def make_allocator(use_torch: bool):
                 import torch
 
                 from nodes.engines.kv_quant import NAMES_TO_TORCH
-                pool[key] = torch.zeros(info.shape, dtype=NAMES_TO_TORCH[info.dtype])
+                pool[key] = torch.zeros(info.shape, dtype=NAMES_TO_TORCH[info.dtype], device=device)
             else:
                 pool[key] = np.zeros(info.shape, DTYPES[info.dtype])
         return pool[key]
@@ -67,17 +67,19 @@ async def main(args: argparse.Namespace) -> None:
 
         from nodes.engines.kv_quant import TorchQuantizer
         torch.set_num_threads(1)
-        quantizer = TorchQuantizer()
+        quantizer = TorchQuantizer(on_device=args.device != "cpu")
         quantizer.warmup()
     faults = FaultInjector(drop_probability=0.2, seed=args.faults) if args.faults is not None else None
 
     def report(result):
+        if quantizer is not None:
+            quantizer.device_landing.synchronize()   # as a decode node does before the engine reads it
         line = {"transfer_id": result.transfer_id, "ok": result.ok, "reason": result.reason,
                 "checksum_failures": result.stats.checksum_failures, "nacks": result.stats.nacks,
                 "digest": digest(result.kv) if result.ok and args.digests else None}
         print(json.dumps(line), flush=True)
 
-    receiver = KVReceiver(make_allocator(args.torch), quantizer=quantizer, faults=faults, on_result=report,
+    receiver = KVReceiver(make_allocator(args.torch, args.device), quantizer=quantizer, faults=faults, on_result=report,
                           config=ReceiveConfig(transfer_timeout=args.timeout))
     endpoint = await receiver.start()
     endpoints = {"kv": endpoint}
@@ -114,6 +116,7 @@ if __name__ == "__main__":
     parser.add_argument("--faults", type=int, default=None, help="drop 20%% of replies (seeded)")
     parser.add_argument("--digests", action="store_true", help="print a digest of each received KV")
     parser.add_argument("--timeout", type=float, default=30.0)
+    parser.add_argument("--device", default="cpu", help="destinations on this torch device, decoded there (with --torch)")
     from bus.log import configure_logging
     configure_logging(level=os.environ["PDBUS_LOG_LEVEL"])
     try:

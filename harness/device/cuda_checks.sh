@@ -5,6 +5,11 @@
 #   PHASE "tiny": the gpu-marked tests on the tiny model (a cluster of GPU nodes too), then the
 #                 engine test files that build their engines through make_engine, on the GPU
 #                 (PDBUS_TEST_DEVICE=cuda);
+#   PHASE "kv":   the KV path at GPU scale (issue #45): the gpu-marked KV codec and export tests, the
+#                 CUDA-graph tests, the GPU cluster test, then `python -m harness.bench.kv_device_bench`
+#                 (stages, physical limits, TTFT shares for 1K/4K/16K prompts of the random-weight 8B
+#                 shape, what `make bench-kv-device` runs) and harness.bench.kv_device_cluster (a prefill and
+#                 a decode node as two processes on the GPU with that model); all of it in ~10 minutes;
 #   PHASE "real": `python -m harness.bench.engine_bench --device cuda` (what `make bench-engine-cuda` runs;
 #                 again without CUDA graphs should it fail), then the engine's gpu-marked tests, the
 #                 real model's too.
@@ -13,8 +18,8 @@
 # limit, so in two calls: each call keeps the pieces it brought under $STASH). Both are prepared on
 # a developer machine by harness/device/prepare.sh.
 set -uo pipefail
-OUT=${1:?usage: cuda_checks.sh OUT_DIR tiny|real}
-PHASE=${2:?usage: cuda_checks.sh OUT_DIR tiny|real}
+OUT=${1:?usage: cuda_checks.sh OUT_DIR tiny|kv|real}
+PHASE=${2:?usage: cuda_checks.sh OUT_DIR tiny|kv|real}
 STASH=/root/pdbus-device
 SITE=$STASH/site
 mkdir -p "$OUT" "$STASH" "$SITE"
@@ -44,6 +49,17 @@ tiny)
         tests/nodes/engines/test_engine_decode.py tests/nodes/engines/test_engine_sessions.py \
         tests/nodes/engines/test_engine_admission.py tests/nodes/engines/test_prefill_chunks.py \
         2>&1 | tee "$OUT/engine-tests-on-cuda.log" | tail -25
+    ;;
+kv)
+    timeout 200 python3 -m pytest -p no:cacheprovider -q -m gpu tests/nodes/engines/test_kv_device_cuda.py \
+        tests/nodes/engines/test_cuda_graphs.py tests/integration/test_cluster_cuda.py 2>&1 \
+        | tee "$OUT/gpu-tests-kv.log" | tail -25
+    timeout 220 python3 -m harness.bench.kv_device_bench --device cuda --repeats 2 --json "$OUT/kv-device.json" \
+        > "$OUT/kv-device.txt" 2>&1
+    tail -n 40 "$OUT/kv-device.txt"
+    timeout 150 python3 -m harness.bench.kv_device_cluster --device cuda --tokens 1024,4096 \
+        --json "$OUT/kv-cluster.json" > "$OUT/kv-cluster.txt" 2>&1
+    tail -n 12 "$OUT/kv-cluster.txt"
     ;;
 real)
     # The benchmark first; should the engine's CUDA graphs fail, the same without them.

@@ -1,0 +1,61 @@
+"""`make bench-kv-device` and the GPU check's two-node run (harness/bench/kv_device_bench.py,
+kv_device_cluster.py) on a CPU at the tiny model's size: every mode, stage and limit has a figure,
+the wire bytes are what each mode's arithmetic says, the targets are judged from this run's figures,
+and the two-node run streams through the device codec path (`[kv] device_codec` is "auto" there:
+on a CPU the CPU codec; the on-device path on the CPU is tests/integration/test_cluster_device_codec.py)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from harness.bench.kv_device_bench import MODES, targets
+
+pytestmark = [pytest.mark.integration]
+
+
+def test_the_bench_measures_every_mode_stage_and_limit(tmp_path):
+    out = tmp_path / "kv.json"
+    run = subprocess.run([sys.executable, "-m", "harness.bench.kv_device_bench", "--device", "cpu", "--model", "tiny",
+                          "--tokens", "64,256", "--repeats", "1", "--json", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    figures = json.loads(out.read_text())
+    assert figures["env"]["source"] == "random" and figures["env"]["model"] == "tiny"
+    assert set(figures["limits"]) == {"memcpy_GBps", "d2h_GBps", "h2d_GBps", "socket_GBps"}
+    assert all(value > 0 for value in figures["limits"].values())
+    stages = figures["stages"]
+    assert {key.split(" ", 1)[1] for key in stages} == {"device quantize", "D2H", "H2D", "dequantize", "socket"}
+    rows = figures["rows"]
+    assert set(rows) == {f"{tokens} {mode}" for tokens in (64, 256) for mode in MODES}
+    values = 2 * 2 * 2 * 256 * 16   # tiny: 2 layers x (K, V) x 2 KV heads x 256 tokens x head_dim 16
+    assert rows["256 raw"]["wire_bytes"] >= 4 * values   # float32, plus headers
+    assert 2 * values <= rows["256 bf16"]["wire_bytes"] < 4 * values
+    assert values <= rows["256 int8"]["wire_bytes"] == rows["256 cpu-int8"]["wire_bytes"] < 2 * values
+    for row in rows.values():
+        assert row["ttft_s"] > 0 and row["transfer_s"] > 0 and row["share_of_ttft"] > 0 and row["floor_s"] > 0
+    assert "target >= 100" in run.stdout and "target <= 5 % at 4096" in run.stdout
+
+
+def test_targets_are_judged_from_the_figures():
+    stages = {"4096 device quantize": (0.004, 512 << 20), "4096 dequantize": (0.01, 512 << 20)}
+    rows = {"4096 int8": {"share_of_ttft": 0.04, "path_over_floor": 2.5}}
+    lines = targets(stages, rows)
+    assert "quantize 134.2 GB/s, dequantize 53.7 GB/s (target >= 100: missed)" in lines[0]
+    assert "4.0 % of TTFT (target <= 5 % at 4096: met)" in lines[1] and "2.50x" in lines[1] and lines[1].endswith("missed)")
+
+
+def test_two_nodes_stream_and_report_their_transfers(tmp_path):
+    out = tmp_path / "cluster.json"
+    run = subprocess.run([sys.executable, "-m", "harness.bench.kv_device_cluster", "--device", "cpu", "--model", "tiny",
+                          "--tokens", "300", "--modes", "int8,raw", "--json", str(out)],
+                         capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr[-3000:]
+    rows = json.loads(out.read_text())["rows"]
+    assert set(rows) == {"300 int8", "300 raw"}
+    for key, row in rows.items():
+        assert row["plan"] == "remote" and row["kv_mode"] == key.split()[1]
+        assert 0 < row["ttft_s"] < row["second_token_s"] and row["transfer_s"] > 0 and row["wire_bytes"] > 0
