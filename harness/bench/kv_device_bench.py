@@ -134,7 +134,7 @@ def summary(rows: dict, limits: dict) -> dict:
 
 
 def print_report(env: dict, limits: dict, stages: dict, rows: dict) -> None:
-    print(f"\n## KV path on {env['device_name']} ({env['model']}, {env['source']}; torch {env['torch']})\n")
+    print(f"\n## KV path on {env['device_name']} ({env['model']}, {env['source']}, {env['dtype']}; torch {env['torch']})\n")
     print("Physical limits (this run): " + ", ".join(f"{k.removesuffix('_GBps')} {v:.1f} GB/s" for k, v in limits.items()))
     print("\n| prompt | stage | ms | GB/s |\n|---|---|---|---|")
     for key, (seconds, num_bytes) in sorted(stages.items(), key=lambda item: int(item[0].split()[0])):
@@ -173,17 +173,19 @@ def main() -> int:
     parser.add_argument("--model", default="random-llama-8b")
     parser.add_argument("--tokens", default="1024,4096,16384")
     parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--dtype", help="the engine's (default: bfloat16 on a GPU, float32 on a CPU)")
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args()
     tokens = [int(t) for t in args.tokens.split(",")]
-    model = load_model(args.model, device=args.device, dtype=torch.bfloat16 if args.device != "cpu" else None)
-    engine = LlamaEngine(model, EngineConfig(device=args.device, dtype="bfloat16" if args.device != "cpu" else "float32",
+    dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
+    model = load_model(args.model, device=args.device, dtype=getattr(torch, dtype))
+    engine = LlamaEngine(model, EngineConfig(device=args.device, dtype=dtype,
                                              prefix_cache_bytes=0, max_batch_tokens=max(tokens),
                                              max_model_len=max(tokens) + 16, num_kv_blocks=16, max_num_seqs=1,
                                              preallocate_kv=False, cuda_graphs=False))
     source = model.source
     del model   # the engine holds its own copy of the weights
-    env = {"device": args.device, "model": args.model, "source": source, "torch": torch.__version__,
+    env = {"device": args.device, "model": args.model, "source": source, "dtype": dtype, "torch": torch.__version__,
            "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"}
     peer = Peer(args.device)
     try:

