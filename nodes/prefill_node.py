@@ -3,7 +3,9 @@
 Contract (docs/CLUSTER.md step 3): a `prefill` REQUEST (`wire.PrefillRequestBody`) joins a `PrefillBatcher` (a batch runs
 when the queued prompts reach `max_batch_tokens` or the oldest waited `max_wait`); after the pass
 the first token goes back at once (PARTIAL `token` index 0), the KV goes to the decode node's data
-endpoint on the KV thread (`KVSender`, mode/compression from `[kv]`), then a DIRECT `kv_ready` to
+endpoint on the KV thread (`KVSender`, mode/compression from `[kv]`; with `[kv] device_codec` the
+send starts as the engine begins encoding the prompt's KV on its device, so chunks leave while later
+layers compute, `Engine.on_kv_export`), then a DIRECT `kv_ready` to
 the decode node — from the KV thread the moment the send is verified, so the decode node never
 waits for this node's next prefill pass — and the FINAL `done` {token, transfer report, timings}
 to the client. A failed send answers ERROR `kv_failed`.
@@ -26,6 +28,7 @@ the node serves on.
 
 from __future__ import annotations
 
+import asyncio
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -48,6 +51,9 @@ from nodes.node_settings import NodeSettings
 from nodes.runtime import GuardedWork, StageClock, engine_bounds
 from scheduler.prefix_hashes import MAX_REPORTED_PREFIXES
 
+# A send that started inside the pass (the KV encoded on the device) and finished before the first
+# token was sampled looks for it this often: the token follows the last layer within milliseconds.
+FIRST_TOKEN_POLL_S = 0.001
 
 @dataclass(frozen=True, slots=True)
 class KvSendDone:
@@ -72,6 +78,7 @@ class PrefillJob:
     num_cached_tokens: int = 0   # leading prompt tokens whose KV came from the prefix cache
     kv_offset: int = 0           # leading prompt tokens whose KV the decode node holds: not sent
     sending: bool = False
+    export: Any = None           # its DeviceExport when the send started inside the pass
     prompt_logprobs: tuple[TokenLogprobs | None, ...] = ()   # when the request asked (its FINAL carries them)
 
 
@@ -104,6 +111,7 @@ class PrefillWork(GuardedWork):
         self.log = get_logger("prefill")
         self.num_kv_bytes_sent = 0
         self.num_prefilled = 0   # in the capacity, so every pass ends in a report (see `capacity`)
+        engine.on_kv_export = self._on_kv_export
 
     # -- Work ------------------------------------------------------------------------------
     def prepare(self) -> str:
@@ -228,8 +236,19 @@ class PrefillWork(GuardedWork):
         job.first_token = wire.TokenBody(0, result.first_token_id, result.text, result.logprobs)
         job.num_cached_tokens, job.prompt_logprobs = result.num_cached_tokens, result.prompt_logprobs
         self.endpoint.reply(job.request_id, wire.to_wire(job.first_token))
-        job.sending = True
-        self.kv_thread.submit(self._send(job, result.kv))
+        if not job.sending:   # else it started inside the pass (_on_kv_export)
+            job.sending = True
+            self.kv_thread.submit(self._send(job, result.kv))
+
+    def _on_kv_export(self, request_id: str, export: Any) -> None:
+        """The engine began encoding a prompt's KV on its device: send it now, its chunks leaving
+        while later layers compute. Not for a prompt whose head the decode node holds (the tail
+        is cut once every layer has landed, at the end of the pass)."""
+        job = self.jobs.get(request_id)
+        if job is None or job.sending or job.kv_offset:
+            return
+        job.export, job.sending = export, True
+        self.kv_thread.submit(self._send(job, export))
 
     async def _send(self, job: PrefillJob, kv: Any) -> None:
         try:
@@ -239,8 +258,12 @@ class PrefillWork(GuardedWork):
                                             mode=self.settings.kv_quant, compression=self.settings.kv_compression,
                                             token_offset=job.kv_offset)
             # Tell the decode node now: the node's thread may be inside its next prefill pass
-            # for a second or more before it handles KvSendDone.
-            assert job.first_token is not None   # streamed before the send started
+            # for a second or more before it handles KvSendDone. A send started inside the pass
+            # may finish before the first token is sampled: it waits for it here.
+            while job.first_token is None:
+                if self.jobs.get(job.request_id) is not job:   # released: cancelled, or its pass failed
+                    return
+                await asyncio.sleep(FIRST_TOKEN_POLL_S)
             ready = wire.KvReadyBody(job.decode_request_id, job.transfer_id, job.first_token.token_id)
             self.endpoint.send_direct(job.decode_node_id, wire.to_wire(ready))
             done = KvSendDone(job.request_id, report)
@@ -293,6 +316,8 @@ class PrefillWork(GuardedWork):
         job = self.jobs.pop(request_id, None)
         if job is None:
             return "gone"
+        if job.export is not None:   # a send waiting for layers this pass will not compute fails now
+            job.export.cancel(reason)
         if job.sending:
             self.kv_thread.submit(self.sender.abort(job.transfer_id, reason))
             return "transfer"

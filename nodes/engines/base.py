@@ -95,7 +95,7 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from nodes.engines.engine_types import (
     ENGINE_KINDS,
@@ -180,6 +180,11 @@ class Engine(ABC):
     max_model_len: int
     stats: EngineStats
     copies_imported_kv: bool = False
+    # Set by a prefill node: called (request_id, export) on the engine's thread when a prompt's KV
+    # starts leaving the device layer by layer (`EngineConfig.kv_export`), with the object its
+    # PrefillResult will carry, so that its transfer may start before the pass ends. Engines that
+    # do not export so never call it.
+    on_kv_export: Callable[[str, Any], None] | None = None
 
     # ---- common ------------------------------------------------------------------------------
     @property

@@ -10,7 +10,11 @@ Contract:
   copies the result into pinned host buffers laid out as the KV (layers, 2, kv_heads, tokens, ...),
   on a side stream, so the copy of layer l runs while layer l+1 computes; an event per layer says
   when it has landed. The sender reads it through the quantizer (`encode`, byte for byte the
-  payload bus/kv/quant.py's reference makes), waiting only for the layers of the chunk it sends.
+  payload bus/kv/quant.py's reference makes), waiting only for the layers of the chunk it sends:
+  a transfer may start as soon as the export exists (`Engine.on_kv_export`) and its chunks leave
+  while later layers compute. `cancel(reason)` fails a sender waiting for layers a pass will not
+  compute any more (a cancelled prompt, a failed pass); a layer not computed within
+  `EXPORT_WAIT_S` fails it too.
   Rows the device cannot encode for the wire (non-finite values, a range beyond float16) are
   encoded by the reference from the device KV, which the export holds until it is dropped.
   On a CPU the same code runs without streams: each call has landed when it returns.
@@ -21,6 +25,8 @@ Only `int8` (the default) is quantized on the device; `int8_sym` keeps the CPU c
 
 from __future__ import annotations
 
+import functools
+import threading
 from typing import Any
 
 import numpy as np
@@ -32,6 +38,7 @@ from bus.kv.quant import EncodedPayload, NumpyQuantizer
 from nodes.engines import kv_device
 from nodes.engines.engine_types import KV_EXPORT_MODES
 
+EXPORT_WAIT_S = 120.0   # a sender waits this long for a layer the pass has not computed yet
 DEVICE_MODES = KV_EXPORT_MODES[1:]   # ("raw", "bf16", "int8")
 
 
@@ -67,6 +74,9 @@ class DeviceExport:
         else:
             self.values = torch.empty(kv.shape, dtype=kv.dtype if mode == "raw" else torch.bfloat16, pin_memory=pin)
         self.events: list[Any] = [None] * layers
+        self._complete = [False] * layers   # every token's rows of the layer are on their way
+        self._changed = threading.Condition()
+        self.cancelled = ""
 
     @property
     def shape(self) -> torch.Size:
@@ -77,13 +87,23 @@ class DeviceExport:
             return
         if self.stream is None:
             self._encode_layer(layer, start, stop)
-            return
-        self.stream.wait_stream(torch.cuda.current_stream(self.kv.device))
-        with torch.cuda.stream(self.stream):
-            self._encode_layer(layer, start, stop)
-            event = torch.cuda.Event()
-            event.record(self.stream)
-        self.events[layer] = event
+        else:
+            self.stream.wait_stream(torch.cuda.current_stream(self.kv.device))
+            with torch.cuda.stream(self.stream):
+                self._encode_layer(layer, start, stop)
+                event = torch.cuda.Event()
+                event.record(self.stream)
+            self.events[layer] = event
+        if stop == self.info.num_tokens:   # spans come in order: the layer's last one
+            with self._changed:
+                self._complete[layer] = True
+                self._changed.notify_all()
+
+    def cancel(self, reason: str) -> None:
+        """The pass will not finish this prompt: a sender waiting for its layers fails now."""
+        with self._changed:
+            self.cancelled = reason
+            self._changed.notify_all()
 
     def _encode_layer(self, layer: int, start: int, stop: int) -> None:
         planes = self.kv[layer].flatten(0, 1)[:, start:stop]   # (2 * kv_heads, n, head_dim)
@@ -104,11 +124,21 @@ class DeviceExport:
         _copy_out(lo.view(planes.shape[:2]), self.lo[layer].flatten(0, 1), start, stop, whole)
         _copy_out(hi.view(planes.shape[:2]), self.hi[layer].flatten(0, 1), start, stop, whole)
 
-    def wait(self, layers: range) -> None:
+    def wait(self, layers: range, timeout: float = EXPORT_WAIT_S) -> None:
+        """Return once `layers` have landed on the host; raises KVValueError when the export was
+        cancelled or a layer is not computed within `timeout`."""
         for layer in layers:
+            with self._changed:
+                if not self._changed.wait_for(functools.partial(self._computed_or_cancelled, layer), timeout):
+                    raise KVValueError(f"layer {layer} of the KV was not computed within {timeout:.0f} s")
+                if self.cancelled and not self._complete[layer]:
+                    raise KVValueError(f"the prompt's KV will not be computed: {self.cancelled}")
             event = self.events[layer]
             if event is not None:
                 event.synchronize()
+
+    def _computed_or_cancelled(self, layer: int) -> bool:
+        return self._complete[layer] or bool(self.cancelled)
 
     def _layers_of(self, spec: ChunkSpec) -> range:
         per_layer = 2 * self.info.shape[2]
@@ -140,6 +170,7 @@ class DeviceExport:
         tail.kv, tail.mode, tail.stream = self.kv[:, :, :, offset:].contiguous(), self.mode, None
         tail.info = KVInfo(tuple(tail.kv.shape), self.info.dtype)  # type: ignore[arg-type]
         tail.events = [None] * len(self.events)
+        tail._complete, tail._changed, tail.cancelled = [True] * len(self.events), threading.Condition(), ""
         if self.mode == "int8":
             tail.codes = self.codes[:, :, :, offset:].contiguous()
             tail.lo, tail.hi = self.lo[:, :, :, offset:].contiguous(), self.hi[:, :, :, offset:].contiguous()

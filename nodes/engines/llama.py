@@ -26,6 +26,7 @@ Math follows Hugging Face's LlamaForCausalLM (RMSNorm in float32, rotate-half Ro
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import torch.nn.functional as F
@@ -105,6 +106,7 @@ class LlamaRunner:
         # On a GPU, pure decode steps replay CUDA graphs (cuda_graphs.py): launches, not the GPU, bound them.
         self.graphs = DecodeGraphs(self) if cuda_graphs and self.device.type == "cuda" else None
         self.kv_export = ""   # a wire mode: prompts' KV leaves encoded on the device (kv_export.py)
+        self.on_kv_export: Any = None   # told (request_id, DeviceExport) as a prompt's export starts
 
     @staticmethod
     def _layer(get, get_matrix, prefix: str, packed: bool) -> LayerWeights:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -102,6 +102,14 @@ class LlamaEngine(Engine):
     @property
     def kv_layout(self) -> KvLayout:
         return self._kv_layout
+
+    @property
+    def on_kv_export(self) -> Callable[[str, Any], None] | None:
+        return self.runner.on_kv_export
+
+    @on_kv_export.setter
+    def on_kv_export(self, callback: Callable[[str, Any], None] | None) -> None:
+        self.runner.on_kv_export = callback
 
     def new_device_kv(self, num_tokens: int) -> torch.Tensor:
         return torch.empty(self._kv_layout.shape(num_tokens), dtype=self.runner.dtype, device=self.device)

@@ -206,6 +206,8 @@ class _Prompt:
                 self.export = DeviceExport(self.kv, runner.kv_export)
                 for layer in range(self.kv.shape[0]):   # the cached prefix is final already
                     self.export.layer_done(layer, 0, self.num_cached)
+                if runner.on_kv_export is not None:   # its transfer may start before the pass ends
+                    runner.on_kv_export(self.request.request_id, self.export)
         return self.kv
 
 

@@ -37,6 +37,7 @@ def test_the_bench_measures_every_mode_stage_and_limit(tmp_path):
     assert values <= rows["256 int8"]["wire_bytes"] == rows["256 cpu-int8"]["wire_bytes"] < 2 * values
     for row in rows.values():
         assert row["ttft_s"] > 0 and row["transfer_s"] > 0 and row["share_of_ttft"] > 0 and row["floor_s"] > 0
+        assert row["path_s"] > 0 and row["path_over_floor"] == row["path_s"] / row["floor_s"]
     assert "target >= 100" in run.stdout and "target <= 5 % at 4096" in run.stdout
 
 

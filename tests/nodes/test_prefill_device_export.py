@@ -1,0 +1,77 @@
+"""A prefill node whose engine encodes KV on its device (`[kv] device_codec`): the send starts as the
+export begins, inside the pass, and chunks leave while later chunks of the prompt compute; the
+decode side receives what the CPU codec's path sends; a cancel inside the pass fails the waiting
+send at once; a prompt whose head the decode node holds waits for the end of the pass."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from bus.kv import KVReceiver
+from bus.messages import Cancel
+from nodes.engines.kv_export import DeviceExport
+from nodes.prefill_node import KvSendDone, PrefillWork
+from tests.nodes.cluster_fakes import FakeEndpoint, tiny_engine, tiny_settings
+from tests.nodes.test_prefill_node import request, take_inbox
+
+PROMPT = list(range(20, 60))
+
+
+def make_work(kv_thread, device_codec: bool, **settings):
+    engine = tiny_engine(kv_export="int8" if device_codec else "")
+    work = PrefillWork(tiny_settings("prefill", kv_quant="int8", **settings), engine, kv_thread)
+    work.attach(endpoint := FakeEndpoint("prefill-a"))
+    work.chunk_tokens = 8   # a pass of five chunks
+    return work, endpoint
+
+
+def received(kv_thread, device_codec: bool, **body) -> tuple[np.ndarray, dict, list]:
+    receiver = KVReceiver()
+    work, endpoint = make_work(kv_thread, device_codec)
+    work.on_message(request(data_endpoint=kv_thread.run(receiver.start()), prompt_token_ids=PROMPT, **body))
+    now = time.monotonic() + 1
+    assert work.work(now)   # the first chunk
+    job = work.jobs["p1"]
+    started_inside = job.sending and isinstance(job.export, DeviceExport)
+    assert started_inside == (device_codec and not body.get("kv_offset"))
+    while work.passes:
+        work.work(now)
+    assert isinstance(take_inbox(work, endpoint), KvSendDone)
+    (final,) = endpoint.of("final", "p1")
+    result = kv_thread.run(receiver.result("t1", timeout=5))
+    assert result.ok
+    kv_thread.run(receiver.close())
+    work.close()
+    return result.kv, final, endpoint.of("direct", "decode-a")
+
+
+def test_the_send_starts_inside_the_pass_and_delivers_the_cpu_codecs_kv(kv_thread):
+    kv, final, ready = received(kv_thread, device_codec=True)
+    expected, expected_final, expected_ready = received(kv_thread, device_codec=False)
+    assert np.array_equal(kv, expected) and kv.shape[3] == len(PROMPT)
+    assert ready == expected_ready and len(ready) == 1   # kv_ready names the first token, sent after it
+    assert final["token"] == expected_final["token"]
+    assert final["transfer"]["wire_bytes"] == expected_final["transfer"]["wire_bytes"]
+
+
+def test_a_held_head_is_cut_from_the_export_once_the_pass_ends(kv_thread):
+    kv, _, _ = received(kv_thread, device_codec=True, kv_offset=16)
+    expected, _, _ = received(kv_thread, device_codec=False, kv_offset=16)
+    assert np.array_equal(kv, expected) and kv.shape[3] == len(PROMPT) - 16
+
+
+def test_a_cancel_inside_the_pass_fails_the_waiting_send_at_once(kv_thread):
+    receiver = KVReceiver()
+    work, endpoint = make_work(kv_thread, device_codec=True)
+    work.on_message(request(data_endpoint=kv_thread.run(receiver.start()), prompt_token_ids=PROMPT))
+    assert work.work(time.monotonic() + 1)
+    export = work.jobs["p1"].export
+    started = time.monotonic()
+    assert work.on_message(Cancel("p1"))
+    done = take_inbox(work, endpoint)
+    assert isinstance(done, KvSendDone) and done.report is None and time.monotonic() - started < 5
+    assert export.cancelled and not work.jobs and not endpoint.of("direct") and not endpoint.of("final")
+    kv_thread.run(receiver.close())
+    work.close()
