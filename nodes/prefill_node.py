@@ -233,9 +233,10 @@ class PrefillWork(GuardedWork):
         if job is None:   # cancelled while the pass ran
             return
         job.clock.mark("prefilled")
-        job.first_token = wire.TokenBody(0, result.first_token_id, result.text, result.logprobs)
+        first_token = wire.TokenBody(0, result.first_token_id, result.text, result.logprobs)
         job.num_cached_tokens, job.prompt_logprobs = result.num_cached_tokens, result.prompt_logprobs
-        self.endpoint.reply(job.request_id, wire.to_wire(job.first_token))
+        self.endpoint.reply(job.request_id, wire.to_wire(first_token))
+        job.first_token = first_token   # after the PARTIAL: a send that started in the pass may now send kv_ready
         if not job.sending:   # else it started inside the pass (_on_kv_export)
             job.sending = True
             self.kv_thread.submit(self._send(job, result.kv))

@@ -40,6 +40,8 @@ def received(kv_thread, device_codec: bool, **body) -> tuple[np.ndarray, dict, l
         work.work(now)
     assert isinstance(take_inbox(work, endpoint), KvSendDone)
     (final,) = endpoint.of("final", "p1")
+    kinds = [kind for kind, _, _ in endpoint.sent]
+    assert kinds.index("partial") < kinds.index("direct")   # the first token, then kv_ready
     result = kv_thread.run(receiver.result("t1", timeout=5))
     assert result.ok
     kv_thread.run(receiver.close())
