@@ -6,10 +6,10 @@ Contract:
 - `DeviceExport(kv, mode)`: with `EngineConfig.kv_export` set to a wire mode (`int8`, `bf16`,
   `raw`), the prefill pass calls `layer_done(layer, start, stop)` as each layer's KV of tokens
   [start, stop) is final on the device (every chunk of a chunked prefill, and a cached prefix once
-  it is copied in). Each call encodes those rows on the device (nodes/engines/kv_device.py) and
-  copies the result into pinned host buffers laid out as the KV (layers, 2, kv_heads, tokens, ...),
-  on a side stream, so the copy of layer l runs while layer l+1 computes; an event per layer says
-  when it has landed. The sender reads it through the quantizer (`encode`, byte for byte the
+  it is copied in). Once a layer's last span is told, its rows are encoded on the device
+  (nodes/engines/kv_device.py) and copied into pinned host buffers laid out as the KV (layers, 2,
+  kv_heads, tokens, ...), on a side stream, so the copy of layer l runs while layer l+1 computes;
+  an event per layer says when it has landed. The sender reads it through the quantizer (`encode`, byte for byte the
   payload bus/kv/quant.py's reference makes), waiting only for the layers of the chunk it sends:
   a transfer may start as soon as the export exists (`Engine.on_kv_export`) and its chunks leave
   while later layers compute. `cancel(reason)` fails a sender waiting for layers a pass will not
@@ -70,7 +70,6 @@ class DeviceExport:
             self.lo = torch.empty(kv.shape[:4], dtype=torch.float16, pin_memory=pin)
             self.hi = torch.empty(kv.shape[:4], dtype=torch.float16, pin_memory=pin)
             self.fits = torch.ones(layers, dtype=torch.bool, pin_memory=pin)
-            self._fits = torch.ones(layers, dtype=torch.bool, device=kv.device)
         else:
             self.values = torch.empty(kv.shape, dtype=kv.dtype if mode == "raw" else torch.bfloat16, pin_memory=pin)
         self.events: list[Any] = [None] * layers
@@ -83,21 +82,24 @@ class DeviceExport:
         return self.kv.shape
 
     def layer_done(self, layer: int, start: int, stop: int) -> None:
-        if stop <= start:
+        """Tokens [start, stop) of `layer` are final on the device. Spans come in order; a layer is
+        encoded whole once its last span is told: the wire's chunks hold whole planes (every token
+        of a head), so nothing of a layer could leave before then, and one copy a layer beats one
+        per plane and span (thousands of copies for a long prompt in 256-token chunks)."""
+        if stop < self.info.num_tokens:
             return
         if self.stream is None:
-            self._encode_layer(layer, start, stop)
+            self._encode_layer(layer)
         else:
             self.stream.wait_stream(torch.cuda.current_stream(self.kv.device))
             with torch.cuda.stream(self.stream):
-                self._encode_layer(layer, start, stop)
+                self._encode_layer(layer)
                 event = torch.cuda.Event()
                 event.record(self.stream)
             self.events[layer] = event
-        if stop == self.info.num_tokens:   # spans come in order: the layer's last one
-            with self._changed:
-                self._complete[layer] = True
-                self._changed.notify_all()
+        with self._changed:
+            self._complete[layer] = True
+            self._changed.notify_all()
 
     def cancel(self, reason: str) -> None:
         """The pass will not finish this prompt: a sender waiting for its layers fails now."""
@@ -105,24 +107,21 @@ class DeviceExport:
             self.cancelled = reason
             self._changed.notify_all()
 
-    def _encode_layer(self, layer: int, start: int, stop: int) -> None:
-        planes = self.kv[layer].flatten(0, 1)[:, start:stop]   # (2 * kv_heads, n, head_dim)
-        whole = stop - start == self.info.num_tokens
+    def _encode_layer(self, layer: int) -> None:
+        planes = self.kv[layer]   # (2, kv_heads, tokens, head_dim), contiguous
         if self.mode != "int8":
-            target = self.values[layer].flatten(0, 1)
-            encoded = planes.to(target.dtype) if self.mode == "bf16" else planes
-            _copy_out(encoded, target, start, stop, whole)
+            encoded = planes.to(torch.bfloat16) if self.mode == "bf16" else planes
+            self.values[layer].copy_(encoded, non_blocking=True)
             return
-        rows = planes.reshape(-1, self.info.head_dim)
+        rows = planes.view(-1, self.info.head_dim)
         codes = torch.empty(rows.shape, dtype=torch.uint8, device=rows.device)
         lo = torch.empty(rows.shape[0], dtype=torch.float16, device=rows.device)
         hi = torch.empty_like(lo)
         fits = kv_device.encode_int8_rows(rows, codes, lo, hi)
-        self._fits[layer] &= fits
-        self.fits[layer:layer + 1].copy_(self._fits[layer:layer + 1], non_blocking=True)
-        _copy_out(codes.view(planes.shape), self.codes[layer].flatten(0, 1), start, stop, whole)
-        _copy_out(lo.view(planes.shape[:2]), self.lo[layer].flatten(0, 1), start, stop, whole)
-        _copy_out(hi.view(planes.shape[:2]), self.hi[layer].flatten(0, 1), start, stop, whole)
+        self.fits[layer:layer + 1].copy_(fits.view(1), non_blocking=True)
+        self.codes[layer].copy_(codes.view(planes.shape), non_blocking=True)
+        self.lo[layer].copy_(lo.view(planes.shape[:3]), non_blocking=True)
+        self.hi[layer].copy_(hi.view(planes.shape[:3]), non_blocking=True)
 
     def wait(self, layers: range, timeout: float = EXPORT_WAIT_S) -> None:
         """Return once `layers` have landed on the host; raises KVValueError when the export was
@@ -185,17 +184,6 @@ def kv_tail(kv: Any, offset: int) -> Any:
     if isinstance(kv, DeviceExport):
         return kv.tail(offset)
     return kv[:, :, :, offset:].contiguous()
-
-
-def _copy_out(source: torch.Tensor, target: torch.Tensor, start: int, stop: int, whole: bool) -> None:
-    """source (planes, n, ...) into tokens [start, stop) of target (planes, tokens, ...) on the host:
-    one copy when the span is every token, else one per plane (each contiguous on both sides, so the
-    copy stays asynchronous; a strided one would stage through pageable memory and wait)."""
-    if whole:
-        target.copy_(source, non_blocking=True)
-        return
-    for plane in range(source.shape[0]):
-        target[plane, start:stop].copy_(source[plane], non_blocking=True)
 
 
 def _bytes_of(chunk: torch.Tensor, out: np.ndarray) -> np.ndarray:
