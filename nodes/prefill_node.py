@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import Counter
-from dataclasses import dataclass, field
 from typing import Any
 
 from bus.endpoint import Endpoint
@@ -42,51 +41,15 @@ from bus.kv.link import gbit
 from bus.log import get_logger
 from bus.messages import Cancel, Request
 from nodes import wire
-from nodes.engines.base import Engine, PrefillPass, PrefillRequest, PrefillResult, TokenLogprobs
+from nodes.engines.base import Engine, PrefillPass, PrefillRequest, PrefillResult
 from nodes.engines.kv_export import kv_tail
 from nodes.engines.kv_quant import TorchQuantizer
 from nodes.engines.prefill_pass import PrefillBatcher
 from nodes.loop_thread import LoopThread
 from nodes.node_settings import NodeSettings
-from nodes.runtime import GuardedWork, StageClock, engine_bounds
+from nodes.prefill_jobs import FIRST_TOKEN_POLL_S, KvSendDone, PrefillJob, RunningPass
+from nodes.runtime import GuardedWork, engine_bounds
 from scheduler.prefix_hashes import MAX_REPORTED_PREFIXES
-
-# A send that started inside the pass (the KV encoded on the device) and finished before the first
-# token was sampled looks for it this often: the token follows the last layer within milliseconds.
-FIRST_TOKEN_POLL_S = 0.001
-
-@dataclass(frozen=True, slots=True)
-class KvSendDone:
-    """Posted by the KV thread into the node's inbox when a send ended."""
-
-    request_id: str
-    report: TransferReport | None
-    error: str = ""
-
-
-@dataclass
-class PrefillJob:
-    request_id: str          # the prefill REQUEST's id (our reply stream)
-    decode_request_id: str   # the decode request the KV is for
-    decode_node_id: str
-    data_endpoint: str
-    transfer_id: str
-    num_prompt_tokens: int
-    urgent: bool = False     # a recovery (re-sent prefill, resumed stream): runs before queued work
-    clock: StageClock = field(default_factory=StageClock)
-    first_token: wire.TokenBody | None = None
-    num_cached_tokens: int = 0   # leading prompt tokens whose KV came from the prefix cache
-    kv_offset: int = 0           # leading prompt tokens whose KV the decode node holds: not sent
-    sending: bool = False
-    export: Any = None           # its DeviceExport when the send started inside the pass
-    prompt_logprobs: tuple[TokenLogprobs | None, ...] = ()   # when the request asked (its FINAL carries them)
-
-
-@dataclass(frozen=True, slots=True)
-class RunningPass:
-    prefill: PrefillPass
-    urgent: bool
-    request_ids: tuple[str, ...]
 
 
 class PrefillWork(GuardedWork):

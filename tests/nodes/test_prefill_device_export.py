@@ -12,7 +12,8 @@ import numpy as np
 from bus.kv import KVReceiver
 from bus.messages import Cancel
 from nodes.engines.kv_export import DeviceExport
-from nodes.prefill_node import KvSendDone, PrefillWork
+from nodes.prefill_jobs import KvSendDone
+from nodes.prefill_node import PrefillWork
 from tests.nodes.cluster_fakes import FakeEndpoint, tiny_engine, tiny_settings
 from tests.nodes.test_prefill_node import request, take_inbox
 

@@ -13,7 +13,8 @@ from bus.kv import KVReceiver
 from bus.messages import Cancel, Request
 from nodes import wire
 from nodes.engines.base import PrefillRequest, SamplingParams
-from nodes.prefill_node import KvSendDone, PrefillWork
+from nodes.prefill_jobs import KvSendDone
+from nodes.prefill_node import PrefillWork
 from tests.nodes.cluster_fakes import FakeEndpoint, tiny_engine, tiny_settings
 
 GREEDY = wire.to_wire(SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True))
