@@ -76,7 +76,7 @@ class LlamaEngine(Engine):
                                   device=device, max_len=self.max_model_len,
                                   cuda_graphs=self.config.cuda_graphs)
         self.device = self.runner.device
-        self.runner.kv_export = self.config.kv_export
+        self.runner.kv_export, self.runner.on_kv_export = self.config.kv_export, self._export_started
         self.blocks = BlockManager(self.config.num_kv_blocks, self.config.block_size)
         self.sessions = SessionCache(self.config.block_size)
         self.prefixes = DecodePrefixes(self.sessions, self.config.block_size, self.config.keep_prefixes)
@@ -103,13 +103,9 @@ class LlamaEngine(Engine):
     def kv_layout(self) -> KvLayout:
         return self._kv_layout
 
-    @property
-    def on_kv_export(self) -> Callable[[str, Any], None] | None:
-        return self.runner.on_kv_export
-
-    @on_kv_export.setter
-    def on_kv_export(self, callback: Callable[[str, Any], None] | None) -> None:
-        self.runner.on_kv_export = callback
+    def _export_started(self, request_id: str, export: Any) -> None:
+        if self.on_kv_export is not None:   # set by a prefill node (Engine.on_kv_export)
+            self.on_kv_export(request_id, export)
 
     def new_device_kv(self, num_tokens: int) -> torch.Tensor:
         return torch.empty(self._kv_layout.shape(num_tokens), dtype=self.runner.dtype, device=self.device)
