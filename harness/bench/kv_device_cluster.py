@@ -44,7 +44,8 @@ async def one_request(client: ClusterClient, prompt: list[int]) -> dict:
 def run_mode(mode: str, args: argparse.Namespace, tokens: list[int]) -> dict:
     dtype = "float32" if args.device == "cpu" else "bfloat16"
     longest = max(tokens)
-    settings = {"engine": {"device": args.device, "dtype": dtype, "max_model_len": longest + 64},
+    settings = {"engine": {"device": args.device, "dtype": dtype, "max_model_len": longest + 64,
+                           "prefill_chunk_tokens": longest},   # one pass a prompt, as kv_device_bench runs it
                 "prefill": {"max_batch_tokens": longest, "prefix_cache_mib": 0},
                 "decode": {"num_kv_blocks": (2 * longest) // 16 + 64, "max_num_seqs": 4},
                 "kv": {"compression": "none", "timeout_s": 120.0},
