@@ -17,13 +17,16 @@ from harness.bench.kv_device_bench import MODES, targets
 pytestmark = [pytest.mark.integration]
 
 
-def test_the_bench_measures_every_mode_stage_and_limit(tmp_path):
-    out = tmp_path / "kv.json"
-    run = subprocess.run([sys.executable, "-m", "harness.bench.kv_device_bench", "--device", "cpu", "--model", "tiny",
-                          "--tokens", "64,256", "--repeats", "1", "--json", str(out)],
-                         capture_output=True, text=True, timeout=300)
+def run_on_the_cpu(module: str, out, *args: str) -> tuple[str, dict]:
+    """`python -m harness.bench.<module> --device cpu --model tiny ARGS --json OUT`: (stdout, figures)."""
+    run = subprocess.run([sys.executable, "-m", f"harness.bench.{module}", "--device", "cpu", "--model", "tiny",
+                          *args, "--json", str(out)], capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr[-3000:]
-    figures = json.loads(out.read_text())
+    return run.stdout, json.loads(out.read_text())
+
+
+def test_the_bench_measures_every_mode_stage_and_limit(tmp_path):
+    stdout, figures = run_on_the_cpu("kv_device_bench", tmp_path / "kv.json", "--tokens", "64,256", "--repeats", "1")
     assert figures["env"]["source"] == "random" and figures["env"]["model"] == "tiny"
     assert set(figures["limits"]) == {"memcpy_GBps", "d2h_GBps", "h2d_GBps", "socket_GBps"}
     assert all(value > 0 for value in figures["limits"].values())
@@ -38,7 +41,7 @@ def test_the_bench_measures_every_mode_stage_and_limit(tmp_path):
     for row in rows.values():
         assert row["ttft_s"] > 0 and row["transfer_s"] > 0 and row["share_of_ttft"] > 0 and row["floor_s"] > 0
         assert row["path_s"] > 0 and row["path_over_floor"] == row["path_s"] / row["floor_s"]
-    assert "target >= 100" in run.stdout and "target <= 5 % at 4096" in run.stdout
+    assert "target >= 100" in stdout and "target <= 5 % at 4096" in stdout
 
 
 def test_targets_are_judged_from_the_figures():
@@ -50,12 +53,8 @@ def test_targets_are_judged_from_the_figures():
 
 
 def test_two_nodes_stream_and_report_their_transfers(tmp_path):
-    out = tmp_path / "cluster.json"
-    run = subprocess.run([sys.executable, "-m", "harness.bench.kv_device_cluster", "--device", "cpu", "--model", "tiny",
-                          "--tokens", "300", "--modes", "int8,raw", "--json", str(out)],
-                         capture_output=True, text=True, timeout=300)
-    assert run.returncode == 0, run.stderr[-3000:]
-    rows = json.loads(out.read_text())["rows"]
+    _, figures = run_on_the_cpu("kv_device_cluster", tmp_path / "cluster.json", "--tokens", "300", "--modes", "int8,raw")
+    rows = figures["rows"]
     assert set(rows) == {"300 int8", "300 raw"}
     for key, row in rows.items():
         assert row["plan"] == "remote" and row["kv_mode"] == key.split()[1]

@@ -10,15 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from bus.kv.layout import KVInfo, plan_chunks
-from bus.kv.quant import NumpyQuantizer, max_payload_sizes
 from nodes.engines import kv_device
 from nodes.engines.base import PrefillRequest, SamplingParams
 from nodes.engines.kv_export import DeviceExport
 from nodes.engines.kv_quant import TorchQuantizer
 from tests.nodes.engines.engine_helpers import make_engine
 from tests.nodes.engines.test_kv_device import reference_encode
-from tests.nodes.engines.test_kv_export import CHUNK_BYTES, assert_export_is_the_reference, numpy_of
+from tests.nodes.engines.test_kv_export import CHUNK_BYTES, assert_export_is_the_reference, land_both
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
 
@@ -59,15 +57,5 @@ def test_a_gpu_engine_exports_the_reference_payloads_layer_by_layer(tiny_model, 
 @pytest.mark.parametrize("mode", ["int8", "bf16", "raw"])
 def test_chunks_land_on_the_gpu_as_the_host_decodes_them(mode):
     kv = (torch.randn(4, 2, 8, 300, 128) * 3).to(torch.bfloat16)
-    info = KVInfo(tuple(kv.shape), "bfloat16")
-    host, device = TorchQuantizer(), TorchQuantizer()
-    host_out, device_out = torch.empty_like(kv), torch.empty_like(kv, device="cuda")
-    max_rows = max(spec.num_rows for spec in plan_chunks(info, CHUNK_BYTES * 100))
-    for spec in plan_chunks(info, CHUNK_BYTES * 100):
-        outs = [np.empty(size, np.uint8) for size in max_payload_sizes(mode, max_rows, info)]
-        payload = NumpyQuantizer().encode(numpy_of(kv), info, spec, mode, outs)
-        frames = [np.frombuffer(bytes(memoryview(np.ascontiguousarray(f)).cast("B")), np.uint8) for f in payload.frames]
-        host.decode(frames, info, spec, mode, payload.scale_dtype, host_out)
-        device.decode(frames, info, spec, mode, payload.scale_dtype, device_out)
-    device.device_landing.synchronize()
+    host_out, device_out = land_both(kv, mode, TorchQuantizer(), torch.empty_like(kv, device="cuda"), CHUNK_BYTES * 100)
     assert torch.equal(device_out.cpu(), host_out)

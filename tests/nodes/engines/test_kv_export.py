@@ -129,15 +129,22 @@ def test_a_mode_the_export_was_not_made_for_is_refused():
 @pytest.mark.parametrize("mode", ["int8", "bf16", "raw", "int8_sym"])
 def test_chunks_landed_on_the_device_path_equal_the_host_path(mode, dst_dtype):
     kv = (torch.randn(3, 2, 2, 50, 32) * 3).to(dst_dtype)
-    info = KVInfo(tuple(kv.shape), "bfloat16" if dst_dtype == torch.bfloat16 else "float32")
-    host, device = TorchQuantizer(), TorchQuantizer(on_device=True)
-    host_out, device_out = torch.empty_like(kv), torch.empty_like(kv)
-    max_rows = max(spec.num_rows for spec in plan_chunks(info, CHUNK_BYTES))
-    for spec in plan_chunks(info, CHUNK_BYTES):
+    host_out, device_out = land_both(kv, mode, TorchQuantizer(on_device=True), torch.empty_like(kv), CHUNK_BYTES)
+    assert torch.equal(device_out, host_out)
+
+
+def land_both(kv: torch.Tensor, mode: str, device: TorchQuantizer, device_out: torch.Tensor,
+              chunk_bytes: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Every chunk of the reference's payload of `kv`, decoded by the host path into a CPU tensor and
+    by `device` into `device_out` (received frames are read-only, as here); both, once landed."""
+    info = KVInfo(tuple(kv.shape), "bfloat16" if kv.dtype == torch.bfloat16 else "float32")
+    host, host_out = TorchQuantizer(), torch.empty_like(kv)
+    max_rows = max(spec.num_rows for spec in plan_chunks(info, chunk_bytes))
+    for spec in plan_chunks(info, chunk_bytes):
         outs = [np.empty(size, np.uint8) for size in max_payload_sizes(mode, max_rows, info)]
         payload = NumpyQuantizer().encode(numpy_of(kv), info, spec, mode, outs)
         frames = [np.frombuffer(bytes(memoryview(np.ascontiguousarray(f)).cast("B")), np.uint8) for f in payload.frames]
         host.decode(frames, info, spec, mode, payload.scale_dtype, host_out)
         device.decode(frames, info, spec, mode, payload.scale_dtype, device_out)
     device.device_landing.synchronize()
-    assert torch.equal(device_out, host_out)
+    return host_out, device_out
