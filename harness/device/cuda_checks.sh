@@ -1,5 +1,9 @@
 #!/usr/bin/env bash
 # The engine's GPU checks (issue #4) on a lent GPU machine: docs/BENCHMARKS.md, "On a GPU".
+# From a session with a device: run harness/device/prepare.sh here, then the device tool with
+#   command "harness/device/cuda_checks.sh $OUT kv", carry [".whl"], timeout_s 600
+# (phases "tiny" and "real" also carry ".gpu", the model's pieces), and commit what comes back
+# under results/ (kv-device.json / .txt, kv-cluster.json / .txt, the logs).
 #
 # Usage (from the repository root, on the GPU machine): harness/device/cuda_checks.sh OUT_DIR PHASE
 #   PHASE "tiny": the gpu-marked tests on the tiny model (a cluster of GPU nodes too), then the
