@@ -12,7 +12,8 @@ import numpy as np
 import torch
 
 from bus.kv import RawPieces
-from bus.kv.layout import as_planes, plan_chunks
+from bus.kv.layout import ChunkSpec, KVInfo, as_planes, plan_chunks
+from bus.kv.quant import NumpyQuantizer
 from nodes.engines.base import DecodeRequest, EngineConfig, SamplingParams, TokenEvent
 from nodes.engines.forward_batch import ForwardBatch, PrefillSpan
 from nodes.engines.llama import LlamaRunner
@@ -113,3 +114,16 @@ def bf16_bits(values: np.ndarray) -> np.ndarray:
 def widened(bits_: np.ndarray) -> np.ndarray:
     """bf16 bit patterns -> their exact values, float64."""
     return (bits_.astype(np.uint32) << 16).view(np.float32).astype(np.float64)
+
+
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def reference_encode(rows: torch.Tensor) -> tuple[np.ndarray, np.ndarray, str]:
+    """The numpy reference's int8 payload of `rows` (R, D): (codes, params, scale_dtype)."""
+    info = KVInfo((1, 2, 1, rows.shape[0] // 2, rows.shape[1]), {v: k for k, v in DTYPES.items()}[rows.dtype])
+    source = rows.view(torch.int16).numpy().view(np.uint16) if rows.dtype == torch.bfloat16 else rows.numpy()
+    spec = ChunkSpec(0, 0, 2, 0, rows.shape[0] // 2)
+    outs = [np.empty(rows.numel(), np.uint8), np.empty(rows.shape[0] * 8, np.uint8)]
+    payload = NumpyQuantizer().encode(source.reshape(info.shape), info, spec, "int8", outs)
+    return np.array(payload.frames[0]), np.array(payload.frames[1]), payload.scale_dtype

@@ -14,8 +14,7 @@ from nodes.engines import kv_device
 from nodes.engines.base import PrefillRequest, SamplingParams
 from nodes.engines.kv_export import DeviceExport
 from nodes.engines.kv_quant import TorchQuantizer
-from tests.nodes.engines.engine_helpers import make_engine
-from tests.nodes.engines.test_kv_device import reference_encode
+from tests.nodes.engines.engine_helpers import make_engine, reference_encode
 from tests.nodes.engines.test_kv_export import CHUNK_BYTES, assert_export_is_the_reference, land_both
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="no CUDA device")]
