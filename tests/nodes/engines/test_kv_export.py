@@ -148,3 +148,27 @@ def land_both(kv: torch.Tensor, mode: str, device: TorchQuantizer, device_out: t
         device.decode(frames, info, spec, mode, payload.scale_dtype, device_out)
     device.device_landing.synchronize()
     return host_out, device_out
+
+
+def test_a_chunk_waits_for_its_layers_last_span_and_a_cancel_or_a_timeout_ends_the_wait():
+    import threading
+    import time
+
+    kv = torch.randn(3, 2, 1, 10, 4)
+    export = DeviceExport(kv, "int8")
+    waited: list[object] = []
+    waiter = threading.Thread(target=lambda: waited.append(export.wait(range(1, 2)) or "landed"))
+    waiter.start()
+    export.layer_done(0, 0, 10)
+    export.layer_done(1, 0, 6)   # not its last span: layer 1 is not complete
+    time.sleep(0.05)
+    assert not waited
+    export.layer_done(1, 6, 10)
+    waiter.join(5)
+    assert waited == ["landed"]
+    with pytest.raises(KVValueError, match="not computed within 0 s"):
+        export.wait(range(2, 3), timeout=0.01)
+    export.cancel("cancelled by the client")
+    with pytest.raises(KVValueError, match="will not be computed: cancelled by the client"):
+        export.wait(range(2, 3))
+    export.wait(range(0, 2))   # what was computed stays readable
