@@ -162,8 +162,13 @@ bench-kernels: install ## each compiled CPU kernel against torch.compile of the 
 bench-engine-cuda: install ## the same on a CUDA GPU: the engine with and without CUDA graphs, transformers, rooflines
 	$(BENCH) -m harness.bench.engine_bench --device cuda --steps 60
 
-bench-kv-device: install ## the KV path from a GPU prefill engine to a decode process's GPU: stages, limits, TTFT share (8B shape)
-	$(BENCH) -m harness.bench.kv_device_bench --device cuda --json results/kv-device.json
+bench-kv-device: install ## the KV path from a prefill engine's GPU to a decode process's: stages, limits, TTFT share (8B shape; on a CPU: 2 layers of it)
+	@if $(PY) -c "import sys, torch; sys.exit(not torch.cuda.is_available())"; then \
+		$(BENCH) -m harness.bench.kv_device_bench --device cuda --json results/kv-device.json; \
+	else \
+		$(BENCH) -m harness.bench.kv_device_bench --device cpu --model random-llama-8b:2 --dtype bfloat16 \
+			--tokens 1024,4096 --repeats 1 --json results/kv-device-cpu.json; \
+	fi
 
 bench-kv-memory: install ## decode KV memory reserved at node start vs on demand: what requests wait (~1 min)
 	$(BENCH) -m harness.bench.kv_memory
