@@ -68,7 +68,8 @@ async def main(args: argparse.Namespace) -> None:
         from nodes.engines.kv_quant import TorchQuantizer
         torch.set_num_threads(1)
         quantizer = TorchQuantizer(on_device=args.device != "cpu")
-        quantizer.warmup()
+        if not args.no_warmup:
+            quantizer.warmup()
     faults = FaultInjector(drop_probability=0.2, seed=args.faults) if args.faults is not None else None
 
     def report(result):
@@ -117,6 +118,8 @@ if __name__ == "__main__":
     parser.add_argument("--digests", action="store_true", help="print a digest of each received KV")
     parser.add_argument("--timeout", type=float, default=30.0)
     parser.add_argument("--device", default="cpu", help="destinations on this torch device, decoded there (with --torch)")
+    parser.add_argument("--no-warmup", action="store_true",
+                        help="compile kernels at first use, not at start (a caller that warms up itself)")
     from bus.log import configure_logging
     configure_logging(level=os.environ["PDBUS_LOG_LEVEL"])
     try:

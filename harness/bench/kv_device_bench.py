@@ -54,7 +54,8 @@ class Peer:
     """The decode side as its own process; `landed()` waits for its line about one transfer."""
 
     def __init__(self, device: str) -> None:
-        self.process = subprocess.Popen([sys.executable, "-m", "harness.bench.kv_decode_side", "--torch",
+        # --no-warmup: the bench's own warm-up round compiles what a transfer uses, and no more
+        self.process = subprocess.Popen([sys.executable, "-m", "harness.bench.kv_decode_side", "--torch", "--no-warmup",
                                          "--device", device], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
         assert self.process.stdout is not None
         self.endpoints = json.loads(self.process.stdout.readline())
