@@ -58,6 +58,19 @@ def digest(kv) -> int:
     return xxhash.xxh3_64_intdigest(np.ascontiguousarray(kv).view(np.uint8))  # type: ignore[arg-type]
 
 
+def land_raw(pieces: RawPieces, device: str):
+    """A raw transfer's verified frames copied onto the device, as a GPU engine's admission copies
+    them into its slot cache (kv_landing.copy_pieces), and waited for; returns that copy."""
+    import torch
+
+    from nodes.engines.kv_landing import NAMES_TO_TORCH, copy_pieces
+    destination = torch.empty(pieces.info.shape, dtype=NAMES_TO_TORCH[pieces.info.dtype], device=device)
+    copy_pieces(pieces, destination)
+    if device.startswith("cuda"):
+        torch.cuda.synchronize(device)
+    return destination
+
+
 async def main(args: argparse.Namespace) -> None:
     from nodes.heap import configure_decode_heap
     configure_decode_heap()   # the heap of a decode node: received frames are reused, not faulted in afresh
@@ -75,6 +88,8 @@ async def main(args: argparse.Namespace) -> None:
     def report(result):
         if quantizer is not None:
             quantizer.device_landing.synchronize()   # as a decode node does before the engine reads it
+            if args.device != "cpu" and result.ok and isinstance(result.kv, RawPieces):
+                land_raw(result.kv, args.device)   # raw lands when the engine copies its frames in
         line = {"transfer_id": result.transfer_id, "ok": result.ok, "reason": result.reason,
                 "checksum_failures": result.stats.checksum_failures, "nacks": result.stats.nacks,
                 "digest": digest(result.kv) if result.ok and args.digests else None}

@@ -59,3 +59,13 @@ def test_two_nodes_stream_and_report_their_transfers(tmp_path):
     for key, row in rows.items():
         assert row["plan"] == "remote" and row["kv_mode"] == key.split()[1]
         assert 0 < row["ttft_s"] < row["second_token_s"] and row["transfer_s"] > 0 and row["wire_bytes"] > 0
+
+
+def test_the_peer_lands_raw_frames_on_the_device_as_an_engine_copies_them():
+    import torch
+
+    from harness.bench.kv_decode_side import land_raw
+    from tests.nodes.engines.engine_helpers import raw_pieces
+
+    kv = torch.randn(2, 2, 2, 40, 16).to(torch.bfloat16)
+    assert torch.equal(land_raw(raw_pieces(kv, 3000), "cpu"), kv)
