@@ -8,9 +8,10 @@ Contract:
   bit those of bus.kv.quant's numpy reference (`int8` mode, `f16` params); where it is False the
   caller must encode those rows with the reference, which raises or sends float32 params.
 - `decode_int8_rows(codes, lo, hi, out)`: codes (R, D), out any shape of R * D values; the
-  reference's dequantization, x = code * step + lo in
-  float32, rounded to `out`'s dtype (round to nearest even, as the reference's bfloat16 is).
-- `to_wire_bf16(rows, out)`: bf16 mode's values (round to nearest even).
+  reference's dequantization, x = code * step + lo in float32, rounded to `out`'s dtype (round to
+  nearest even, as the reference's bfloat16 is).
+bf16 mode needs no code here: torch's conversion rounds to nearest even, as the reference does
+(tests/nodes/engines/test_kv_export.py checks its payloads from a float32 engine).
 
 Why eager torch ops and not one fused kernel: each op rounds once in float32 exactly as numpy's
 does, on a CPU and on a GPU alike. A fused kernel (inductor, Triton) may contract `a * b + c` into
@@ -66,7 +67,3 @@ def decode_int8_rows(codes: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, ou
     # The sum rounds to float32, then to out's dtype on the store (round to nearest even), as the
     # reference's two roundings: one pass fewer than adding, then copying.
     torch.add(values, lo.float()[:, None].view(*out.shape[:-1], 1), out=out)
-
-
-def to_wire_bf16(rows: torch.Tensor, out: torch.Tensor) -> None:
-    out.copy_(rows)

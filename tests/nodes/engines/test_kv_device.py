@@ -68,11 +68,3 @@ def test_int8_decode_is_the_reference_bit_for_bit(source, out_dtype):
     kv_device.decode_int8_rows(torch.from_numpy(codes.copy()).view(64, 128), p[:64], p[64:], out)
     got = out.numpy() if out_dtype == "float32" else out.view(torch.int16).numpy().view(np.uint16)
     np.testing.assert_array_equal(got, ref)
-
-
-def test_bf16_wire_values_are_the_reference_rounding():
-    from bus.kv.layout import f32_to_bf16_bits
-    rows = torch.randn(16, 64) * 1000
-    out = torch.empty(16, 64, dtype=torch.bfloat16)
-    kv_device.to_wire_bf16(rows, out)
-    np.testing.assert_array_equal(out.view(torch.int16).numpy().view(np.uint16), f32_to_bf16_bits(rows.numpy()))
