@@ -6,9 +6,9 @@ destination lives on a GPU (or when the quantizer is told to take this path on t
 memory, copies it to the device on the landing's own stream and decodes it there: `int8` with
 float16 params by nodes/engines/kv_device.py (the reference's values, bit for bit), `raw` and
 `bf16` by a copy (converted as `copy_` converts). Float32 params and `int8_sym` are decoded by
-the host quantizer's numpy reference (`host.numpy`) into a staging tensor and copied over. `synchronize()` returns once every
-chunk handed over so far has landed: the KV thread calls it before a transfer counts as received,
-so the engine never reads a half-landed destination.
+the host quantizer's numpy reference (`host.numpy`) into a staging tensor and copied over.
+`synchronize()` returns once every chunk handed over so far has landed: the KV thread calls it
+before a transfer counts as received, so the engine never reads a half-landed destination.
 `copy_pieces(pieces, dst, token_offset)` writes a raw transfer's verified frames into a slot of the
 engine's cache (any dtype and device), straight from the received frames.
 
