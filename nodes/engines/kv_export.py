@@ -5,19 +5,19 @@ Contract:
   CPU (a GPU engine copies it out once, into pinned memory).
 - `DeviceExport(kv, mode)`: with `EngineConfig.kv_export` set to a wire mode (`int8`, `bf16`,
   `raw`), the prefill pass calls `layer_done(layer, start, stop)` as each layer's KV of tokens
-  [start, stop) is final on the device (every chunk of a chunked prefill, and a cached prefix once
-  it is copied in). Once a layer's last span is told, its rows are encoded on the device
-  (nodes/engines/kv_device.py) and copied into pinned host buffers laid out as the KV (layers, 2,
-  kv_heads, tokens, ...), on a side stream, so the copy of layer l runs while layer l+1 computes;
-  an event per layer says when it has landed. The sender reads it through the quantizer (`encode`, byte for byte the
-  payload bus/kv/quant.py's reference makes), waiting only for the layers of the chunk it sends:
-  a transfer may start as soon as the export exists (`Engine.on_kv_export`) and its chunks leave
-  while later layers compute. `cancel(reason)` fails a sender waiting for layers a pass will not
-  compute any more (a cancelled prompt, a failed pass); a layer not computed within
-  `EXPORT_WAIT_S` fails it too.
-  Rows the device cannot encode for the wire (non-finite values, a range beyond float16) are
-  encoded by the reference from the device KV, which the export holds until it is dropped.
-  On a CPU the same code runs without streams: each call has landed when it returns.
+  [start, stop) is final on the device (every chunk of a chunked prefill; a cached prefix, copied
+  in before, rides with the rest). Once a layer's last span is told, its rows are encoded on the
+  device (nodes/engines/kv_device.py) and copied into pinned host buffers laid out as the KV
+  (layers, 2, kv_heads, tokens, ...), on a side stream, so the copy of layer l runs while layer
+  l+1 computes; an event per layer says when it has landed. The sender reads it through the
+  quantizer (`encode`, byte for byte the payload bus/kv/quant.py's reference makes), waiting only
+  for the layers of the chunk it sends: a transfer may start as soon as the export exists
+  (`Engine.on_kv_export`) and its chunks leave while later layers compute. `cancel(reason)` fails
+  a sender waiting for layers a pass will not compute any more (a cancelled prompt, a failed
+  pass); a layer not computed within `EXPORT_WAIT_S` fails it too. Rows the device cannot encode
+  for the wire (non-finite values, a range beyond float16) are encoded by the reference from the
+  device KV, which the export holds until it is dropped. On a CPU the same code runs without
+  streams: a layer has landed when `layer_done` returns.
 - `kv_tail(kv, offset)`: tokens [offset, ...) of either kind, for a decode node that holds the head.
 
 Only `int8` (the default) is quantized on the device; `int8_sym` keeps the CPU codec.
