@@ -118,7 +118,8 @@ def one_request(engine: LlamaEngine, sender: KVSender, kv_thread: LoopThread, pe
             "raw_bytes": report.stats.raw_bytes}
 
 
-def run_requests(engine: LlamaEngine, peer: Peer, tokens: list[int], repeats: int, vocab: int) -> dict:
+def run_requests(engine: LlamaEngine, peer: Peer, tokens: list[int], repeats: int, vocab: int,
+                 modes: tuple[str, ...] = MODES) -> dict:
     kv_thread = LoopThread("kv")
     sender = KVSender(quantizer=TorchQuantizer(), config=SEND_CONFIG)
     generator = torch.Generator().manual_seed(0)
@@ -126,7 +127,7 @@ def run_requests(engine: LlamaEngine, peer: Peer, tokens: list[int], repeats: in
     for num_tokens in tokens:
         prompt = tuple(torch.randint(3, vocab, (num_tokens,), generator=generator).tolist())
         for round_ in range(repeats + 1):   # round 0 warms up kernels, pools and sockets
-            for mode in MODES:
+            for mode in modes:
                 row = one_request(engine, sender, kv_thread, peer, prompt, mode, f"{num_tokens}-{mode}-{round_}")
                 if round_:
                     best = rows.setdefault(f"{num_tokens} {mode}", row)
@@ -204,9 +205,13 @@ def main() -> int:
     parser.add_argument("--tokens", default="1024,4096,16384")
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", help="the engine's (default: bfloat16 on a GPU, float32 on a CPU)")
+    parser.add_argument("--modes", default=",".join(MODES), help="of " + ", ".join(MODES))
     parser.add_argument("--json", help="write the figures here")
     args = parser.parse_args()
     tokens = [int(t) for t in args.tokens.split(",")]
+    modes = tuple(args.modes.split(","))
+    if not set(modes) <= set(MODES):
+        parser.error(f"--modes: each of {', '.join(MODES)}")
     dtype = args.dtype or ("float32" if args.device == "cpu" else "bfloat16")
     model = load_model(args.model, device=args.device, dtype=getattr(torch, dtype))
     engine = LlamaEngine(model, EngineConfig(device=args.device, dtype=dtype,
@@ -225,7 +230,7 @@ def main() -> int:
         for tokens_ in tokens:   # the socket stage: int8's wire bytes of this prompt, bare
             wire = stages[f"{tokens_} D2H"][1]
             stages[f"{tokens_} socket"] = (asyncio.run(socket_seconds(peer, wire)), wire)
-        rows = summary(run_requests(engine, peer, tokens, args.repeats, engine.vocab_size), limits)
+        rows = summary(run_requests(engine, peer, tokens, args.repeats, engine.vocab_size, modes), limits)
     finally:
         peer.close()
     print_report(env, limits, stages, rows)

@@ -12,7 +12,7 @@ import sys
 
 import pytest
 
-from harness.bench.kv_device_bench import MODES, targets
+from harness.bench.kv_device_bench import targets
 
 pytestmark = [pytest.mark.integration]
 
@@ -26,17 +26,17 @@ def run_on_the_cpu(module: str, out, *args: str) -> tuple[str, dict]:
 
 
 def test_the_bench_measures_every_mode_stage_and_limit(tmp_path):
-    stdout, figures = run_on_the_cpu("kv_device_bench", tmp_path / "kv.json", "--tokens", "256", "--repeats", "1")
+    stdout, figures = run_on_the_cpu("kv_device_bench", tmp_path / "kv.json", "--tokens", "256", "--repeats", "1",
+                                    "--modes", "cpu-int8,raw,int8")   # bf16's payloads: test_kv_export.py
     assert figures["env"]["source"] == "random" and figures["env"]["model"] == "tiny"
     assert set(figures["limits"]) == {"memcpy_GBps", "d2h_GBps", "h2d_GBps", "socket_GBps"}
     assert all(value > 0 for value in figures["limits"].values())
     stages = figures["stages"]
     assert {key.split(" ", 1)[1] for key in stages} == {"device quantize", "D2H", "H2D", "dequantize", "socket"}
     rows = figures["rows"]
-    assert set(rows) == {f"256 {mode}" for mode in MODES}
+    assert set(rows) == {"256 cpu-int8", "256 raw", "256 int8"}
     values = 2 * 2 * 2 * 256 * 16   # tiny: 2 layers x (K, V) x 2 KV heads x 256 tokens x head_dim 16
     assert rows["256 raw"]["wire_bytes"] >= 4 * values   # float32, plus headers
-    assert 2 * values <= rows["256 bf16"]["wire_bytes"] < 4 * values
     assert values <= rows["256 int8"]["wire_bytes"] == rows["256 cpu-int8"]["wire_bytes"] < 2 * values
     for row in rows.values():
         assert row["ttft_s"] > 0 and row["transfer_s"] > 0 and row["share_of_ttft"] > 0 and row["floor_s"] > 0
