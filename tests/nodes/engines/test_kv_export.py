@@ -138,7 +138,7 @@ def land_both(kv: torch.Tensor, mode: str, device: TorchQuantizer, device_out: t
     """Every chunk of the reference's payload of `kv`, decoded by the host path into a CPU tensor and
     by `device` into `device_out` (received frames are read-only, as here); both, once landed."""
     info = KVInfo(tuple(kv.shape), "bfloat16" if kv.dtype == torch.bfloat16 else "float32")
-    host, host_out = TorchQuantizer(), torch.empty_like(kv)
+    host, host_out = TorchQuantizer(compile=False), torch.empty_like(kv)   # eager: no inductor compile here
     max_rows = max(spec.num_rows for spec in plan_chunks(info, chunk_bytes))
     for spec in plan_chunks(info, chunk_bytes):
         outs = [np.empty(size, np.uint8) for size in max_payload_sizes(mode, max_rows, info)]
