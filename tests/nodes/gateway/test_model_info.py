@@ -22,3 +22,15 @@ def test_loading_the_model_info_never_imports_torch():
             "load_model_info('tiny'); print('torch' in sys.modules)")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert run.stdout.strip() == "False"
+
+
+def test_a_random_shape_s_info_matches_its_model_without_torch():
+    from nodes.engines.random_model import random_config, random_tokenizer
+
+    info = load_model_info("random-llama-8b:2")
+    assert info.max_model_len == random_config("random-llama-8b").max_position_embeddings == 32768
+    assert info.tokenizer.encode("hello world") == random_tokenizer().encode("hello world")
+    code = ("import sys; from nodes.gateway.backend import load_model_info; "
+            "load_model_info('random-llama-8b'); print('torch' in sys.modules)")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert run.stdout.strip() == "False"
