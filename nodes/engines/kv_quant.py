@@ -12,6 +12,9 @@ dtype runs under `torch.compile` (dynamic shapes, so one compile serves every ch
 `compile=False`, a missing numba or a failing compiler give eager torch.
 `warmup()` compiles everything at start-up (the first compile takes seconds; both cache on disk).
 The torch kernels agree with numpy up to one code step where float rounding ties differ.
+Two device paths plug in here: a `DeviceExport` (nodes/engines/kv_export.py: KV a GPU engine
+encoded as it computed it) is read chunk by chunk as it is, and a destination on a GPU (or any
+destination with `on_device=True`) is decoded there by `device_landing` (kv_landing.py).
 """
 
 from __future__ import annotations
@@ -29,15 +32,13 @@ from bus.kv.quant import EncodedPayload, NumpyQuantizer
 from nodes.engines.kernels import dispatch
 from nodes.engines.kernels.kv_int8 import decode as int8_decode
 from nodes.engines.kernels.kv_int8 import encode as int8_kernels
-from nodes.engines.kv_device import NAMES_TO_TORCH, TORCH_DTYPES
+from nodes.engines.kv_device import F16_TINY, NAMES_TO_TORCH, OUTWARD, TORCH_DTYPES
 from nodes.engines.kv_export import DeviceExport
 from nodes.engines.kv_landing import DeviceLanding
 
 # Received payloads are read-only ZeroMQ frames; the decoder only reads the tensors it views them as.
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
 
-OUTWARD = 2.0**-10   # > half a float16 ulp, relative: rounding to nearest stays outward
-F16_TINY = 2.0**-24  # the float16 subnormal step
 F16_MAX = 65504.0
 
 
