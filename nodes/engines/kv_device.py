@@ -10,6 +10,8 @@ Contract:
 - `decode_int8_rows(codes, lo, hi, out)`: codes (R, D), out any shape of R * D values; the
   reference's dequantization, x = code * step + lo in float32, rounded to `out`'s dtype (round to
   nearest even, as the reference's bfloat16 is).
+`host_numpy(tensor)` / `host_bytes(tensor)`: a CPU tensor as numpy sees it (bfloat16 as uint16 bits,
+numpy having no bfloat16) / its bytes, both views.
 bf16 mode needs no code here: torch's conversion rounds to nearest even, as the reference does
 (tests/nodes/engines/test_kv_export.py checks its payloads from a float32 engine).
 
@@ -23,6 +25,7 @@ for a bf16 source), measured per stage by `make bench-kv-device`.
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 TORCH_DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}   # KV dtype names
@@ -67,3 +70,12 @@ def decode_int8_rows(codes: torch.Tensor, lo: torch.Tensor, hi: torch.Tensor, ou
     # The sum rounds to float32, then to out's dtype on the store (round to nearest even), as the
     # reference's two roundings: one pass fewer than adding, then copying.
     torch.add(values, lo.float()[:, None].view(*out.shape[:-1], 1), out=out)
+
+
+def host_numpy(tensor: torch.Tensor) -> np.ndarray:
+    return tensor.view(torch.int16).numpy().view(np.uint16) if tensor.dtype == torch.bfloat16 else tensor.numpy()
+
+
+def host_bytes(tensor: torch.Tensor) -> np.ndarray:
+    """The bytes of a contiguous CPU tensor, as a flat uint8 view."""
+    return host_numpy(tensor).reshape(-1).view(np.uint8)

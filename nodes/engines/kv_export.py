@@ -154,7 +154,7 @@ class DeviceExport:
             chunk = self.values.view(info.num_planes, info.num_tokens, info.head_dim)[spec.planes, spec.tokens]
             return EncodedPayload([_bytes_of(chunk, outs[0])])
         if not bool(self.fits[layers.start:layers.stop].all()):
-            return reference.encode(_numpy_of(self.kv.cpu()), info, spec, mode, outs)
+            return reference.encode(kv_device.host_numpy(self.kv.cpu()), info, spec, mode, outs)
         codes = self.codes.view(info.num_planes, info.num_tokens, info.head_dim)[spec.planes, spec.tokens]
         num_rows = spec.num_rows
         params = outs[1][: num_rows * 4].view(np.float16)
@@ -192,9 +192,4 @@ def _bytes_of(chunk: torch.Tensor, out: np.ndarray) -> np.ndarray:
         staged = torch.from_numpy(out[: chunk.numel() * chunk.element_size()]).view(chunk.dtype).view(chunk.shape)
         staged.copy_(chunk)
         chunk = staged
-    flat = chunk.reshape(-1)
-    return (flat.view(torch.int16) if flat.dtype == torch.bfloat16 else flat).numpy().view(np.uint8)
-
-
-def _numpy_of(kv: torch.Tensor) -> np.ndarray:
-    return kv.view(torch.int16).numpy().view(np.uint16) if kv.dtype == torch.bfloat16 else kv.numpy()
+    return kv_device.host_bytes(chunk)

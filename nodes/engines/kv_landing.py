@@ -9,6 +9,7 @@ float16 params by nodes/engines/kv_device.py (the reference's values, bit for bi
 the host quantizer's numpy reference (`host.numpy`) into a staging tensor and copied over.
 `synchronize()` returns once every chunk handed over so far has landed: the KV thread calls it
 before a transfer counts as received, so the engine never reads a half-landed destination.
+`decode_by_reference(...)` is that float32 route, shared with the host path (kv_quant.py).
 `copy_pieces(pieces, dst, token_offset)` writes a raw transfer's verified frames into a slot of the
 engine's cache (any dtype and device), straight from the received frames.
 
@@ -64,9 +65,7 @@ class DeviceLanding:
             dtype = NAMES_TO_TORCH[info.dtype] if mode == "raw" else torch.bfloat16
             target.copy_(self._on_device(payload[0], target.device).view(dtype).view(target.shape))
         else:   # float32 params (rare) or int8_sym: the host decodes, float32 crosses
-            staging = np.empty(tuple(target.shape), np.float32)
-            self.host.numpy._decode_f32(payload, info, spec, mode, scale_dtype, staging)
-            target.copy_(torch.from_numpy(staging))
+            decode_by_reference(self.host.numpy, payload, info, spec, mode, scale_dtype, target)
 
     @staticmethod
     def _on_device(frame: np.ndarray, device: torch.device) -> torch.Tensor:
@@ -80,6 +79,15 @@ class DeviceLanding:
     def synchronize(self) -> None:
         for stream in self._streams.values():
             stream.synchronize()
+
+
+def decode_by_reference(reference: Any, payload: list[np.ndarray], info: KVInfo, spec: ChunkSpec, mode: str,
+                        scale_dtype: str, target: torch.Tensor) -> None:
+    """A chunk decoded by the numpy reference (`NumpyQuantizer`) into float32, then copied into
+    `target` (any dtype, any device): for what the fast paths do not take."""
+    staging = np.empty(tuple(target.shape), np.float32)
+    reference._decode_f32(payload, info, spec, mode, scale_dtype, staging)
+    target.copy_(torch.from_numpy(staging))
 
 
 def copy_pieces(pieces: RawPieces, dst: torch.Tensor, token_offset: int = 0) -> None:

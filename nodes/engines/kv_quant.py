@@ -32,9 +32,9 @@ from bus.kv.quant import EncodedPayload, NumpyQuantizer
 from nodes.engines.kernels import dispatch
 from nodes.engines.kernels.kv_int8 import decode as int8_decode
 from nodes.engines.kernels.kv_int8 import encode as int8_kernels
-from nodes.engines.kv_device import F16_TINY, NAMES_TO_TORCH, OUTWARD, TORCH_DTYPES
+from nodes.engines.kv_device import F16_TINY, NAMES_TO_TORCH, OUTWARD, TORCH_DTYPES, host_bytes, host_numpy
 from nodes.engines.kv_export import DeviceExport
-from nodes.engines.kv_landing import DeviceLanding
+from nodes.engines.kv_landing import DeviceLanding, decode_by_reference
 
 # Received payloads are read-only ZeroMQ frames; the decoder only reads the tensors it views them as.
 warnings.filterwarnings("ignore", message="The given NumPy array is not writable", category=UserWarning)
@@ -190,7 +190,7 @@ class TorchQuantizer:
         chunk = self._chunk(kv, info, spec)
         if mode == "raw" or (mode == "bf16" and kv.dtype == torch.bfloat16):
             data = chunk if chunk.is_contiguous() else chunk.contiguous()
-            return EncodedPayload([_as_bytes(data)])
+            return EncodedPayload([host_bytes(data)])
         rows = chunk.reshape(spec.num_rows, info.head_dim)
         if mode == "bf16":
             out = _tensor(outs[0], rows.numel() * 2, torch.bfloat16).view(rows.shape)
@@ -215,7 +215,7 @@ class TorchQuantizer:
         # exactly the decoder's values (one fused kernel ran slower here).
         if not bool(self._run("params_" + mode, rows.amin(dim=1), rows.amax(dim=1), params)):
             # a range beyond float16 (or non-finite KV): float32 params, or a clear error, via numpy
-            return self.numpy.encode(_numpy_view(kv, info), info, spec, mode, outs)
+            return self.numpy.encode(host_numpy(kv), info, spec, mode, outs)
         self._run("quantize_" + mode, rows, params, codes)
         return EncodedPayload([outs[0][: rows.numel()], outs[1][: num_params * 2]], "f16")
 
@@ -226,7 +226,7 @@ class TorchQuantizer:
         params = outs[1][: num_rows * 4].view(np.uint16)
         if rows.dtype == torch.float16:
             rows = self._float32_scratch(rows)
-        source = _numpy_view(rows, info)
+        source = host_numpy(rows)
         encode = int8_kernels.encode_rows if rows.dtype == torch.float32 else int8_kernels.encode_bf16_rows
         try:
             fits = encode(source, codes, params, self._work)
@@ -234,7 +234,7 @@ class TorchQuantizer:
             self.fast_int8 = False
             return self.encode(kv, info, spec, "int8", outs)
         if not fits:  # non-finite KV (an error) or a range beyond float16 (float32 params): numpy
-            return self.numpy.encode(_numpy_view(kv, info), info, spec, "int8", outs)
+            return self.numpy.encode(host_numpy(kv), info, spec, "int8", outs)
         return EncodedPayload([outs[0][: rows.numel()], outs[1][: num_rows * 4]], "f16")
 
     def _float32_scratch(self, rows: torch.Tensor) -> torch.Tensor:
@@ -266,9 +266,7 @@ class TorchQuantizer:
             source = torch.from_numpy(payload[0]).view(source_dtype).view(shape)
             target.copy_(source) if source_dtype == dst.dtype else self._run("convert", source, target)
         else:  # float32 params (rare): the numpy reference, through a float32 staging buffer
-            staging = np.empty(shape, np.float32)
-            self.numpy._decode_f32(payload, info, spec, mode, scale_dtype, staging)
-            target.copy_(torch.from_numpy(staging))
+            decode_by_reference(self.numpy, payload, info, spec, mode, scale_dtype, target)
 
     def _decode_int8_fast(self, payload: list[np.ndarray], target: torch.Tensor) -> bool:
         """Dequantize on kernels.kv_int8 into a float32 or bfloat16 target; False for others."""
@@ -285,14 +283,3 @@ class TorchQuantizer:
 
 def _tensor(buffer: np.ndarray, nbytes: int, dtype: torch.dtype) -> torch.Tensor:
     return torch.from_numpy(buffer[:nbytes]).view(dtype)
-
-
-def _as_bytes(tensor: torch.Tensor) -> np.ndarray:
-    """A uint8 numpy view of a contiguous CPU tensor (numpy has no bfloat16: view as int16 first)."""
-    if tensor.dtype == torch.bfloat16:
-        tensor = tensor.view(torch.int16)
-    return tensor.numpy().reshape(-1).view(np.uint8)
-
-
-def _numpy_view(kv: torch.Tensor, info: KVInfo) -> np.ndarray:
-    return kv.view(torch.int16).numpy().view(np.uint16) if kv.dtype == torch.bfloat16 else kv.numpy()

@@ -13,6 +13,7 @@ from bus.kv.kv_errors import KVValueError
 from bus.kv.layout import KVInfo, plan_chunks
 from bus.kv.quant import NumpyQuantizer, max_payload_sizes
 from nodes.engines.base import EngineConfig, PrefillRequest, SamplingParams
+from nodes.engines.kv_device import host_numpy
 from nodes.engines.kv_export import DeviceExport, kv_tail
 from nodes.engines.kv_quant import TorchQuantizer
 from tests.nodes.engines.engine_helpers import make_engine
@@ -28,8 +29,7 @@ def requests(vocab_size: int, lengths=(37, 100, 5)) -> list[PrefillRequest]:
 
 
 def numpy_of(kv: torch.Tensor) -> np.ndarray:
-    kv = kv.cpu()
-    return kv.view(torch.int16).numpy().view(np.uint16) if kv.dtype == torch.bfloat16 else kv.numpy()
+    return host_numpy(kv.cpu())
 
 
 def payloads(quantizer, kv, info: KVInfo, mode: str) -> list[list[bytes]]:
