@@ -17,7 +17,7 @@ from bus.security import SecurityConfig, SecurityError, is_loopback
 from nodes.bus_config import heartbeat_config, security_config
 from nodes.config_file import SettingsError, load_settings, section, whole_number
 from nodes.engines.base import ENGINE_KINDS, LOADER_SETTINGS, EngineConfig
-from nodes.engines.engine_types import KV_EXPORT_MODES
+from nodes.engines.engine_types import DEVICE_KV_MODES
 from nodes.lending import LendSettings
 
 DEFAULT_MODEL = "SmolLM2-135M-Instruct"
@@ -55,7 +55,7 @@ class NodeSettings:
     def engine_config(self) -> EngineConfig:
         """The engine's settings; a prefill node whose KV is encoded on the device asks its engine to
         export in the wire's mode (nodes/engines/kv_export.py)."""
-        export = self.kv_device_codec and self.role == "prefill" and self.kv_quant in KV_EXPORT_MODES[1:]
+        export = self.kv_device_codec and self.role == "prefill" and self.kv_quant in DEVICE_KV_MODES
         return EngineConfig.from_dict(self.engine | ({"kv_export": self.kv_quant} if export else {}))
 
 

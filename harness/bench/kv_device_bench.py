@@ -86,7 +86,6 @@ def one_request(engine: LlamaEngine, sender: KVSender, kv_thread: LoopThread, pe
     """TTFT, then the KV until the peer's destination has landed, as a prefill node runs them: with
     the device codec the send starts when the export does (Engine.on_kv_export), inside the pass."""
     engine.config = replace(engine.config, kv_export="" if mode == "cpu-int8" else mode)
-    engine.runner.kv_export = engine.config.kv_export
     wire_mode = "int8" if mode == "cpu-int8" else mode
     sends: list[concurrent.futures.Future] = []
 

@@ -213,7 +213,8 @@ class KvUsage:
     num_pinned_blocks: int = 0
 
 
-KV_EXPORT_MODES = ("", "raw", "bf16", "int8")
+DEVICE_KV_MODES = ("raw", "bf16", "int8")   # the wire modes a GPU engine encodes itself (kv_export.py)
+KV_EXPORT_MODES = ("", *DEVICE_KV_MODES)
 
 
 @dataclass(frozen=True, slots=True)

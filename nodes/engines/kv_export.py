@@ -18,6 +18,8 @@ Contract:
   for the wire (non-finite values, a range beyond float16) are encoded by the reference from the
   device KV, which the export holds until it is dropped. On a CPU the same code runs without
   streams: a layer has landed when `layer_done` returns.
+- `new_export(engine, request_id, kv)`: what the prefill pass calls as a prompt's export tensor is
+  allocated (through `LlamaRunner.new_export`).
 - `kv_tail(kv, offset)`: tokens [offset, ...) of either kind, for a decode node that holds the head.
 
 Only `int8` (the default) is quantized on the device; `int8_sym` keeps the CPU codec.
@@ -36,10 +38,10 @@ from bus.kv.kv_errors import KVValueError
 from bus.kv.layout import ChunkSpec, KVInfo
 from bus.kv.quant import EncodedPayload, NumpyQuantizer
 from nodes.engines import kv_device
-from nodes.engines.engine_types import KV_EXPORT_MODES
+from nodes.engines.engine_types import DEVICE_KV_MODES
 
 EXPORT_WAIT_S = 120.0   # a sender waits this long for a layer the pass has not computed yet
-DEVICE_MODES = KV_EXPORT_MODES[1:]   # ("raw", "bf16", "int8")
+DEVICE_MODES = DEVICE_KV_MODES
 
 
 def exported_kv(kv: torch.Tensor) -> torch.Tensor:
@@ -163,20 +165,25 @@ class DeviceExport:
         return EncodedPayload([_bytes_of(codes, outs[0]), outs[1][: num_rows * 4]], "f16")
 
     def tail(self, offset: int) -> DeviceExport:
-        """Tokens [offset, ...): a new export whose every layer has landed."""
-        self.wait(range(len(self.events)))
-        tail = DeviceExport.__new__(DeviceExport)
-        tail.kv, tail.mode, tail.stream = self.kv[:, :, :, offset:].contiguous(), self.mode, None
-        tail.info = KVInfo(tuple(tail.kv.shape), self.info.dtype)  # type: ignore[arg-type]
-        tail.events = [None] * len(self.events)
-        tail._complete, tail._changed, tail.cancelled = [True] * len(self.events), threading.Condition(), ""
-        if self.mode == "int8":
-            tail.codes = self.codes[:, :, :, offset:].contiguous()
-            tail.lo, tail.hi = self.lo[:, :, :, offset:].contiguous(), self.hi[:, :, :, offset:].contiguous()
-            tail.fits = self.fits
-        else:
-            tail.values = self.values[:, :, :, offset:].contiguous()
+        """Tokens [offset, ...), encoded again on the device from its KV (int8 rows are per token:
+        the same bytes as those tokens' rows here). Taken once the pass has computed every layer."""
+        kv = self.kv[:, :, :, offset:].contiguous()
+        tail = DeviceExport(kv, self.mode)
+        for layer in range(kv.shape[0]):
+            tail.layer_done(layer, 0, kv.shape[3])
         return tail
+
+
+def new_export(engine: Any, request_id: str, kv: torch.Tensor) -> DeviceExport | None:
+    """A prompt's DeviceExport over its export tensor `kv` when the engine's `config.kv_export`
+    names a mode (else None), told to the engine's `on_kv_export` (a prefill node may start the
+    transfer now, before the pass ends)."""
+    if not engine.config.kv_export:
+        return None
+    export = DeviceExport(kv, engine.config.kv_export)
+    if engine.on_kv_export is not None:
+        engine.on_kv_export(request_id, export)
+    return export
 
 
 def kv_tail(kv: Any, offset: int) -> Any:

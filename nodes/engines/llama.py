@@ -105,8 +105,8 @@ class LlamaRunner:
         self.kv_size = config.num_kv_heads * config.head_dim
         # On a GPU, pure decode steps replay CUDA graphs (cuda_graphs.py): launches, not the GPU, bound them.
         self.graphs = DecodeGraphs(self) if cuda_graphs and self.device.type == "cuda" else None
-        self.kv_export = ""   # a wire mode: prompts' KV leaves encoded on the device (kv_export.py)
-        self.on_kv_export: Any = None   # told (request_id, DeviceExport) as a prompt's export starts
+        # (request_id, export tensor) -> its DeviceExport or None: set by the engine (kv_export.py)
+        self.new_export: Any = None
 
     @staticmethod
     def _layer(get, get_matrix, prefix: str, packed: bool) -> LayerWeights:

@@ -18,7 +18,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from collections.abc import Sequence as Seq
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import torch
 
@@ -41,6 +41,7 @@ from nodes.engines.block_manager import BlockManager
 from nodes.engines.engine_common import DTYPES, resolve_device, resolve_dtype
 from nodes.engines.engine_types import EngineStats
 from nodes.engines.kernels.cpu import probe
+from nodes.engines.kv_export import new_export
 from nodes.engines.kv_reservation import reserve_slot_store
 from nodes.engines.kv_slots import SlotCache
 from nodes.engines.llama import LlamaRunner
@@ -76,7 +77,7 @@ class LlamaEngine(Engine):
                                   device=device, max_len=self.max_model_len,
                                   cuda_graphs=self.config.cuda_graphs)
         self.device = self.runner.device
-        self.runner.kv_export, self.runner.on_kv_export = self.config.kv_export, self._export_started
+        self.runner.new_export = functools.partial(new_export, self)
         self.blocks = BlockManager(self.config.num_kv_blocks, self.config.block_size)
         self.sessions = SessionCache(self.config.block_size)
         self.prefixes = DecodePrefixes(self.sessions, self.config.block_size, self.config.keep_prefixes)
@@ -102,10 +103,6 @@ class LlamaEngine(Engine):
     @property
     def kv_layout(self) -> KvLayout:
         return self._kv_layout
-
-    def _export_started(self, request_id: str, export: Any) -> None:
-        if self.on_kv_export is not None:   # set by a prefill node (Engine.on_kv_export)
-            self.on_kv_export(request_id, export)
 
     def new_device_kv(self, num_tokens: int) -> torch.Tensor:
         return torch.empty(self._kv_layout.shape(num_tokens), dtype=self.runner.dtype, device=self.device)

@@ -202,10 +202,8 @@ class _Prompt:
         if self.kv is None:
             self.kv = runner.new_kv(self.num_tokens)
             seed_kv(self.kv, self.hits)
-            if runner.kv_export:   # a cached prefix is encoded with the rest of each layer
-                self.export = DeviceExport(self.kv, runner.kv_export)
-                if runner.on_kv_export is not None:   # its transfer may start before the pass ends
-                    runner.on_kv_export(self.request.request_id, self.export)
+            if runner.new_export is not None:   # a cached prefix is encoded with the rest of each layer
+                self.export = runner.new_export(self.request.request_id, self.kv)
         return self.kv
 
 
