@@ -99,7 +99,7 @@ class KvLanding:
     def give_back(self, kv: Any) -> None:
         if isinstance(kv, RawPieces):
             kv.release()
-        elif self.buffers is not None and kv is not None and kv.device.type == "cpu":
+        elif self.buffers is not None:   # a destination it did not hand out (on a GPU) is ignored
             self.buffers.give(kv)
 
     def give_back_arrived(self, job: DecodeJob) -> None:

@@ -184,6 +184,8 @@ def node_settings(args: argparse.Namespace, role: str) -> NodeSettings:
     engine, kv = section(settings, "engine"), section(settings, "kv")
     engine_kind = _engine_kind(engine, args)
     lifecycle = _lifecycle_values(settings, args, role, engine_kind)
+    # A switchable node's engine is sized for both roles: it may serve either.
+    engine_values = _engine_values(settings, args, "both" if lifecycle["switchable"] else role)
     broker = args.broker or section(settings, "broker").get("endpoint", c.DEFAULT_ENDPOINT)
     kv_bind = args.kv_bind or kv.get("data_bind", "tcp://127.0.0.1:0")
     kv_advertise = args.kv_advertise or kv.get("data_advertise", "")
@@ -194,15 +196,14 @@ def node_settings(args: argparse.Namespace, role: str) -> NodeSettings:
         heartbeat=heartbeat_config(settings, args),
         model=args.model or engine.get("model", DEFAULT_MODEL),
         model_dir=args.model_dir or engine.get("model_dir"),
-        # A switchable node's engine is sized for both roles: it may serve either.
-        engine=_engine_values(settings, args, "both" if lifecycle["switchable"] else role),
+        engine=engine_values,
         engine_kind=engine_kind,
         kv_quant=args.kv_quant or kv.get("quant", "int8"),
         kv_compression=args.kv_compression or kv.get("compression", "auto"),
         kv_bind=kv_bind,
         kv_advertise=kv_advertise,
         kv_compile=bool(kv.get("compile", True)),
-        kv_device_codec=_device_codec(kv, engine_kind, _engine_values(settings, args, role).get("device", "cpu")),
+        kv_device_codec=_device_codec(kv, engine_kind, engine_values.get("device", "cpu")),
         kv_timeout_s=float(kv.get("timeout_s", 30.0)),
         kv_link_gbit=_kv_size(kv, "link_gbit", "Gbit/s", 10.0),
         kv_chunk_mib=_kv_size(kv, "chunk_mib", "MiB", None),

@@ -20,6 +20,7 @@ and kernels are an 8B model's.
 
 from __future__ import annotations
 
+import math
 from typing import TYPE_CHECKING
 
 from nodes.engines.hf_folder import ModelLoadError
@@ -69,13 +70,7 @@ def random_max_len(spec: str) -> int:
 
 
 def num_parameters(config: LlamaConfig) -> int:
-    total = 0
-    for shape in weight_shapes(config).values():
-        count = 1
-        for size in shape:
-            count *= size
-        total += count
-    return total
+    return sum(math.prod(shape) for shape in weight_shapes(config).values())
 
 
 def build_random_model(spec: str, *, dtype: torch.dtype | None = None, device: str = "cpu",
