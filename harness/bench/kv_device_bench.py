@@ -71,9 +71,13 @@ class Peer:
                 self._ready.notify_all()
 
     def landed(self, transfer_id: str, timeout: float = 120.0) -> dict:
+        def line() -> dict | None:
+            return next((x for x in self.lines if x["transfer_id"] == transfer_id), None)
+
         with self._ready:
-            self._ready.wait_for(lambda: any(x["transfer_id"] == transfer_id for x in self.lines), timeout)
-            return next(x for x in self.lines if x["transfer_id"] == transfer_id)
+            if not self._ready.wait_for(line, timeout):
+                raise RuntimeError(f"the peer reported no transfer {transfer_id} within {timeout:.0f} s")
+            return line()  # type: ignore[return-value]
 
     def close(self) -> None:
         assert self.process.stdin is not None
@@ -89,31 +93,29 @@ def one_request(engine: LlamaEngine, sender: KVSender, kv_thread: LoopThread, pe
     wire_mode = "int8" if mode == "cpu-int8" else mode
     sends: list[concurrent.futures.Future] = []
 
-    def send(kv: Any) -> None:
-        sends.append(kv_thread.submit(sender.send(peer.endpoints["kv"], name, name, kv, mode=wire_mode,
-                                                  compression="none")))
+    def send(transfer_id: str, kv: Any) -> None:
+        sends.append(kv_thread.submit(sender.send(peer.endpoints["kv"], transfer_id, transfer_id, kv,
+                                                  mode=wire_mode, compression="none")))
 
-    engine.on_kv_export = lambda request_id, export: send(export)
-    request = PrefillRequest(name, prompt, SamplingParams(temperature=0.0, max_tokens=1))
+    def until_landed(transfer_id: str) -> Any:
+        report, line = sends.pop().result(timeout=300), peer.landed(transfer_id)
+        if not (report.ok and line["ok"]):
+            raise RuntimeError(f"transfer {transfer_id} failed: {report} / {line}")
+        return report
+
+    engine.on_kv_export = lambda request_id, export: send(name, export)
     started = time.perf_counter()
-    result = engine.prefill([request])[0]
+    result = engine.prefill([PrefillRequest(name, prompt, SamplingParams(temperature=0.0, max_tokens=1))])[0]
     ttft = time.perf_counter() - started
     if not sends:   # the CPU codec's path: the KV leaves after the pass
-        send(result.kv)
-    report = sends[0].result(timeout=300)
-    line = peer.landed(name)
+        send(name, result.kv)
+    report = until_landed(name)
     landed = time.perf_counter() - started
-    if not (report.ok and line["ok"]):
-        raise RuntimeError(f"transfer {name} failed: {report} / {line}")
     # The path alone: the same KV sent again, every layer on the host already, until it has landed.
-    again = time.perf_counter()
-    sends.clear()
-    name = f"{name}-again"
-    send(result.kv)
-    if not (sends[0].result(timeout=300).ok and peer.landed(name)["ok"]):
-        raise RuntimeError(f"transfer {name} failed")
+    send(f"{name}-again", result.kv)
+    until_landed(f"{name}-again")
     return {"ttft_s": ttft, "transfer_s": landed - ttft, "send_s": report.stats.seconds,
-            "path_s": time.perf_counter() - again, "wire_bytes": report.stats.wire_bytes,
+            "path_s": time.perf_counter() - started - landed, "wire_bytes": report.stats.wire_bytes,
             "raw_bytes": report.stats.raw_bytes}
 
 

@@ -6,36 +6,19 @@ host-to-device copies (on a CPU, all three are host memcpy); `measure_stages(eng
 device)` -> {"T stage": (seconds, bytes)} for a T-token KV of the engine's layout: device quantize
 (int8 codes and float16 params from the engine's dtype, nodes/engines/kv_device.py; bytes = the
 KV's), D2H and H2D (the wire's bytes: codes and params), dequantize (into the engine's dtype; bytes
-= the KV's). Each is the best of `repeats`, the device synchronized around it.
+= the KV's). Each is the best of 5 after a warm-up, the device synchronized around it
+(harness/bench/roofline.best_time).
 """
 
 from __future__ import annotations
 
-import time
-from collections.abc import Callable
-
 import torch
 
+from harness.bench.roofline import best_time
 from nodes.engines import kv_device
 
 LIMIT_BYTES = 256 << 20
-
-
-def synchronize(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize(device)
-
-
-def time_device(fn: Callable[[], object], device: str, repeats: int = 5) -> float:
-    fn()   # warm-up
-    best = float("inf")
-    for _ in range(repeats):
-        synchronize(device)
-        started = time.perf_counter()
-        fn()
-        synchronize(device)
-        best = min(best, time.perf_counter() - started)
-    return best
+REPEATS = 5
 
 
 def _host(shape: tuple[int, ...] | int, dtype: torch.dtype, device: str) -> torch.Tensor:
@@ -47,9 +30,9 @@ def measure_limits(device: str) -> dict[str, float]:
     target = torch.empty_like(source)
     host = _host(LIMIT_BYTES, torch.uint8, device).fill_(2)
     return {
-        "memcpy_GBps": LIMIT_BYTES / time_device(lambda: target.copy_(source), device) / 1e9,
-        "d2h_GBps": LIMIT_BYTES / time_device(lambda: host.copy_(source, non_blocking=True), device) / 1e9,
-        "h2d_GBps": LIMIT_BYTES / time_device(lambda: target.copy_(host, non_blocking=True), device) / 1e9,
+        "memcpy_GBps": LIMIT_BYTES / best_time(lambda: target.copy_(source), REPEATS) / 1e9,
+        "d2h_GBps": LIMIT_BYTES / best_time(lambda: host.copy_(source, non_blocking=True), REPEATS) / 1e9,
+        "h2d_GBps": LIMIT_BYTES / best_time(lambda: target.copy_(host, non_blocking=True), REPEATS) / 1e9,
     }
 
 
@@ -80,8 +63,8 @@ def _stages_of(kv: torch.Tensor, device: str) -> dict[str, tuple[float, int]]:
             on_device.copy_(host, non_blocking=True)
 
     return {
-        "device quantize": (time_device(lambda: kv_device.encode_int8_rows(rows, codes, lo, hi), device), kv_bytes),
-        "D2H": (time_device(d2h, device), wire),
-        "H2D": (time_device(h2d, device), wire),
-        "dequantize": (time_device(lambda: kv_device.decode_int8_rows(codes, lo, hi, out), device), kv_bytes),
+        "device quantize": (best_time(lambda: kv_device.encode_int8_rows(rows, codes, lo, hi), REPEATS), kv_bytes),
+        "D2H": (best_time(d2h, REPEATS), wire),
+        "H2D": (best_time(h2d, REPEATS), wire),
+        "dequantize": (best_time(lambda: kv_device.decode_int8_rows(codes, lo, hi, out), REPEATS), kv_bytes),
     }
