@@ -1,16 +1,20 @@
 """A prefill node whose engine encodes KV on its device (`[kv] device_codec`): the send starts as the
 export begins, inside the pass, and chunks leave while later chunks of the prompt compute; the
 decode side receives what the CPU codec's path sends; a cancel inside the pass fails the waiting
-send at once; a prompt whose head the decode node holds waits for the end of the pass."""
+send at once; a prompt whose head the decode node holds waits for the end of the pass; a send done
+before the first token waits for it to send kv_ready, and tells nobody if the request is gone."""
 
 from __future__ import annotations
 
 import time
 
 import numpy as np
+import pytest
+import torch
 
 from bus.kv import KVReceiver
 from bus.messages import Cancel
+from nodes import wire
 from nodes.engines.kv_export import DeviceExport
 from nodes.prefill_jobs import KvSendDone
 from nodes.prefill_node import PrefillWork
@@ -76,5 +80,36 @@ def test_a_cancel_inside_the_pass_fails_the_waiting_send_at_once(kv_thread):
     done = take_inbox(work, endpoint)
     assert isinstance(done, KvSendDone) and done.report is None and time.monotonic() - started < 5
     assert export.cancelled and not work.jobs and not endpoint.of("direct") and not endpoint.of("final")
+    kv_thread.run(receiver.close())
+    work.close()
+
+
+def test_a_send_done_before_the_first_token_waits_for_it_then_sends_kv_ready(kv_thread):
+    receiver = KVReceiver()
+    work, endpoint = make_work(kv_thread, device_codec=False)
+    work.on_message(request(data_endpoint=kv_thread.run(receiver.start()), prompt_token_ids=PROMPT))
+    job = work.jobs["p1"]
+    kv = torch.randn(2, 2, 2, len(PROMPT), 16)   # the tiny model's layout: what the pass would export
+    sending = kv_thread.submit(work._send(job, kv))
+    assert kv_thread.run(receiver.result("t1", timeout=5)).ok
+    time.sleep(0.05)
+    assert not sending.done() and not endpoint.of("direct")   # the KV landed; kv_ready waits for the token
+    job.first_token = wire.TokenBody(0, 7, "x", None)
+    sending.result(timeout=5)
+    (ready,) = endpoint.of("direct", "decode-a")
+    assert ready["first_token_id"] == 7 and isinstance(take_inbox(work, endpoint), KvSendDone)
+    kv_thread.run(receiver.close())
+    work.close()
+
+
+def test_a_send_whose_request_was_released_before_its_first_token_tells_nobody(kv_thread):
+    receiver = KVReceiver()
+    work, endpoint = make_work(kv_thread, device_codec=False)
+    work.on_message(request(data_endpoint=kv_thread.run(receiver.start()), prompt_token_ids=PROMPT))
+    job = work.jobs.pop("p1")   # released (cancelled, its pass failed) while its KV was on the way
+    kv_thread.run(work._send(job, torch.randn(2, 2, 2, len(PROMPT), 16)), timeout=10)
+    assert not endpoint.of("direct")
+    with pytest.raises(AssertionError, match="nothing arrived"):
+        take_inbox(work, endpoint, timeout=0.2)
     kv_thread.run(receiver.close())
     work.close()

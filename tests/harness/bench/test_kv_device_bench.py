@@ -69,3 +69,24 @@ def test_the_peer_lands_raw_frames_on_the_device_as_an_engine_copies_them():
 
     kv = torch.randn(2, 2, 2, 40, 16).to(torch.bfloat16)
     assert torch.equal(land_raw(raw_pieces(kv, 3000), "cpu"), kv)
+
+
+def test_an_unknown_mode_is_refused_before_anything_loads(monkeypatch, capsys):
+    from harness.bench import kv_device_bench
+
+    monkeypatch.setattr(sys, "argv", ["kv_device_bench", "--device", "cpu", "--modes", "int8,int9"])
+    with pytest.raises(SystemExit) as exit_:
+        kv_device_bench.main()
+    assert exit_.value.code == 2 and "--modes: each of cpu-int8, raw, bf16, int8" in capsys.readouterr().err
+
+
+def test_the_peer_says_which_transfer_never_came():
+    import threading
+
+    from harness.bench.kv_device_bench import Peer
+
+    peer = Peer.__new__(Peer)   # its reader's side only: no process
+    peer.lines, peer._ready = [{"transfer_id": "a", "ok": True}], threading.Condition()
+    assert peer.landed("a", timeout=0.01)["ok"]
+    with pytest.raises(RuntimeError, match="no transfer b within 0 s"):
+        peer.landed("b", timeout=0.01)

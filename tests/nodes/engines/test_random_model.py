@@ -54,3 +54,9 @@ def test_one_full_width_layer_prefills_and_exports_8b_shaped_kv():
     assert result.kv.info.shape == (1, 2, 8, 40, 128)
     assert torch.isfinite(result.kv.kv.float()).all()
     assert_export_is_the_reference(result.kv, "int8")
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is there: it would draw")
+def test_a_device_torch_cannot_use_is_a_clear_model_error():
+    with pytest.raises(ModelLoadError, match="cannot draw random-llama-8b:1 on cuda"):
+        load_model("random-llama-8b:1", device="cuda")
