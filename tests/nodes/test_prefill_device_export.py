@@ -32,6 +32,14 @@ def make_work(kv_thread, device_codec: bool, **settings):
     return work, endpoint
 
 
+def asked(kv_thread, device_codec: bool):
+    """A receiver, and a prefill node asked for PROMPT's KV to go to it."""
+    receiver = KVReceiver()
+    work, endpoint = make_work(kv_thread, device_codec)
+    work.on_message(request(data_endpoint=kv_thread.run(receiver.start()), prompt_token_ids=PROMPT))
+    return receiver, work, endpoint
+
+
 def received(kv_thread, device_codec: bool, **body) -> tuple[np.ndarray, dict, list]:
     receiver = KVReceiver()
     work, endpoint = make_work(kv_thread, device_codec)
@@ -70,9 +78,7 @@ def test_a_held_head_is_cut_from_the_export_once_the_pass_ends(kv_thread):
 
 
 def test_a_cancel_inside_the_pass_fails_the_waiting_send_at_once(kv_thread):
-    receiver = KVReceiver()
-    work, endpoint = make_work(kv_thread, device_codec=True)
-    work.on_message(request(data_endpoint=kv_thread.run(receiver.start()), prompt_token_ids=PROMPT))
+    receiver, work, endpoint = asked(kv_thread, device_codec=True)
     assert work.work(time.monotonic() + 1)
     export = work.jobs["p1"].export
     started = time.monotonic()
@@ -85,9 +91,7 @@ def test_a_cancel_inside_the_pass_fails_the_waiting_send_at_once(kv_thread):
 
 
 def test_a_send_done_before_the_first_token_waits_for_it_then_sends_kv_ready(kv_thread):
-    receiver = KVReceiver()
-    work, endpoint = make_work(kv_thread, device_codec=False)
-    work.on_message(request(data_endpoint=kv_thread.run(receiver.start()), prompt_token_ids=PROMPT))
+    receiver, work, endpoint = asked(kv_thread, device_codec=False)
     job = work.jobs["p1"]
     kv = torch.randn(2, 2, 2, len(PROMPT), 16)   # the tiny model's layout: what the pass would export
     sending = kv_thread.submit(work._send(job, kv))
@@ -103,9 +107,7 @@ def test_a_send_done_before_the_first_token_waits_for_it_then_sends_kv_ready(kv_
 
 
 def test_a_send_whose_request_was_released_before_its_first_token_tells_nobody(kv_thread):
-    receiver = KVReceiver()
-    work, endpoint = make_work(kv_thread, device_codec=False)
-    work.on_message(request(data_endpoint=kv_thread.run(receiver.start()), prompt_token_ids=PROMPT))
+    receiver, work, endpoint = asked(kv_thread, device_codec=False)
     job = work.jobs.pop("p1")   # released (cancelled, its pass failed) while its KV was on the way
     kv_thread.run(work._send(job, torch.randn(2, 2, 2, len(PROMPT), 16)), timeout=10)
     assert not endpoint.of("direct")
