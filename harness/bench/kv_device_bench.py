@@ -31,6 +31,7 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import replace
 from typing import Any
 
@@ -120,7 +121,9 @@ def one_request(engine: LlamaEngine, sender: KVSender, kv_thread: LoopThread, pe
 
 
 def run_requests(engine: LlamaEngine, peer: Peer, tokens: list[int], repeats: int, vocab: int,
-                 modes: tuple[str, ...] = MODES) -> dict:
+                 modes: tuple[str, ...] = MODES, done: Callable[[dict], None] = lambda rows: None) -> dict:
+    """Per prompt length, each mode's best row of `repeats` rounds after a warm-up; `done(rows)`
+    after each length, so a run cut short keeps what it measured."""
     kv_thread = LoopThread("kv")
     sender = KVSender(quantizer=TorchQuantizer(), config=SEND_CONFIG)
     generator = torch.Generator().manual_seed(0)
@@ -134,6 +137,7 @@ def run_requests(engine: LlamaEngine, peer: Peer, tokens: list[int], repeats: in
                     best = rows.setdefault(f"{num_tokens} {mode}", row)
                     for key in ("ttft_s", "transfer_s", "send_s", "path_s"):
                         best[key] = min(best[key], row[key])
+        done(rows)
     kv_thread.run(sender.close())
     kv_thread.stop()
     return rows
@@ -164,6 +168,8 @@ def summary(rows: dict, limits: dict) -> dict:
 
 
 def print_report(env: dict, limits: dict, stages: dict, rows: dict) -> None:
+    if not rows:
+        print("(no request finished: the figures below are the limits and stages only)")
     print(f"\n## KV path on {env['device_name']} ({env['model']}, {env['source']}, {env['dtype']}; torch {env['torch']})\n")
     print("Physical limits (this run): " + ", ".join(f"{k.removesuffix('_GBps')} {v:.1f} GB/s" for k, v in limits.items()))
     print("\n| prompt | stage | ms | GB/s |\n|---|---|---|---|")
@@ -183,7 +189,9 @@ def print_report(env: dict, limits: dict, stages: dict, rows: dict) -> None:
 
 def targets(stages: dict, rows: dict) -> list[str]:
     """The issue's three targets, each from figures of this run."""
-    largest = max(int(key.split()[0]) for key in stages)
+    if not stages:
+        return ["- no stage was measured"]
+    largest = max(int(key.split()[0]) for key in stages if key.endswith("dequantize"))
     codec = {stage: stages[f"{largest} {stage}"][1] / stages[f"{largest} {stage}"][0] / 1e9
              for stage in ("device quantize", "dequantize")}
     lines = [f"- device int8 codec at {largest} tokens: quantize {codec['device quantize']:.1f} GB/s, "
@@ -191,12 +199,31 @@ def targets(stages: dict, rows: dict) -> list[str]:
              f"{'met' if min(codec.values()) >= 100 else 'missed'})"]
     for key, row in rows.items():
         tokens, mode = key.split()
-        if mode == "int8":
+        if mode == "int8" and "share_of_ttft" in row:
             lines.append(f"- int8 at {tokens} tokens: transfer {row['share_of_ttft'] * 100:.1f} % of TTFT "
                          f"(target <= 5 % at 4096: {'met' if row['share_of_ttft'] <= 0.05 else 'missed'}); "
                          f"path {row['path_over_floor']:.2f}x its slowest stage at the physical limits "
                          f"(target <= 2x: {'met' if row['path_over_floor'] <= 2 else 'missed'})")
     return lines
+
+
+def save(path: str | None, figures: dict) -> None:
+    """The figures so far (`complete` false until the run ends): a run cut short by the device call's
+    limit still brings back what it measured, and `--report PATH` prints it."""
+    if path:
+        with open(path + ".part", "w") as out:
+            json.dump(figures, out, indent=1)
+        os.replace(path + ".part", path)
+
+
+def report_from(path: str) -> int:
+    with open(path) as saved:
+        figures = json.load(saved)
+    stages = {key: (value["seconds"], value["bytes"]) for key, value in figures.get("stages", {}).items()}
+    print_report(figures["env"], figures.get("limits", {}), stages, figures.get("rows", {}))
+    if not figures.get("complete"):
+        print("\n(a partial run: it ended before every prompt length was measured)")
+    return 0
 
 
 def main() -> int:
@@ -207,8 +234,11 @@ def main() -> int:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--dtype", help="the engine's (default: bfloat16 on a GPU, float32 on a CPU)")
     parser.add_argument("--modes", default=",".join(MODES), help="of " + ", ".join(MODES))
-    parser.add_argument("--json", help="write the figures here")
+    parser.add_argument("--json", help="write the figures here, after each step")
+    parser.add_argument("--report", metavar="JSON", help="print the report of a saved run (partial or whole) and stop")
     args = parser.parse_args()
+    if args.report:
+        return report_from(args.report)
     tokens = [int(t) for t in args.tokens.split(",")]
     modes = tuple(args.modes.split(","))
     if not set(modes) <= set(MODES):
@@ -219,26 +249,32 @@ def main() -> int:
                                              prefix_cache_bytes=0, max_batch_tokens=max(tokens),
                                              max_model_len=max(tokens) + 16, num_kv_blocks=16, max_num_seqs=1,
                                              preallocate_kv=False, cuda_graphs=False))
-    source = model.source
-    del model   # the engine holds its own copy of the weights
-    env = {"device": args.device, "model": args.model, "source": source, "dtype": dtype, "torch": torch.__version__,
+    env = {"device": args.device, "model": args.model, "source": model.source, "dtype": dtype, "torch": torch.__version__,
            "device_name": torch.cuda.get_device_name() if args.device.startswith("cuda") else "CPU"}
+    del model   # the engine holds its own copy of the weights
+    figures: dict[str, Any] = {"env": env, "complete": False}
     peer = Peer(args.device)
     try:
-        limits = measure_limits(args.device)
+        limits = figures["limits"] = measure_limits(args.device)
         limits["socket_GBps"] = (256 << 20) / asyncio.run(socket_seconds(peer, 256 << 20)) / 1e9
+        save(args.json, figures)
         stages = measure_stages(engine, tokens, args.device)
         for tokens_ in tokens:   # the socket stage: int8's wire bytes of this prompt, bare
             wire = stages[f"{tokens_} D2H"][1]
             stages[f"{tokens_} socket"] = (asyncio.run(socket_seconds(peer, wire)), wire)
-        rows = summary(run_requests(engine, peer, tokens, args.repeats, engine.vocab_size, modes), limits)
+        figures["stages"] = {k: {"seconds": s, "bytes": b} for k, (s, b) in stages.items()}
+        save(args.json, figures)
+
+        def done(rows: dict) -> None:
+            figures["rows"] = summary(rows, limits)
+            save(args.json, figures)
+
+        rows = summary(run_requests(engine, peer, tokens, args.repeats, engine.vocab_size, modes, done), limits)
     finally:
         peer.close()
+    figures["complete"] = True
+    save(args.json, figures)
     print_report(env, limits, stages, rows)
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump({"env": env, "limits": limits, "stages": {k: {"seconds": s, "bytes": b} for k, (s, b) in stages.items()},
-                       "rows": rows}, out, indent=1)
     return 0
 
 

@@ -15,11 +15,11 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import sys
 import time
 
+from harness.bench.kv_device_bench import save
 from harness.cluster_procs import ClusterProcs
 from nodes.cluster import ClusterClient
 from nodes.engines.base import SamplingParams
@@ -68,21 +68,19 @@ def main() -> int:
     parser.add_argument("--model", default="random-llama-8b")
     parser.add_argument("--tokens", default="1024,4096,16384")
     parser.add_argument("--modes", default="raw,bf16,int8")
-    parser.add_argument("--json")
+    parser.add_argument("--json", help="write the figures here, after each mode")
     args = parser.parse_args()
     tokens = [int(t) for t in args.tokens.split(",")]
     rows: dict[str, dict] = {}
     for mode in args.modes.split(","):
         rows |= run_mode(mode, args, tokens)
+        save(args.json, {"device": args.device, "model": args.model, "source": "random-weight", "rows": rows})
     print(f"\n## Two nodes on {args.device}: {args.model} (random-weight), greedy, {MAX_TOKENS} tokens\n")
     print("| prompt | mode | plan | TTFT ms | 2nd token ms | transfer ms | wire MiB |\n|---|---|---|---|---|---|---|")
     for key, row in rows.items():
         transfer = "" if row["transfer_s"] is None else f"{row['transfer_s'] * 1e3:.1f}"
         print(f"| {key.split()[0]} | {row['kv_mode']} | {row['plan']} | {row['ttft_s'] * 1e3:.1f} | "
               f"{row['second_token_s'] * 1e3:.1f} | {transfer} | {row['wire_bytes'] / 2**20:.1f} |")
-    if args.json:
-        with open(args.json, "w") as out:
-            json.dump({"device": args.device, "model": args.model, "source": "random-weight", "rows": rows}, out, indent=1)
     return 0
 
 

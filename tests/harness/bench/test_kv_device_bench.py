@@ -28,7 +28,7 @@ def run_on_the_cpu(module: str, out, *args: str) -> tuple[str, dict]:
 def test_the_bench_measures_every_mode_stage_and_limit(tmp_path):
     stdout, figures = run_on_the_cpu("kv_device_bench", tmp_path / "kv.json", "--tokens", "256", "--repeats", "1",
                                     "--modes", "cpu-int8,raw,int8")   # bf16's payloads: test_kv_export.py
-    assert figures["env"]["source"] == "random" and figures["env"]["model"] == "tiny"
+    assert figures["env"]["source"] == "random" and figures["env"]["model"] == "tiny" and figures["complete"]
     assert set(figures["limits"]) == {"memcpy_GBps", "d2h_GBps", "h2d_GBps", "socket_GBps"}
     assert all(value > 0 for value in figures["limits"].values())
     stages = figures["stages"]
@@ -50,6 +50,34 @@ def test_targets_are_judged_from_the_figures():
     lines = targets(stages, rows)
     assert "quantize 134.2 GB/s, dequantize 53.7 GB/s (target >= 100: missed)" in lines[0]
     assert "4.0 % of TTFT (target <= 5 % at 4096: met)" in lines[1] and "2.50x" in lines[1] and lines[1].endswith("missed)")
+
+
+def test_a_run_cut_short_still_reports_what_it_measured(tmp_path, capsys, monkeypatch):
+    """The device call's limit may end the bench mid-run: the JSON saved after each step prints as
+    far as it got, and says it is partial."""
+    from harness.bench.kv_device_bench import main, save
+
+    path = str(tmp_path / "kv.json")
+    figures = {"env": {"device": "cuda", "model": "random-llama-8b", "source": "random-weight", "dtype": "bfloat16",
+                       "torch": "2.13.0", "device_name": "H200"}, "complete": False,
+               "limits": {"memcpy_GBps": 3000.0, "socket_GBps": 5.0}}
+    save(path, figures)
+    figures["stages"] = {"1024 device quantize": {"seconds": 0.001, "bytes": 128 << 20},
+                         "1024 dequantize": {"seconds": 0.002, "bytes": 128 << 20}}
+    figures["rows"] = {"1024 int8": {"ttft_s": 0.2, "transfer_s": 0.004, "send_s": 0.03, "path_s": 0.03,
+                                     "wire_bytes": 64 << 20, "share_of_ttft": 0.02, "path_over_floor": 1.5}}
+    save(path, figures)
+    assert not (tmp_path / "kv.json.part").exists()
+    monkeypatch.setattr(sys, "argv", ["kv_device_bench", "--report", path])
+    assert main() == 0
+    out = capsys.readouterr().out
+    assert "memcpy 3000.0 GB/s" in out and "| 1024 | int8 | 200.0 | 4.0 |" in out
+    assert "quantize 134.2 GB/s" in out and "2.0 % of TTFT" in out and "a partial run" in out
+    del figures["stages"], figures["rows"]
+    save(path, figures)
+    assert main() == 0
+    out = capsys.readouterr().out
+    assert "no request finished" in out and "- no stage was measured" in out
 
 
 def test_two_nodes_stream_and_report_their_transfers(tmp_path):
