@@ -44,9 +44,9 @@ from nodes import wire
 from nodes.engines.base import Engine, PrefillPass, PrefillRequest, PrefillResult
 from nodes.engines.kv_export import kv_tail
 from nodes.engines.kv_quant import TorchQuantizer
-from nodes.engines.prefill_pass import PrefillBatcher
 from nodes.loop_thread import LoopThread
 from nodes.node_settings import NodeSettings
+from nodes.prefill_batcher import PrefillBatcher
 from nodes.prefill_jobs import FIRST_TOKEN_POLL_S, KvSendDone, PrefillJob, RunningPass
 from nodes.runtime import GuardedWork, engine_bounds
 from scheduler.prefix_hashes import MAX_REPORTED_PREFIXES

@@ -15,14 +15,10 @@ current prompt, then the start of the next ones, in order), each span writing at
 prompt's export tensor, so a prompt cut between steps continues from its KV and nothing is computed
 twice. The step that computes a prompt's last token samples its first token. In float32 the results
 equal `run_prefill`'s: same token ids, KV bit-identical on this CPU (tests/nodes/engines/test_prefill_chunks.py).
-
-`PrefillBatcher` is the plain-data batching policy a prefill node runs: a batch is ready when the
-queued prompts reach `max_batch_tokens`, or when the oldest has waited `max_wait_s`.
 """
 
 from __future__ import annotations
 
-from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
@@ -248,56 +244,3 @@ class ChunkedPrefill(PrefillPass):
             self.stats.num_prefix_cached_tokens += sum(p.num_cached for p in finished)
         self._prompts = [p for p in self._prompts if p.num_computed < p.num_tokens]
         return _first_tokens(self.tokenizer, finished, logits, self.eos_token_ids, self.cache, self.grammars)
-
-
-class PrefillBatcher:
-    """Queue of prompts waiting for a prefill pass (plain data; the node supplies `now`)."""
-
-    def __init__(self, *, max_batch_tokens: int, max_wait_s: float) -> None:
-        self.max_batch_tokens = max_batch_tokens
-        self.max_wait_s = max_wait_s
-        self._queue: deque[tuple[PrefillRequest, float]] = deque()
-        self._num_tokens = 0
-
-    def __len__(self) -> int:
-        return len(self._queue)
-
-    @property
-    def num_queued_tokens(self) -> int:
-        return self._num_tokens
-
-    def add(self, request: PrefillRequest, now: float) -> None:
-        self._queue.append((request, now))
-        self._num_tokens += len(request.prompt_token_ids)
-
-    def remove(self, request_id: str) -> bool:
-        """Drop a queued request (abort before its prefill ran)."""
-        for item in self._queue:
-            if item[0].request_id == request_id:
-                self._queue.remove(item)
-                self._num_tokens -= len(item[0].prompt_token_ids)
-                return True
-        return False
-
-    def deadline(self) -> float | None:
-        """When the oldest queued prompt must run at the latest (None when empty)."""
-        return self._queue[0][1] + self.max_wait_s if self._queue else None
-
-    def is_ready(self, now: float) -> bool:
-        deadline = self.deadline()
-        return deadline is not None and (self._num_tokens >= self.max_batch_tokens or now >= deadline)
-
-    def next_batch(self, now: float) -> list[PrefillRequest]:
-        """The prompts for the next pass (FIFO, up to the token budget; at least one), or []."""
-        if not self.is_ready(now):
-            return []
-        batch: list[PrefillRequest] = []
-        num_tokens = 0
-        while self._queue:
-            size = len(self._queue[0][0].prompt_token_ids)
-            if batch and num_tokens + size > self.max_batch_tokens:
-                break
-            batch.append(self._queue.popleft()[0])
-            num_tokens += size
-        self._num_tokens -= num_tokens
-        return batch

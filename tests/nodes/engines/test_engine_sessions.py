@@ -7,7 +7,6 @@ import pytest
 import torch
 
 from nodes.engines.base import DecodeRequest, PrefillRequest, SamplingParams
-from nodes.engines.prefill_pass import PrefillBatcher
 from tests.nodes.engines.engine_helpers import drain, make_engine, tokens_of
 
 SAMPLING = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True)
@@ -137,19 +136,3 @@ def test_sessions_in_a_small_reserved_store_give_exactly_the_on_demand_tokens(ti
     engine = new_engine(tiny_model, True, **settings)
     assert conversation(engine, tiny_model) == on_demand
     assert on_demand[1] > 0 and len(engine.sessions) > 0
-
-
-def test_prefill_batcher_waits_for_tokens_or_time(clock):
-    batcher = PrefillBatcher(max_batch_tokens=10, max_wait_s=0.05)
-    batcher.add(PrefillRequest("a", (1,) * 4), clock())
-    assert batcher.next_batch(clock()) == [] and batcher.deadline() == clock() + 0.05
-    batcher.add(PrefillRequest("b", (1,) * 4), clock())
-    batcher.add(PrefillRequest("c", (1,) * 4), clock())
-    assert [r.request_id for r in batcher.next_batch(clock())] == ["a", "b"]   # budget reached
-    assert batcher.next_batch(clock()) == []
-    clock.advance(0.05)
-    assert [r.request_id for r in batcher.next_batch(clock())] == ["c"]          # waited long enough
-    batcher.add(PrefillRequest("d", (1,) * 30), clock())
-    assert [r.request_id for r in batcher.next_batch(clock())] == ["d"]          # alone over budget
-    batcher.add(PrefillRequest("e", (1,) * 3), clock())
-    assert batcher.remove("e") and not batcher.remove("e") and len(batcher) == 0
