@@ -16,7 +16,7 @@ import threading
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from nodes.launcher import ChildSpec
+    from nodes.launch_plan import ChildSpec
 
 _PR_SET_PDEATHSIG = 1
 

@@ -27,7 +27,8 @@ from bus import constants as c
 from bus.log import wants_json
 from nodes.config_file import SettingsError, load_settings, section, whole_number
 from nodes.gateway.gateway_settings import MAX_WORKERS
-from nodes.launcher import ClusterShape, Companion, Supervisor, cluster_plan
+from nodes.launch_plan import ClusterShape, cluster_plan
+from nodes.launcher import Companion, Supervisor
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:

@@ -18,7 +18,8 @@ from concurrent.futures import TimeoutError as FutureTimeout
 
 from bus.endpoint import Endpoint
 from bus.log import get_logger
-from nodes.launcher import ClusterShape, Supervisor, node_spec
+from nodes.launch_plan import ClusterShape, node_spec
+from nodes.launcher import Supervisor
 from nodes.planner.actuator import ControlSender, drain, next_free_id
 from nodes.planner.planner_run import PlannerOptions, PlannerThread, control_endpoint
 from nodes.planner.planner_shell import PlannerShell

@@ -13,7 +13,7 @@ Contract:
   `pdbus cluster --brokers`); port 0 is refused: a broker restarted by Ray must bind its address
   again, and every node and client must find it there.
 - `pool_plan(shape, addresses, options, log_level) -> [ComponentSpec]`: brokers first (stage 0),
-  then the nodes and the gateway (stage 1), argv from `nodes.launcher.cluster_plan` with the
+  then the nodes and the gateway (stage 1), argv from `nodes.launch_plan.cluster_plan` with the
   config file as `CONFIG_SLOT` (each actor writes the config text on its own host) and every
   broker's address. `node_component(role, node_id, ...)` is one node more (the planner's).
 - `actor_options(spec, namespace) -> dict`: the `.options(...)` of its Ray actor: named,
@@ -28,7 +28,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from nodes.config_file import SettingsError, section
-from nodes.launcher import ChildSpec, ClusterShape, cluster_plan, node_spec
+from nodes.launch_plan import ChildSpec, ClusterShape, cluster_plan, node_spec
 
 CONFIG_SLOT = "{pdbus-config}"   # replaced by the path of the config file the actor wrote
 NODE_KINDS = ("prefill", "decode", "both")

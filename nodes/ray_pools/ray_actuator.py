@@ -20,7 +20,7 @@ import threading
 
 import ray
 
-from nodes.launcher import ClusterShape
+from nodes.launch_plan import ClusterShape
 from nodes.planner.actuator import next_free_id
 from nodes.ray_pools import placement
 from nodes.ray_pools.pool_plan import NODE_KINDS, RayOptions, kind_of, node_component

@@ -10,7 +10,8 @@ import pytest
 
 from nodes.commands import cluster_cmd as command
 from nodes.config_file import SettingsError
-from nodes.launcher import ClusterShape, cluster_plan, parse_line
+from nodes.launch_plan import ClusterShape, cluster_plan
+from nodes.launcher_child import parse_line
 
 
 def _args(**overrides):

@@ -9,7 +9,8 @@ import threading
 
 from structlog.testing import capture_logs
 
-from nodes.launcher import ChildSpec, ClusterShape, Supervisor
+from nodes.launch_plan import ChildSpec, ClusterShape
+from nodes.launcher import Supervisor
 from nodes.planner.actuator import next_free_id
 from nodes.planner.launcher_actuator import LauncherActuator
 from tests.nodes.planner.planner_fakes import FakeEndpoint

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from nodes.config_file import SettingsError
-from nodes.launcher import ClusterShape
+from nodes.launch_plan import ClusterShape
 from nodes.ray_pools.pool_plan import (
     CONFIG_SLOT,
     RayOptions,

@@ -8,7 +8,7 @@ import pytest
 
 pytest.importorskip("ray", reason="the optional Ray extra is not installed (make install-ray)")
 
-from nodes.launcher import ClusterShape  # noqa: E402
+from nodes.launch_plan import ClusterShape  # noqa: E402
 from nodes.ray_pools import placement, ray_actuator  # noqa: E402
 from nodes.ray_pools.pool_plan import RayOptions  # noqa: E402
 from nodes.ray_pools.pools import pool_record  # noqa: E402
