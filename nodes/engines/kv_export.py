@@ -78,6 +78,14 @@ class DeviceExport:
         self._complete = [False] * layers   # every token's rows of the layer are on their way
         self._changed = threading.Condition()
         self.cancelled = ""
+        self._host_kv: np.ndarray | None = None   # the KV on the host, once a chunk needs the reference
+
+    def _kv_for_reference(self) -> np.ndarray:
+        """The KV on the host for the reference encoder, copied out once: a layer that does not fit
+        sends every chunk of it this way, and each would otherwise copy the whole KV again."""
+        if self._host_kv is None:
+            self._host_kv = kv_device.host_numpy(self.kv.cpu())
+        return self._host_kv
 
     @property
     def shape(self) -> torch.Size:
@@ -156,7 +164,7 @@ class DeviceExport:
             chunk = self.values.view(info.num_planes, info.num_tokens, info.head_dim)[spec.planes, spec.tokens]
             return EncodedPayload([_bytes_of(chunk, outs[0])])
         if not bool(self.fits[layers.start:layers.stop].all()):
-            return reference.encode(kv_device.host_numpy(self.kv.cpu()), info, spec, mode, outs)
+            return reference.encode(self._kv_for_reference(), info, spec, mode, outs)
         codes = self.codes.view(info.num_planes, info.num_tokens, info.head_dim)[spec.planes, spec.tokens]
         num_rows = spec.num_rows
         params = outs[1][: num_rows * 4].view(np.float16)

@@ -12,6 +12,7 @@ import torch
 from bus.kv.kv_errors import KVValueError
 from bus.kv.layout import KVInfo, plan_chunks
 from bus.kv.quant import NumpyQuantizer, max_payload_sizes
+from nodes.engines import kv_device
 from nodes.engines.base import EngineConfig, PrefillRequest, SamplingParams
 from nodes.engines.kv_device import host_numpy
 from nodes.engines.kv_export import DeviceExport, kv_tail
@@ -106,6 +107,20 @@ def test_a_range_beyond_float16_is_sent_with_the_references_float32_params():
     assert export.fits.tolist() == [True, False]
     assert_export_is_the_reference(export, "int8")
     assert any(frames[-1] == b"f32" for frames in payloads(TorchQuantizer(), export, export.info, "int8"))
+
+
+def test_the_reference_reads_one_host_copy_of_the_kv_for_every_chunk(monkeypatch):
+    """On a GPU each chunk of a layer that does not fit would copy the whole KV out again."""
+    kv = torch.randn(2, 2, 2, 40, 16)
+    kv[1, :, :, 3, 0] = 1e6   # every plane of layer 1: each of its chunks takes the reference
+    export, copies = exported(kv), []
+    host_numpy = kv_device.host_numpy
+    monkeypatch.setattr(kv_device, "host_numpy",   # the KV whole on the host: what the reference reads
+                        lambda tensor: copies.append(tensor.shape == kv.shape) or host_numpy(tensor))
+    chunks = payloads(TorchQuantizer(), export, export.info, "int8")
+    assert sum(frames[-1] == b"f32" for frames in chunks) > 1 and sum(copies) == 1
+    monkeypatch.undo()
+    assert_export_is_the_reference(export, "int8")
 
 
 def test_non_finite_kv_is_the_references_clear_error():
