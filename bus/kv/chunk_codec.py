@@ -10,6 +10,10 @@ between the two steps. A `RawPieces` destination (bus/kv/pieces.py) keeps a veri
 payload as it is instead of copying it; any other mode into one raises KVValueError.
 The checksum (xxh3_64) covers the wire bytes of the payload frames: every flipped bit is caught,
 even one an lz4 decoder would ignore, and nothing corrupt ever reaches a decompressor.
+A KV source still being computed (a prefill engine's export, encoded as layers finish) may offer
+`ready(spec) -> bool` (may that chunk be encoded now without waiting) and `when_ready(spec,
+callback)` (call `callback()` once, from any thread, when it may, or at once if it already may);
+`ChunkEncoder.ready(index)` / `when_ready(index, callback)` ask it, and say yes for any other KV.
 A KV or a chunk plan beyond the protocol's bounds (bus/kv/header_checks.py) is refused with
 KVValueError when the encoder is made, before anything is sent.
 A raw or bf16 chunk is encoded into one buffer and sent as the frames of quant.frame_specs_of
@@ -19,6 +23,7 @@ A raw or bf16 chunk is encoded into one buffer and sent as the frames of quant.f
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -77,6 +82,19 @@ class ChunkEncoder:
     @property
     def num_chunks(self) -> int:
         return len(self.specs)
+
+    def ready(self, index: int) -> bool:
+        """Whether chunk `index` can be encoded now, without waiting for its KV to be computed."""
+        ready = getattr(self.kv, "ready", None)
+        return ready is None or bool(ready(self.specs[index]))
+
+    def when_ready(self, index: int, callback: Callable[[], None]) -> None:
+        """`callback()` once chunk `index` can be encoded (from the thread that computes the KV)."""
+        when_ready = getattr(self.kv, "when_ready", None)
+        if when_ready is None:
+            callback()
+        else:
+            when_ready(self.specs[index], callback)
 
     def buffer_sizes(self) -> list[int]:
         """Capacity of the `outs` buffers one in-flight chunk needs."""

@@ -6,6 +6,9 @@ puts each returned frame list on the wire until it returns None, feeds every rep
 one at a time, when a credit is free, so encoding chunk k+1 overlaps the socket sending chunk k.
 At most `window` chunks are unacknowledged (credit-based flow control); their encoded buffers stay
 untouched until acknowledged so a NACK or a timeout resends them without re-encoding.
+A chunk whose KV is still being computed (`ChunkEncoder.ready`) is not encoded yet: `next_frames`
+returns None and `waiting_for` names it, so the shell waits for it (`when_ready`) without blocking
+its loop; ACKs, resends and timeouts go on meanwhile, and the transfer timeout covers the wait.
 Each chunk is sent at most `max_attempts` times; past that, or past `transfer_timeout`, or on a
 DONE(ok=False), the transfer fails closed (`failed` / `reason`). DONE(ok=True) completes it.
 """
@@ -92,6 +95,15 @@ class SendTransfer:
     def finished(self) -> bool:
         return self.state is not SendState.SENDING
 
+    @property
+    def waiting_for(self) -> int | None:
+        """The chunk the transfer would send next but whose KV is not computed yet, or None."""
+        index = self._next_index
+        if (self.finished or self._resend or not self._free_slots or index >= self.encoder.num_chunks
+                or self.encoder.ready(index)):
+            return None
+        return index
+
     def next_frames(self, now: float) -> list[Any] | None:
         """The next message to send now, or None until a reply or a timer frees something."""
         if self.finished:
@@ -99,6 +111,8 @@ class SendTransfer:
         if self._resend:
             return self._send_again(self._resend.popleft(), now)
         if self._free_slots and self._next_index < self.encoder.num_chunks:
+            if not self.encoder.ready(self._next_index):
+                return None   # its KV is still being computed: `waiting_for`
             return self._send_new(now)
         if self._next_index == self.encoder.num_chunks and (self._end_sent_at is None or self._end_due):
             return self._send_end(now)

@@ -26,6 +26,8 @@ MAX_HEADER_BYTES, and a reply that is malformed or whose handling raises is logg
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 from typing import Any
 
 import zmq
@@ -107,12 +109,17 @@ class KVSender:
 
     async def _run(self, connection: Connection, transfer: SendTransfer, wakeup: asyncio.Event,
                    loop: asyncio.AbstractEventLoop) -> None:
+        asked_for = None   # the chunk whose KV the engine's thread will tell us of
         while not transfer.finished:
             while (frames := transfer.next_frames(loop.time())) is not None:
                 await self._put(connection, frames, loop)
             if transfer.finished:
                 return
             wakeup.clear()
+            waiting_for = transfer.waiting_for
+            if waiting_for is not None and waiting_for != asked_for:   # its KV is being computed
+                asked_for = waiting_for
+                transfer.encoder.when_ready(waiting_for, functools.partial(_wake_from_any_thread, loop, wakeup))
             # A timer handle rather than asyncio.wait_for: no task and no timeout context per wait,
             # and a transfer of a few chunks waits for credits several times.
             timer = loop.call_at(transfer.next_deadline() or loop.time(), wakeup.set)
@@ -236,3 +243,10 @@ class KVSender:
 
     async def close(self) -> None:
         await self.peers.close_all()
+
+
+def _wake_from_any_thread(loop: asyncio.AbstractEventLoop, wakeup: asyncio.Event) -> None:
+    """Set `wakeup` on `loop` from the thread that computed a chunk's KV; a loop already closed
+    (the sender shut down meanwhile) has nobody to wake, and must not fail that thread."""
+    with contextlib.suppress(RuntimeError):
+        loop.call_soon_threadsafe(wakeup.set)

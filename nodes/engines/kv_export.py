@@ -12,7 +12,10 @@ Contract:
   l+1 computes; an event per layer says when it has landed. The sender reads it through the
   quantizer (`encode`, byte for byte the payload bus/kv/quant.py's reference makes), waiting only
   for the layers of the chunk it sends: a transfer may start as soon as the export exists
-  (`Engine.on_kv_export`) and its chunks leave while later layers compute. `cancel(reason)` fails
+  (`Engine.on_kv_export`) and its chunks leave while later layers compute. The KV sender asks
+  `ready(spec)` first and, until then, waits on its loop for `when_ready(spec, callback)`, so a
+  send waiting for the pass never blocks the other transfers of its thread; `encode` then waits
+  only for the layer's copy to the host to finish. `cancel(reason)` fails
   a sender waiting for layers a pass will not compute any more (a cancelled prompt, a failed
   pass); a layer not computed within `EXPORT_WAIT_S` fails it too. Rows the device cannot encode
   for the wire (non-finite values, a range beyond float16) are encoded by the reference from the
@@ -29,6 +32,7 @@ from __future__ import annotations
 
 import functools
 import threading
+from collections.abc import Callable
 from typing import Any
 
 import numpy as np
@@ -79,6 +83,7 @@ class DeviceExport:
         self._changed = threading.Condition()
         self.cancelled = ""
         self._host_kv: np.ndarray | None = None   # the KV on the host, once a chunk needs the reference
+        self._waiters: list[tuple[range, Callable[[], None]]] = []
 
     def _kv_for_reference(self) -> np.ndarray:
         """The KV on the host for the reference encoder, copied out once: a layer that does not fit
@@ -110,12 +115,41 @@ class DeviceExport:
         with self._changed:
             self._complete[layer] = True
             self._changed.notify_all()
+        self._wake_waiters()
 
     def cancel(self, reason: str) -> None:
         """The pass will not finish this prompt: a sender waiting for its layers fails now."""
         with self._changed:
             self.cancelled = reason
             self._changed.notify_all()
+        self._wake_waiters()
+
+    def ready(self, spec: ChunkSpec) -> bool:
+        """Whether the chunk's layers are computed (or the export cancelled: `encode` then raises)."""
+        layers = self._layers_of(spec)
+        with self._changed:
+            return bool(self.cancelled) or all(self._complete[layers.start:layers.stop])
+
+    def when_ready(self, spec: ChunkSpec, callback: Callable[[], None]) -> None:
+        """`callback()` once `ready(spec)`: at once if it is, else from the thread that tells the
+        chunk's last layer done (or cancels)."""
+        layers = self._layers_of(spec)
+        with self._changed:
+            if not (self.cancelled or all(self._complete[layers.start:layers.stop])):
+                self._waiters.append((layers, callback))
+                return
+        callback()
+
+    def _wake_waiters(self) -> None:
+        due: list[tuple[range, Callable[[], None]]] = []
+        waiting: list[tuple[range, Callable[[], None]]] = []
+        with self._changed:
+            for layers, callback in self._waiters:
+                done = self.cancelled or all(self._complete[layers.start:layers.stop])
+                (due if done else waiting).append((layers, callback))
+            self._waiters = waiting
+        for _, callback in due:   # outside the lock: a callback may ask `ready`
+            callback()
 
     def _encode_layer(self, layer: int) -> None:
         planes = self.kv[layer]   # (2, kv_heads, tokens, head_dim), contiguous
