@@ -280,12 +280,13 @@ class PrefillWork(GuardedWork):
         job = self.jobs.pop(request_id, None)
         if job is None:
             return "gone"
-        if job.export is not None:   # a send waiting for layers this pass will not compute fails now
+        if job.export is not None:   # sent from inside its pass: the send fails now, the prompt stops
             job.export.cancel(reason)
+        in_pass = any(p.prefill.cancel(request_id) for p in self.passes)
         if job.sending:
             self.kv_thread.submit(self.sender.abort(job.transfer_id, reason))
             return "transfer"
-        if any(p.prefill.cancel(request_id) for p in self.passes):
+        if in_pass:
             return "prefill"
         self.batcher.remove(request_id) or self.urgent.remove(request_id)
         return "queue"

@@ -1,8 +1,9 @@
 """A prefill node whose engine encodes KV on its device (`[kv] device_codec`): the send starts as the
 export begins, inside the pass, and chunks leave while later chunks of the prompt compute; the
 decode side receives what the CPU codec's path sends; a cancel inside the pass fails the waiting
-send at once; a prompt whose head the decode node holds waits for the end of the pass; a send done
-before the first token waits for it to send kv_ready, and tells nobody if the request is gone."""
+send at once and stops computing the prompt; a prompt whose head the decode node holds waits for
+the end of the pass; a send done before the first token waits for it to send kv_ready, and tells
+nobody if the request is gone."""
 
 from __future__ import annotations
 
@@ -86,6 +87,8 @@ def test_a_cancel_inside_the_pass_fails_the_waiting_send_at_once(kv_thread):
     done = take_inbox(work, endpoint)
     assert isinstance(done, KvSendDone) and done.report is None and time.monotonic() - started < 5
     assert export.cancelled and not work.jobs and not endpoint.of("direct") and not endpoint.of("final")
+    (running,) = work.passes   # the prompt left the pass too: its remaining chunks are not computed
+    assert running.prefill.done and running.prefill.num_remaining_tokens == 0
     kv_thread.run(receiver.close())
     work.close()
 
