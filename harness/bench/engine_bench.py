@@ -45,7 +45,8 @@ from harness.bench.roofline import (
     synchronize,
 )
 from nodes.engines.base import DecodeRequest, EngineConfig, PrefillRequest, SamplingParams
-from nodes.engines.llama_engine import LlamaEngine, resolve_dtype
+from nodes.engines.engine_common import resolve_dtype
+from nodes.engines.llama_engine import LlamaEngine
 from nodes.engines.model_loader import load_model, prepare_model
 
 PREFILL_LENGTHS = (128, 512, 1024)

@@ -15,7 +15,8 @@ import time
 
 from nodes.config_file import load_settings, section
 from nodes.engines.base import DecodeRequest, EngineConfig, SamplingParams
-from nodes.engines.llama_engine import DTYPES, LlamaEngine
+from nodes.engines.engine_common import DTYPES
+from nodes.engines.llama_engine import LlamaEngine
 from nodes.engines.model_loader import DEFAULT_MODEL, ModelLoadError, load_model
 from nodes.node_settings import engine_flag_values
 

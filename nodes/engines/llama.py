@@ -122,15 +122,6 @@ class LlamaRunner:
             up=get_matrix(up) if packed else None,
         )
 
-    @property
-    def num_weight_bytes(self) -> int:
-        """Bytes of weights a decode step reads (the embedding table is only indexed, so when the
-        head is tied it counts once, as the head)."""
-        tensors = [self.lm_head, self.norm] + [t for layer in self.layers for t in (
-            layer.input_norm, layer.qkv, layer.o, layer.post_norm, layer.gate_up, layer.down, layer.gate, layer.up)
-            if t is not None]
-        return sum(t.numel() * t.element_size() for t in tensors)
-
     def new_kv(self, capacity: int) -> torch.Tensor:
         """A per-sequence cache [layers, 2, kv_heads, capacity, head_dim] (the export layout)."""
         c = self.config

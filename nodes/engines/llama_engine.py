@@ -38,7 +38,7 @@ from nodes.engines.base import (
 )
 from nodes.engines.batch_pack import pack
 from nodes.engines.block_manager import BlockManager
-from nodes.engines.engine_common import DTYPES, resolve_device, resolve_dtype
+from nodes.engines.engine_common import resolve_device, resolve_dtype
 from nodes.engines.engine_types import EngineStats
 from nodes.engines.kernels.cpu import probe
 from nodes.engines.kv_export import new_export
@@ -57,9 +57,6 @@ from nodes.engines.step_schedule import ScheduledChunk, Sequence, schedule
 
 if TYPE_CHECKING:   # llguidance is imported at the first request with a grammar
     from nodes.engines.grammar import GrammarCompiler
-
-__all__ = ["DTYPES", "EngineStats", "LlamaEngine", "resolve_dtype"]
-
 
 class LlamaEngine(Engine):
     copies_imported_kv = True   # add_request writes request.kv into the slot cache before returning
