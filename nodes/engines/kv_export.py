@@ -15,9 +15,9 @@ Contract:
   (`Engine.on_kv_export`) and its chunks leave while later layers compute. The KV sender asks
   `ready(spec)` first and, until then, waits on its loop for `when_ready(spec, callback)`, so a
   send waiting for the pass never blocks the other transfers of its thread; `encode` then waits
-  only for the layer's copy to the host to finish. `cancel(reason)` fails
-  a sender waiting for layers a pass will not compute any more (a cancelled prompt, a failed
-  pass); a layer not computed within `EXPORT_WAIT_S` fails it too. Rows the device cannot encode
+  only for the layer's copy to the host to finish. `cancel(reason)` fails a sender waiting for
+  layers a pass will not compute any more (a cancelled prompt, a failed pass); a layer not
+  computed within `EXPORT_WAIT_S` fails a caller of `encode` that did not ask `ready` first. Rows the device cannot encode
   for the wire (non-finite values, a range beyond float16) are encoded by the reference from the
   device KV, which the export holds until it is dropped. On a CPU the same code runs without
   streams: a layer has landed when `layer_done` returns.
