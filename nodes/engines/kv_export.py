@@ -16,11 +16,12 @@ Contract:
   `ready(spec)` first and, until then, waits on its loop for `when_ready(spec, callback)`, so a
   send waiting for the pass never blocks the other transfers of its thread; `encode` then waits
   only for the layer's copy to the host to finish. `cancel(reason)` fails a sender waiting for
-  layers a pass will not compute any more (a cancelled prompt, a failed pass); a layer not
-  computed within `EXPORT_WAIT_S` fails a caller of `encode` that did not ask `ready` first. Rows the device cannot encode
-  for the wire (non-finite values, a range beyond float16) are encoded by the reference from the
-  device KV, which the export holds until it is dropped. On a CPU the same code runs without
-  streams: a layer has landed when `layer_done` returns.
+  layers a pass will not compute any more (a cancelled prompt, a failed pass); a caller of
+  `encode` that did not ask `ready` first waits there, for `EXPORT_WAIT_S` at most. Rows the
+  device cannot encode for the wire (non-finite values, a range beyond float16) are encoded by
+  the reference from the device KV (copied to the host once), which the export holds until it is
+  dropped. On a CPU the same code runs without streams: a layer has landed when `layer_done`
+  returns.
 - `new_export(engine, request_id, kv)`: what the prefill pass calls as a prompt's export tensor is
   allocated (through `LlamaRunner.new_export`).
 - `kv_tail(kv, offset)`: tokens [offset, ...) of either kind, for a decode node that holds the head.
@@ -30,7 +31,6 @@ Only `int8` (the default) is quantized on the device; `int8_sym` keeps the CPU c
 
 from __future__ import annotations
 
-import functools
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -80,10 +80,10 @@ class DeviceExport:
             self.values = torch.empty(kv.shape, dtype=kv.dtype if mode == "raw" else torch.bfloat16, pin_memory=pin)
         self.events: list[Any] = [None] * layers
         self._complete = [False] * layers   # every token's rows of the layer are on their way
-        self._changed = threading.Condition()
+        self._lock = threading.Lock()
         self.cancelled = ""
         self._host_kv: np.ndarray | None = None   # the KV on the host, once a chunk needs the reference
-        self._waiters: list[tuple[range, Callable[[], None]]] = []
+        self._waiters: list[tuple[range, Callable[[], None]]] = []   # told once their layers are ready
 
     def _kv_for_reference(self) -> np.ndarray:
         """The KV on the host for the reference encoder, copied out once: a layer that does not fit
@@ -112,30 +112,32 @@ class DeviceExport:
                 event = torch.cuda.Event()
                 event.record(self.stream)
             self.events[layer] = event
-        with self._changed:
+        with self._lock:
             self._complete[layer] = True
-            self._changed.notify_all()
         self._wake_waiters()
 
     def cancel(self, reason: str) -> None:
         """The pass will not finish this prompt: a sender waiting for its layers fails now."""
-        with self._changed:
+        with self._lock:
             self.cancelled = reason
-            self._changed.notify_all()
         self._wake_waiters()
 
     def ready(self, spec: ChunkSpec) -> bool:
         """Whether the chunk's layers are computed (or the export cancelled: `encode` then raises)."""
-        layers = self._layers_of(spec)
-        with self._changed:
-            return bool(self.cancelled) or all(self._complete[layers.start:layers.stop])
+        with self._lock:
+            return self._ready(self._layers_of(spec))
 
     def when_ready(self, spec: ChunkSpec, callback: Callable[[], None]) -> None:
         """`callback()` once `ready(spec)`: at once if it is, else from the thread that tells the
         chunk's last layer done (or cancels)."""
-        layers = self._layers_of(spec)
-        with self._changed:
-            if not (self.cancelled or all(self._complete[layers.start:layers.stop])):
+        self._when_layers_ready(self._layers_of(spec), callback)
+
+    def _ready(self, layers: range) -> bool:   # under the lock
+        return bool(self.cancelled) or all(self._complete[layers.start:layers.stop])
+
+    def _when_layers_ready(self, layers: range, callback: Callable[[], None]) -> None:
+        with self._lock:
+            if not self._ready(layers):
                 self._waiters.append((layers, callback))
                 return
         callback()
@@ -143,10 +145,9 @@ class DeviceExport:
     def _wake_waiters(self) -> None:
         due: list[tuple[range, Callable[[], None]]] = []
         waiting: list[tuple[range, Callable[[], None]]] = []
-        with self._changed:
+        with self._lock:
             for layers, callback in self._waiters:
-                done = self.cancelled or all(self._complete[layers.start:layers.stop])
-                (due if done else waiting).append((layers, callback))
+                (due if self._ready(layers) else waiting).append((layers, callback))
             self._waiters = waiting
         for _, callback in due:   # outside the lock: a callback may ask `ready`
             callback()
@@ -170,18 +171,18 @@ class DeviceExport:
     def wait(self, layers: range, timeout: float = EXPORT_WAIT_S) -> None:
         """Return once `layers` have landed on the host; raises KVValueError when the export was
         cancelled or a layer is not computed within `timeout`."""
+        told = threading.Event()
+        self._when_layers_ready(layers, told.set)
+        if not told.wait(timeout):
+            raise KVValueError(f"layers {layers.start}..{layers.stop - 1} of the KV were not computed within "
+                               f"{timeout:.0f} s")
+        with self._lock:
+            if not all(self._complete[layers.start:layers.stop]):
+                raise KVValueError(f"the prompt's KV will not be computed: {self.cancelled}")
         for layer in layers:
-            with self._changed:
-                if not self._changed.wait_for(functools.partial(self._computed_or_cancelled, layer), timeout):
-                    raise KVValueError(f"layer {layer} of the KV was not computed within {timeout:.0f} s")
-                if self.cancelled and not self._complete[layer]:
-                    raise KVValueError(f"the prompt's KV will not be computed: {self.cancelled}")
             event = self.events[layer]
             if event is not None:
                 event.synchronize()
-
-    def _computed_or_cancelled(self, layer: int) -> bool:
-        return self._complete[layer] or bool(self.cancelled)
 
     def _layers_of(self, spec: ChunkSpec) -> range:
         per_layer = 2 * self.info.shape[2]
