@@ -74,7 +74,7 @@ def flat_bytes(source: torch.Tensor) -> np.ndarray:
 
 
 def _info(source: torch.Tensor) -> KVInfo:
-    from nodes.engines.kv_quant import TORCH_DTYPES  # imports torch: only a sender splits tensors
+    from nodes.engines.kv_device import TORCH_DTYPES  # imports torch: only a sender splits tensors
     # KV is 5-D (layers, 2, kv_heads, tokens, head_dim); KVInfo checks the length itself
     return KVInfo(cast("tuple[int, int, int, int, int]", tuple(source.shape)), TORCH_DTYPES[source.dtype])
 

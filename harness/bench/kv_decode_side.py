@@ -40,7 +40,7 @@ def make_allocator(use_torch: bool, device: str = "cpu"):
             if use_torch:
                 import torch
 
-                from nodes.engines.kv_quant import NAMES_TO_TORCH
+                from nodes.engines.kv_device import NAMES_TO_TORCH
                 pool[key] = torch.zeros(info.shape, dtype=NAMES_TO_TORCH[info.dtype], device=device)
             else:
                 pool[key] = np.zeros(info.shape, DTYPES[info.dtype])
@@ -63,7 +63,8 @@ def land_raw(pieces: RawPieces, device: str):
     them into its slot cache (kv_landing.copy_pieces), and waited for; returns that copy."""
     import torch
 
-    from nodes.engines.kv_landing import NAMES_TO_TORCH, copy_pieces
+    from nodes.engines.kv_device import NAMES_TO_TORCH
+    from nodes.engines.kv_landing import copy_pieces
     destination = torch.empty(pieces.info.shape, dtype=NAMES_TO_TORCH[pieces.info.dtype], device=device)
     copy_pieces(pieces, destination)
     if device.startswith("cuda"):

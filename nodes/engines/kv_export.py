@@ -44,8 +44,7 @@ from bus.kv.quant import EncodedPayload, NumpyQuantizer
 from nodes.engines import kv_device
 from nodes.engines.engine_types import DEVICE_KV_MODES
 
-EXPORT_WAIT_S = 120.0   # a sender waits this long for a layer the pass has not computed yet
-DEVICE_MODES = DEVICE_KV_MODES
+EXPORT_WAIT_S = 120.0   # `encode` waits this long for layers the pass has not computed yet
 
 
 def exported_kv(kv: torch.Tensor) -> torch.Tensor:
@@ -62,8 +61,8 @@ class DeviceExport:
     """One prompt's KV, encoded for the wire on its device layer by layer (module docstring)."""
 
     def __init__(self, kv: torch.Tensor, mode: str) -> None:
-        if mode not in DEVICE_MODES:
-            raise KVValueError(f"the device encodes {', '.join(DEVICE_MODES)}, not {mode!r}")
+        if mode not in DEVICE_KV_MODES:
+            raise KVValueError(f"the device encodes {', '.join(DEVICE_KV_MODES)}, not {mode!r}")
         self.kv, self.mode = kv, mode
         self.info = KVInfo(tuple(kv.shape), kv_device.TORCH_DTYPES[kv.dtype])  # type: ignore[arg-type]
         layers, _, heads, tokens, head_dim = kv.shape
